@@ -1,0 +1,41 @@
+# Everything runs inside .venv, created from nothing on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+JOBS ?= 2
+
+.PHONY: demo test test-all bench lint ops-table clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test,cli]"
+	touch $(STAMP)
+
+## Convert the bundled example model, run it on the Core AI runtime, compare with PyTorch.
+demo: $(STAMP)
+	$(BIN)/python -m coreai_torch.demo
+
+## The fast suite (run by CI).
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow"
+
+## Every test, including the slow sweeps.
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(JOBS)
+
+## Conversion time, peak memory and runtime latency of the benchmark models.
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+lint: $(STAMP)
+	$(BIN)/ruff check coreai_torch tests benchmarks examples
+	$(BIN)/ruff format --check coreai_torch tests benchmarks examples
+
+## Regenerate docs/ops.md, the op coverage table.
+ops-table: $(STAMP)
+	$(BIN)/python -m coreai_torch.coverage --write docs/ops.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

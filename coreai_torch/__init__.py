@@ -1,0 +1,38 @@
+"""coreai-torch: convert PyTorch programs into Core AI programs.
+
+ep = torch.export.export(model, args).run_decompositions(coreai_torch.get_decomp_table())
+program = coreai_torch.TorchConverter().add_exported_program(ep).to_coreai()
+program.optimize().save_asset(Path("model.aimodel"))
+"""
+
+from coreai_torch import errors
+from coreai_torch.converter import TorchConverter
+from coreai_torch.decomp import get_decomp_table
+from coreai_torch.errors import (
+    ConversionError,
+    InvalidSignatureError,
+    LoweringError,
+    NotDecomposedError,
+    RuntimeHazardError,
+    UnsupportedOpError,
+    VerificationError,
+)
+from coreai_torch.externalize import ExternalizeSpec
+from coreai_torch.program import AIProgram
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AIProgram",
+    "ConversionError",
+    "ExternalizeSpec",
+    "InvalidSignatureError",
+    "LoweringError",
+    "NotDecomposedError",
+    "RuntimeHazardError",
+    "TorchConverter",
+    "UnsupportedOpError",
+    "VerificationError",
+    "errors",
+    "get_decomp_table",
+]

@@ -1,0 +1,297 @@
+"""``TorchConverter``: stage PyTorch programs, then convert them into one Core AI program."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.nn as nn
+from torch.export import ExportedProgram
+
+from coreai_torch import _mlir
+from coreai_torch._mlir import ir
+from coreai_torch.decomp import check_decomposed
+from coreai_torch.errors import ConversionError, InvalidSignatureError
+from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder
+from coreai_torch.lowerings import BUILTIN_LOWERINGS
+from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
+from coreai_torch.program import AIProgram, _verify
+from coreai_torch.signature import ProgramSignature, analyze_signature
+
+
+@dataclass
+class StagedProgram:
+    """A program waiting for ``to_coreai()``, with its resolved signature."""
+
+    entrypoint: str
+    exported_program: ExportedProgram
+    signature: ProgramSignature
+    #: set by add_pytorch_module when submodules are externalized
+    externalize: list[Any] = field(default_factory=list)
+    module: nn.Module | None = None
+
+
+@dataclass
+class ConversionStats:
+    """Timings of the last ``to_coreai()`` call, per entry point (seconds)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    verify_seconds: float = 0.0
+    weight_bytes: int = 0
+
+
+def _check_entrypoint_name(name: object) -> str:
+    if not isinstance(name, str) or not name:
+        raise InvalidSignatureError(f"entrypoint_name must be a non-empty string, got {name!r}")
+    if not all(c.isalnum() or c in "_.-" for c in name):
+        raise InvalidSignatureError(
+            f"entrypoint_name {name!r} may only contain letters, digits, '_', '.' and '-'"
+        )
+    return name
+
+
+class TorchConverter:
+    """Converts ``torch.export`` programs and ``nn.Module``s into a Core AI ``AIProgram``.
+
+    Stage programs with :meth:`add_exported_program` / :meth:`add_pytorch_module` (each becomes
+    one entry point), then call :meth:`to_coreai`.
+    """
+
+    def __init__(self) -> None:
+        self._staged: dict[str, StagedProgram] = {}
+        self._lowerings = LoweringTable(fallback=BUILTIN_LOWERINGS)
+        self._kernels: dict[str, Any] = {}
+        #: timings of the last to_coreai() call
+        self.last_stats = ConversionStats()
+
+    # -- staging ------------------------------------------------------------------------------
+
+    def add_exported_program(
+        self,
+        exported_program: ExportedProgram,
+        input_names: Sequence[str] | None = None,
+        output_names: Sequence[str] | None = None,
+        state_names: Sequence[str] | None = None,
+        entrypoint_name: str = "main",
+    ) -> TorchConverter:
+        """Stage a decomposed ``ExportedProgram`` as entry point ``entrypoint_name``.
+
+        ``exported_program`` must have been through ``run_decompositions(get_decomp_table())``.
+        Returns ``self`` for chaining.
+        """
+        self._stage(exported_program, input_names, output_names, state_names, entrypoint_name)
+        return self
+
+    def add_pytorch_module(
+        self,
+        module: nn.Module,
+        export_fn: Callable[[nn.Module], ExportedProgram],
+        externalize_modules: list | None = None,
+        input_names: Sequence[str] | None = None,
+        output_names: Sequence[str] | None = None,
+        state_names: Sequence[str] | None = None,
+        entrypoint_name: str = "main",
+    ) -> TorchConverter:
+        """Export ``module`` with ``export_fn`` (which must decompose) and stage the result.
+
+        ``externalize_modules`` lists ``ExternalizeSpec``s (or bare classes) of submodules to
+        keep as separate (composite) graphs.  Returns ``self`` for chaining.
+        """
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"add_pytorch_module expects an nn.Module, got {type(module).__name__}")
+        if not callable(export_fn):
+            raise TypeError(
+                "export_fn must be a callable taking the module and returning a decomposed "
+                "ExportedProgram, e.g. lambda m: torch.export.export(m, args=sample)"
+                ".run_decompositions(coreai_torch.get_decomp_table())"
+            )
+        _check_entrypoint_name(entrypoint_name)
+        self._check_unique(entrypoint_name)
+        from coreai_torch.externalize import prepare_externalization
+
+        with prepare_externalization(module, externalize_modules) as plan:
+            try:
+                exported = export_fn(module)
+            except ConversionError:
+                raise
+            except Exception as error:
+                raise ConversionError(
+                    f"export_fn raised {type(error).__name__} while exporting "
+                    f"{type(module).__name__}: {error}"
+                ) from error
+        if exported is None:
+            raise ConversionError(
+                "export_fn returned None; it must return the decomposed ExportedProgram, e.g. "
+                "lambda m: torch.export.export(m, args=sample).run_decompositions("
+                "coreai_torch.get_decomp_table())"
+            )
+        staged = self._stage(exported, input_names, output_names, state_names, entrypoint_name)
+        staged.module = module
+        staged.externalize = plan
+        return self
+
+    def _check_unique(self, entrypoint_name: str) -> None:
+        if entrypoint_name in self._staged:
+            raise InvalidSignatureError(
+                f"entrypoint_name '{entrypoint_name}' is already staged; every program needs "
+                f"a unique entry point name (staged: {list(self._staged)})"
+            )
+
+    def _stage(
+        self,
+        ep: ExportedProgram,
+        input_names: Sequence[str] | None,
+        output_names: Sequence[str] | None,
+        state_names: Sequence[str] | None,
+        entrypoint_name: str,
+    ) -> StagedProgram:
+        if not isinstance(ep, ExportedProgram):
+            hint = (
+                " — for an nn.Module use add_pytorch_module(module, export_fn=...)"
+                if isinstance(ep, nn.Module)
+                else ""
+            )
+            raise TypeError(
+                f"expected a torch.export.ExportedProgram, got {type(ep).__name__}{hint}"
+            )
+        _check_entrypoint_name(entrypoint_name)
+        self._check_unique(entrypoint_name)
+        check_decomposed(ep)
+        signature = analyze_signature(ep, input_names, output_names, state_names)
+        staged = StagedProgram(entrypoint_name, ep, signature)
+        self._staged[entrypoint_name] = staged
+        return staged
+
+    @property
+    def entrypoints(self) -> list[str]:
+        """Names of the staged programs, in staging order."""
+        return list(self._staged)
+
+    def clear(self, *, entrypoints: Sequence[str] | None = None) -> None:
+        """Remove staged programs (all, or those named); registered lowerings are kept."""
+        if entrypoints is None:
+            self._staged.clear()
+            return
+        names = self._select(entrypoints, "clear")
+        for name in names:
+            del self._staged[name]
+
+    def _select(self, entrypoints: Sequence[str], what: str) -> list[str]:
+        if isinstance(entrypoints, str):
+            raise TypeError(
+                f"{what}(entrypoints=...) expects a sequence of names, got the string "
+                f"{entrypoints!r}; use entrypoints=[{entrypoints!r}]"
+            )
+        names = list(entrypoints)
+        unknown = [n for n in names if n not in self._staged]
+        if unknown:
+            raise InvalidSignatureError(
+                f"{what}(entrypoints=...): unknown entry point(s) {unknown}; staged entry "
+                f"points are {list(self._staged)}"
+            )
+        return names
+
+    # -- lowerings ----------------------------------------------------------------------------
+
+    def register_torch_lowering(
+        self, qualified_name: str, allow_override: bool = False
+    ) -> Callable[[LoweringFn], LoweringFn]:
+        """Decorator registering ``fn(values_map, node, loc)`` as this converter's lowering
+        for ``qualified_name`` (``"namespace::op_name.overload"``).
+
+        Raises ``ValueError`` for a malformed name, a reserved namespace (``aten``,
+        ``higher_order``, ``coreai``, ``coreaix``) or a duplicate, unless
+        ``allow_override=True``.
+        """
+        check_user_lowering_name(qualified_name, self._lowerings, allow_override)
+
+        def decorate(fn: LoweringFn) -> LoweringFn:
+            if not callable(fn):
+                raise TypeError(f"register_torch_lowering expects a function, got {fn!r}")
+            self._lowerings.register(qualified_name, fn, allow_override=True)
+            return fn
+
+        return decorate
+
+    def register_custom_kernels(self, kernels: Sequence[Any]) -> TorchConverter:
+        """Register ``TorchMetalKernel``s used by the model (call before staging it)."""
+        from coreai_torch.metal import register_kernels
+
+        register_kernels(self, kernels)
+        return self
+
+    @property
+    def lowerings(self) -> LoweringTable:
+        """This converter's lowering table (its own registrations in front of the built-ins)."""
+        return self._lowerings
+
+    # -- conversion ---------------------------------------------------------------------------
+
+    def to_coreai(self, *, entrypoints: Sequence[str] | None = None) -> AIProgram:
+        """Convert the staged programs (all, or those named) into one ``AIProgram``."""
+        if not self._staged:
+            raise ConversionError(
+                "nothing to convert: stage a program with add_exported_program() or "
+                "add_pytorch_module() before calling to_coreai()"
+            )
+        names = (
+            list(self._staged) if entrypoints is None else self._select(entrypoints, "to_coreai")
+        )
+        if not names:
+            raise ConversionError("to_coreai(entrypoints=[]) selects no program to convert")
+
+        context = _mlir.new_context()
+        diagnostics = Diagnostics(context)
+        stats = ConversionStats()
+        try:
+            with context, ir.Location.unknown():
+                module = ir.Module.create()
+                builder = ProgramBuilder(context, module, diagnostics)
+                for name in names:
+                    staged = self._staged[name]
+                    start = time.perf_counter()
+                    self._import(builder, staged)
+                    stats.seconds[name] = time.perf_counter() - start
+                start = time.perf_counter()
+                _verify_with_sources(module, builder)
+                stats.verify_seconds = time.perf_counter() - start
+                stats.weight_bytes = builder.weights.total_bytes
+        finally:
+            diagnostics.detach()
+        self.last_stats = stats
+        program = AIProgram._from_mlir_module(module)
+        program.signatures = {name: self._staged[name].signature for name in names}
+        return program
+
+    def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> None:
+        if staged.externalize:
+            from coreai_torch.externalize import import_externalized
+
+            import_externalized(builder, staged, self._lowerings)
+            return
+        GraphImporter(
+            builder, staged.exported_program, staged.signature, self._lowerings, staged.entrypoint
+        ).run()
+
+
+def _verify_with_sources(module: ir.Module, builder: ProgramBuilder) -> None:
+    """Verify; on failure name the FX node and the user's source line of each bad op."""
+    try:
+        _verify(module, "")
+    except ConversionError as error:
+        from coreai_torch.locations import describe, names_in_location
+
+        text = str(error)
+        nodes = []
+        for name in names_in_location(text):
+            node = builder.nodes.get(name)
+            if node is not None:
+                nodes.append(f"  - {describe(node)}")
+        if nodes:
+            text += "\nproduced by:\n" + "\n".join(nodes)
+        raise type(error)(
+            text + "\nA lowering produced invalid Core AI IR (for a built-in lowering this is a "
+            "coreai-torch bug; please report it)."
+        ) from error

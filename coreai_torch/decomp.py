@@ -1,0 +1,60 @@
+"""``get_decomp_table()`` and the check that a program was decomposed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+
+from coreai_torch.errors import NotDecomposedError
+
+aten = torch.ops.aten
+
+#: ATen ops the converter lowers as composite ops, so decomposition must keep them.
+COMPOSITE_OPS: tuple[torch._ops.OpOverload, ...] = (
+    aten.layer_norm.default,
+    aten.instance_norm.default,
+    aten.group_norm.default,
+    aten.pixel_shuffle.default,
+    aten.scaled_dot_product_attention.default,
+)
+
+
+def _adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
+    # ATen rewrites a (1, 1) output to `mean` before export sees it; keep the pooling op so
+    # that one lowering (built-in or a user's override) handles every output size.
+    return aten._adaptive_avg_pool2d.default(x, output_size)
+
+
+#: Decompositions that replace PyTorch's own for these ops.
+_REPLACEMENTS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
+    aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
+}
+
+
+def get_decomp_table() -> dict:
+    """PyTorch's default decomposition table minus the ops lowered as composite ops.
+
+    Use it with ``ExportedProgram.run_decompositions()``; every call returns a fresh copy, so
+    mutating it affects nobody else.
+    """
+    table = dict(torch.export.default_decompositions().items())
+    for op in COMPOSITE_OPS:
+        table.pop(op, None)
+    table.update(_REPLACEMENTS)
+    return table
+
+
+def check_decomposed(ep: ExportedProgram) -> None:
+    """Raise :class:`NotDecomposedError` if ``run_decompositions()`` was not called on ``ep``."""
+    dialects = {getattr(v, "dialect", None) for v in getattr(ep, "verifiers", [])}
+    if "TRAINING" in dialects:
+        raise NotDecomposedError(
+            "the exported program has not been decomposed: it is still in torch.export's "
+            "training IR. Call run_decompositions() with the converter's table first:\n"
+            "    ep = torch.export.export(model, args).run_decompositions("
+            "coreai_torch.get_decomp_table())\n"
+            "(with add_pytorch_module, do this inside export_fn)."
+        )

@@ -1,0 +1,42 @@
+"""The exceptions coreai-torch raises.
+
+Every conversion problem is a :class:`ConversionError` (or a subclass).  Errors about
+arguments the caller passed are also ``ValueError``/``TypeError`` so that generic handlers
+keep working.  Messages say what is wrong, where (op, FX node, user source line) and what
+to do about it.
+"""
+
+from __future__ import annotations
+
+
+class ConversionError(Exception):
+    """A PyTorch program could not be converted to a Core AI program."""
+
+
+class NotDecomposedError(ConversionError, ValueError):
+    """The exported program was not decomposed with ``run_decompositions()``."""
+
+
+class UnsupportedOpError(ConversionError):
+    """The program contains ops that have no lowering (all of them are listed at once)."""
+
+    def __init__(self, message: str, ops: dict[str, list[object]] | None = None) -> None:
+        super().__init__(message)
+        #: qualified op name -> FX nodes that use it
+        self.ops: dict[str, list[object]] = ops or {}
+
+
+class LoweringError(ConversionError):
+    """A lowering rule failed (raised, returned nothing or the wrong values) for one node."""
+
+
+class InvalidSignatureError(ConversionError, ValueError):
+    """Input, output, state or entry point names are invalid (count, duplicates, collisions)."""
+
+
+class VerificationError(ConversionError):
+    """The generated program failed the MLIR verifier; the message names the offending op."""
+
+
+class RuntimeHazardError(ConversionError):
+    """The program would crash the Core AI runtime (e.g. zero-element tensors) if it ran."""

@@ -1,0 +1,376 @@
+"""FX graph -> one ``coreai.graph``: values, weights, states, locations and dispatch.
+
+The importer walks an ``ExportedProgram``'s nodes in order and calls one lowering per node.
+It owns everything around the rules: graph arguments and results (from the signature), weights
+(zero-copy resources), state handles and tokens, the node's location (active while its rule
+runs, so every op it builds points at the user's source line), and turning failures into
+errors that name the node, the op and the source line.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+from torch.export import ExportedProgram
+
+from coreai_torch import dtypes
+from coreai_torch._mlir import cai, ir
+from coreai_torch.errors import (
+    ConversionError,
+    LoweringError,
+    RuntimeHazardError,
+    UnsupportedOpError,
+)
+from coreai_torch.locations import describe, location, named_location, qualified_name, user_frame
+from coreai_torch.lowerings.registry import LoweringTable
+from coreai_torch.signature import ProgramSignature
+from coreai_torch.weights import WeightStore
+
+#: Node targets the importer handles itself (no lowering needed).
+_STRUCTURAL = {operator.getitem}
+
+
+class ValueMap(dict):
+    """``values_map`` handed to lowerings: FX node name -> Core AI value.
+
+    Multi-result nodes are stored as ``"name#0"``, ``"name#1"``, ...  ``importer`` gives
+    built-in rules access to the importer (weights, sub-graphs).
+    """
+
+    def __init__(self, importer: GraphImporter) -> None:
+        super().__init__()
+        self.importer = importer
+
+
+class Diagnostics:
+    """Collects the MLIR diagnostics of a context instead of letting them hit stderr."""
+
+    def __init__(self, context: ir.Context) -> None:
+        self.messages: list[tuple[str, str]] = []
+        self._handler = context.attach_diagnostic_handler(self._on_diagnostic)
+
+    def _on_diagnostic(self, diagnostic: Any) -> bool:
+        self.messages.append((str(diagnostic.location), str(diagnostic.message)))
+        return True
+
+    def take(self) -> list[tuple[str, str]]:
+        messages, self.messages = self.messages, []
+        return messages
+
+    def detach(self) -> None:
+        self._handler.detach()
+
+
+@dataclass
+class ProgramBuilder:
+    """State shared by every graph of one ``to_coreai()`` call."""
+
+    context: ir.Context
+    module: ir.Module
+    diagnostics: Diagnostics
+    weights: WeightStore = field(default_factory=WeightStore)
+    #: node name -> node, for mapping verifier locations back to the user's code
+    nodes: dict[str, torch.fx.Node] = field(default_factory=dict)
+    #: names of the public graphs built so far
+    graph_names: list[str] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------ analysis ----
+
+
+def _graph_modules(ep: ExportedProgram) -> Iterable[torch.fx.GraphModule]:
+    for _, module in ep.graph_module.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            yield module
+
+
+def lowering_key(node: torch.fx.Node) -> str | None:
+    """The registry key of a ``call_function`` node, or None for nodes handled structurally."""
+    if node.op != "call_function" or node.target in _STRUCTURAL:
+        return None
+    return qualified_name(node.target)
+
+
+def find_unsupported(
+    ep: ExportedProgram, lowerings: LoweringTable
+) -> dict[str, list[torch.fx.Node]]:
+    """Every op of the program (sub-graphs included) without a lowering, with its nodes."""
+    missing: dict[str, list[torch.fx.Node]] = {}
+    for gm in _graph_modules(ep):
+        for node in gm.graph.nodes:
+            key = lowering_key(node)
+            if key is not None and key not in lowerings:
+                missing.setdefault(key, []).append(node)
+    return missing
+
+
+def unsupported_op_error(
+    missing: dict[str, list[torch.fx.Node]], entrypoint: str
+) -> UnsupportedOpError:
+    total = sum(len(nodes) for nodes in missing.values())
+    lines = [
+        f"entry point '{entrypoint}': {len(missing)} op(s) have no Core AI lowering "
+        f"({total} node(s)):"
+    ]
+    for key, nodes in sorted(missing.items(), key=lambda kv: -len(kv[1])):
+        first = nodes[0]
+        frame = user_frame(first)
+        where = f"first at {frame}" if frame else "no source location recorded"
+        lines.append(f"  - {key}  x{len(nodes)}  ({where}; node '{first.name}')")
+    example = next(iter(missing))
+    override = ", allow_override=True" if example.split("::")[0] in ("aten", "higher_order") else ""
+    lines += [
+        "Register a lowering for each of them on the converter before calling to_coreai():",
+        f'    @converter.register_torch_lowering("{example}"{override})',
+        "    def lower(values_map, node, loc):",
+        "        x = coreai_torch._utils.get_operand(values_map, node, 0, loc)",
+        "        return ...  # a Core AI value (or a list of values for multi-output ops)",
+    ]
+    return UnsupportedOpError("\n".join(lines), ops=missing)
+
+
+def find_zero_size(ep: ExportedProgram) -> list[torch.fx.Node]:
+    """Nodes whose (static) value has zero elements: the Core AI runtime aborts on those."""
+    found = []
+    for gm in _graph_modules(ep):
+        for node in gm.graph.nodes:
+            if node.op == "output":
+                continue
+            vals = node.meta.get("val")
+            for val in vals if isinstance(vals, (list, tuple)) else [vals]:
+                if isinstance(val, torch.Tensor) and any(
+                    isinstance(d, int) and d == 0 for d in val.shape
+                ):
+                    found.append(node)
+                    break
+    return found
+
+
+# ------------------------------------------------------------------------------- import -----
+
+
+def _val_type(val: Any) -> ir.Type:
+    shape = [d if isinstance(d, int) else None for d in val.shape]
+    return dtypes.tensor_type(shape, val.dtype)
+
+
+class GraphImporter:
+    """Builds one public ``coreai.graph`` from a decomposed ``ExportedProgram``."""
+
+    def __init__(
+        self,
+        builder: ProgramBuilder,
+        ep: ExportedProgram,
+        signature: ProgramSignature,
+        lowerings: LoweringTable,
+        name: str,
+    ) -> None:
+        self.builder = builder
+        self.ep = ep
+        self.signature = signature
+        self.lowerings = lowerings
+        self.name = name
+        self.placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+
+    # -- public -------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        sig = self.signature
+        missing = find_unsupported(self.ep, self.lowerings)
+        if missing:
+            raise unsupported_op_error(missing, self.name)
+        zero = find_zero_size(self.ep)
+        if zero:
+            listed = "\n".join(f"  - {describe(n)}" for n in zero[:10])
+            raise RuntimeHazardError(
+                f"entry point '{self.name}': {len(zero)} value(s) have zero elements, which the "
+                f"Core AI runtime cannot execute:\n{listed}\nRemove the empty tensors from the "
+                "model (or export with sizes > 0)."
+            )
+
+        state_types = [
+            cai.HandleType.get(_val_type(self.placeholders[s.node].meta["val"])) for s in sig.states
+        ]
+        input_types = [_val_type(self.placeholders[i.node].meta["val"]) for i in sig.inputs]
+        arg_names = [s.name for s in sig.states] + [i.name for i in sig.inputs]
+        with named_location(self.name), ir.InsertionPoint(self.builder.module.body):
+            graph = cai.GraphOp(self.name, state_types + input_types, [], input_names=arg_names)
+        values = ValueMap(self)
+        with graph.block:
+            handles = graph.arguments[: len(sig.states)]
+            tokens = []
+            for state, handle in zip(sig.states, handles, strict=True):
+                with location(self.placeholders[state.node]):
+                    value, token = cai.read_handle(handle, cai.create_token())
+                values[state.node] = value
+                tokens.append(token)
+            for inp, arg in zip(sig.inputs, graph.arguments[len(sig.states) :], strict=True):
+                values[inp.node] = arg
+            with named_location("weights"):
+                for name, tensor in sig.weights.items():
+                    if self.placeholders[name].users:
+                        values[name] = self.builder.weights.constant(
+                            tensor, sig.weight_targets.get(name, name)
+                        )
+
+            output_node = self.lower_nodes(self.ep.graph.nodes, values)
+
+            outputs: list[tuple[str, ir.Value]] = []
+            for out in sig.outputs:
+                with location(output_node):
+                    outputs.append((out.name, self._output_value(out, values)))
+            for state, handle, token in zip(sig.states, handles, tokens, strict=True):
+                with location(output_node):
+                    update = self._state_update(values[state.update], handle)
+                    outputs.append((state.name, cai.write_handle(handle, update, token)))
+            graph.outputs_spec = outputs
+        self.builder.graph_names.append(self.name)
+
+    def lower_nodes(self, nodes: Iterable[torch.fx.Node], values: ValueMap) -> torch.fx.Node | None:
+        """Lower call_function nodes in order into the current insertion point.
+
+        Placeholders must already be in ``values``.  Returns the output node.
+        """
+        output = None
+        for node in nodes:
+            self.builder.nodes.setdefault(node.name, node)
+            if node.op == "placeholder":
+                if node.name not in values and node.name not in self.signature.scalar_inputs:
+                    raise ConversionError(f"internal error: no value for {describe(node)}")
+            elif node.op == "output":
+                output = node
+            elif node.op == "get_attr":
+                continue  # sub-graphs and constants are fetched by the rules that use them
+            elif node.op == "call_function":
+                self.lower_node(node, values)
+            else:
+                raise ConversionError(f"{describe(node)}: FX op '{node.op}' is not supported")
+        return output
+
+    def lower_node(self, node: torch.fx.Node, values: ValueMap) -> None:
+        if node.target is operator.getitem:
+            source, index = node.args
+            values[node.name] = values[f"{source.name}#{index}"]
+            return
+        key = lowering_key(node)
+        rule = self.lowerings.get(key)
+        if rule is None:  # a sub-graph op found late; report it the same way
+            raise unsupported_op_error({key: [node]}, self.name)
+        loc = location(node)
+        self.builder.diagnostics.take()
+        try:
+            with loc:
+                result = rule(values, node, loc)
+        except ConversionError as error:
+            if node.name in str(error):
+                raise
+            raise type(error)(f"{describe(node)}: {error}") from error
+        except Exception as error:
+            details = "; ".join(msg for _, msg in self.builder.diagnostics.take())
+            reason = f"{type(error).__name__}: {error}" + (f" ({details})" if details else "")
+            raise LoweringError(f"lowering failed for {describe(node)}: {reason}") from error
+        self._store_result(node, key, result, values)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _store_result(self, node: torch.fx.Node, key: str, result: Any, values: ValueMap) -> None:
+        val = node.meta.get("val")
+        if result is None:
+            if node.users:
+                raise LoweringError(
+                    f"the lowering of '{key}' returned None for {describe(node)}; it must "
+                    "return a Core AI value (or a list of values for multi-output ops)"
+                )
+            return
+        if isinstance(result, (list, tuple)):
+            results = list(result)
+            if isinstance(val, (list, tuple)) and len(results) != len(val):
+                raise LoweringError(
+                    f"the lowering of '{key}' returned {len(results)} value(s) for "
+                    f"{describe(node)}, but the op has {len(val)} result(s)"
+                )
+            if not isinstance(val, (list, tuple)) and len(results) == 1:
+                self._check(node, key, results[0], val)
+                values[node.name] = results[0]
+                return
+            for i, item in enumerate(results):
+                if item is None:
+                    continue
+                self._check(node, key, item, val[i] if isinstance(val, (list, tuple)) else None)
+                values[f"{node.name}#{i}"] = item
+            return
+        if isinstance(val, (list, tuple)) and len(val) != 1:
+            raise LoweringError(
+                f"the lowering of '{key}' returned one value for {describe(node)}, but the "
+                f"op has {len(val)} results; return a list of values"
+            )
+        self._check(node, key, result, val)
+        values[node.name] = result
+
+    def _check(self, node: torch.fx.Node, key: str, value: Any, val: Any) -> None:
+        if not isinstance(value, ir.Value):
+            raise LoweringError(
+                f"the lowering of '{key}' returned {type(value).__name__} for {describe(node)}; "
+                "it must return Core AI values (coreai._compiler.ir.Value)"
+            )
+        if not isinstance(val, torch.Tensor) or not ir.RankedTensorType.isinstance(value.type):
+            return
+        got = ir.RankedTensorType(value.type)
+        expected_dtype = val.dtype
+        try:
+            got_dtype = dtypes.to_torch(got.element_type)
+        except TypeError:
+            got_dtype = None
+        expected_shape = [d if isinstance(d, int) else None for d in val.shape]
+        got_shape = [None if got.is_dynamic_dim(i) else got.shape[i] for i in range(got.rank)]
+        shapes_agree = len(got_shape) == len(expected_shape) and all(
+            a is None or b is None or a == b for a, b in zip(got_shape, expected_shape, strict=True)
+        )
+        if got_dtype != expected_dtype or not shapes_agree:
+            raise LoweringError(
+                f"the lowering of '{key}' produced {got} for {describe(node)}, but PyTorch "
+                f"computes {tuple(expected_shape)} {expected_dtype}"
+            )
+
+    def _output_value(self, out: Any, values: ValueMap) -> ir.Value:
+        if out.node is not None:
+            return values[out.node]
+        constant = out.constant
+        if isinstance(constant, torch.Tensor):
+            return self.builder.weights.constant(constant, out.name)
+        if isinstance(constant, (bool, int, float)):
+            dtype = (
+                torch.bool
+                if isinstance(constant, bool)
+                else (torch.int64 if isinstance(constant, int) else torch.float32)
+            )
+            return cai.constant(
+                torch.tensor(constant, dtype=dtype).numpy(), dtype=dtypes.to_mlir(dtype)
+            )
+        raise ConversionError(
+            f"output '{out.name}' is a Python {type(constant).__name__} ({constant!r}); Core AI "
+            "programs can only return tensors"
+        )
+
+    def _state_update(self, update: ir.Value, handle: ir.Value) -> ir.Value:
+        inner = cai.HandleType(handle.type).inner_type
+        if update.type != inner:
+            update = cai.cast(update, ir.RankedTensorType(inner))
+        return update
+
+
+def op_histogram(ep: ExportedProgram) -> Counter[str]:
+    """How often each op occurs in the program (sub-graphs included)."""
+    counts: Counter[str] = Counter()
+    for gm in _graph_modules(ep):
+        for node in gm.graph.nodes:
+            key = lowering_key(node)
+            if key:
+                counts[key] += 1
+    return counts

@@ -1,0 +1,114 @@
+"""Where an FX node came from in the user's code, as text and as an MLIR location."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.fx
+
+from coreai_torch._mlir import ir
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)\n(?P<code>.*)?')
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+@dataclass(frozen=True)
+class SourceFrame:
+    """One frame of the stack that produced an FX node."""
+
+    file: str
+    line: int
+    function: str
+    code: str
+
+    def __str__(self) -> str:
+        text = f"{self.file}:{self.line} in {self.function}"
+        return f"{text}: {self.code}" if self.code else text
+
+
+def _frames(node: torch.fx.Node) -> list[SourceFrame]:
+    trace = node.meta.get("stack_trace") or ""
+    return [
+        SourceFrame(m["file"], int(m["line"]), m["func"], (m["code"] or "").strip())
+        for m in _FRAME.finditer(trace)
+    ]
+
+
+def user_frame(node: torch.fx.Node) -> SourceFrame | None:
+    """The innermost frame of the user's own code (not inside torch) that created ``node``."""
+    frames = _frames(node)
+    for frame in reversed(frames):
+        if not frame.file.startswith(_TORCH_DIR):
+            return frame
+    return frames[-1] if frames else None
+
+
+def module_path(node: torch.fx.Node) -> str:
+    """Dotted path of the innermost ``nn.Module`` the node was traced in ('' for the root)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return ""
+    path, _cls = list(stack.values())[-1]
+    return _clean_module_path(str(path))
+
+
+def _clean_module_path(path: str) -> str:
+    # torch.export writes paths like "L['self'].layers[0].attn" or "layers.0.attn".
+    path = re.sub(r"^L\['self'\]\.?", "", path)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\._modules\['([^']+)'\]", r".\1", path)
+    return path.strip(".")
+
+
+def describe(node: torch.fx.Node) -> str:
+    """A one-line description of a node for error messages: op, name, module and source."""
+    parts = [f"node '{node.name}'"]
+    if node.op == "call_function":
+        parts.append(f"(op {qualified_name(node.target)})")
+    path = module_path(node)
+    if path:
+        parts.append(f"in module '{path}'")
+    frame = user_frame(node)
+    parts.append(f"at {frame}" if frame else "(no source location recorded)")
+    return " ".join(parts)
+
+
+def qualified_name(target: object) -> str:
+    """``namespace::op.overload`` for torch ops, ``module.function`` for Python callables."""
+    if isinstance(target, torch._ops.OpOverload):
+        namespace, name = target._schema.name.split("::", 1)
+        return f"{namespace}::{name}.{target._overloadname}"
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return f"higher_order::{target.name()}"
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        return f"{target._qualified_op_name}"
+    module = getattr(target, "__module__", None) or ""
+    name = getattr(target, "__name__", None) or repr(target)
+    return f"{module}.{name}" if module else name
+
+
+def location(node: torch.fx.Node) -> ir.Location:
+    """The MLIR location of a node: ``loc(fused["node_name", "file.py":line:0])``.
+
+    Core AI's pipeline only accepts fused, file, debug-info and unknown locations at the top
+    level, so the node name rides inside a fused location.
+    """
+    return named_location(node.name, user_frame(node))
+
+
+def named_location(name: str, frame: SourceFrame | None = None) -> ir.Location:
+    """A fused location carrying ``name`` (and the source frame, when known)."""
+    if frame is None:
+        return ir.Location.fused([ir.Location.name(name)], metadata=ir.StringAttr.get("fx"))
+    return ir.Location.fused([ir.Location.name(name), ir.Location.file(frame.file, frame.line, 0)])
+
+
+_LOCATION_NAME = re.compile(r'(?:loc\(|fused(?:<"[^"]*">)?\[)"([^"]+)"')
+
+
+def names_in_location(text: str) -> list[str]:
+    """The node names mentioned by printed locations in ``text`` (in order, unique)."""
+    return list(dict.fromkeys(_LOCATION_NAME.findall(text)))

@@ -1,0 +1,22 @@
+"""Built-in lowerings, grouped by op family; importing this package registers them all."""
+
+from coreai_torch.lowerings import (  # noqa: F401  (imported for their registrations)
+    attention,
+    conv_pool,
+    creation,
+    elementwise,
+    indexing,
+    linalg,
+    norm,
+    reduction,
+    shape,
+)
+from coreai_torch.lowerings.registry import (
+    BUILTIN_LOWERINGS,
+    LoweringContext,
+    LoweringTable,
+    lowering,
+    raw_lowering,
+)
+
+__all__ = ["BUILTIN_LOWERINGS", "LoweringContext", "LoweringTable", "lowering", "raw_lowering"]

@@ -1,0 +1,84 @@
+"""Attention: ``scaled_dot_product_attention`` (kept whole by ``get_decomp_table()``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.common import (
+    cast,
+    constant,
+    dtype_of,
+    rank_of,
+    reshape,
+    shape_of,
+    transpose,
+)
+from coreai_torch.lowerings.registry import LoweringContext, lowering
+
+
+def repeat_kv(x: ir.Value, groups: int) -> ir.Value:
+    """(..., Hkv, L, D) -> (..., Hkv * groups, L, D), each head repeated ``groups`` times."""
+    if groups == 1:
+        return x
+    shape = shape_of(x)
+    expanded = cai.broadcast_to(
+        reshape(x, [*shape[:-3], shape[-3], 1, *shape[-2:]]),
+        np.array([*shape[:-3], shape[-3], groups, *shape[-2:]], np.uint32),
+    )
+    return reshape(expanded, [*shape[:-3], shape[-3] * groups, *shape[-2:]])
+
+
+def attention_values(
+    q: ir.Value,
+    k: ir.Value,
+    v: ir.Value,
+    mask: ir.Value | None,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+) -> ir.Value:
+    """softmax(q k^T * scale + mask) v, with PyTorch's SDPA semantics."""
+    dtype = dtype_of(q)
+    q_shape, k_shape = shape_of(q), shape_of(k)
+    rank = rank_of(q)
+    if enable_gqa and rank >= 3 and q_shape[-3] != k_shape[-3]:
+        groups = q_shape[-3] // k_shape[-3]
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+    scale = scale if scale is not None else 1.0 / math.sqrt(q_shape[-1])
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    scores = cai.broadcasting_batch_matmul(q, transpose(k, perm))
+    scores = cai.broadcasting_mul(scores, constant(scale, dtype))
+    lq, lk = q_shape[-2], k_shape[-2]
+    if is_causal:
+        allowed = np.tril(np.ones((lq, lk), dtype=bool))
+        bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)
+        scores = cai.broadcasting_add(scores, cast(cai.constant(bias), dtype))
+    if mask is not None:
+        if dtype_of(mask) == torch.bool:
+            neg = cai.broadcasting_where(mask, constant(0.0, dtype), constant(float("-inf"), dtype))
+            scores = cai.broadcasting_add(scores, neg)
+        else:
+            scores = cai.broadcasting_add(scores, cast(mask, dtype))
+    probs = cai.softmax(scores, np.int32(rank - 1))
+    return cai.broadcasting_batch_matmul(probs, v)
+
+
+@lowering("aten::scaled_dot_product_attention.default")
+def scaled_dot_product_attention(
+    cx: LoweringContext,
+    query: ir.Value,
+    key: ir.Value,
+    value: ir.Value,
+    attn_mask: ir.Value | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> ir.Value:
+    if dropout_p != 0.0:
+        raise cx.unsupported("dropout in attention (export the model in eval mode)")
+    return attention_values(query, key, value, attn_mask, is_causal, scale, enable_gqa)

@@ -1,0 +1,184 @@
+"""Normalisations and softmax: batch/layer/group/instance norm, softmax, log_softmax."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.common import (
+    cast,
+    constant,
+    dtype_of,
+    i32,
+    normalize_dim,
+    rank_of,
+    reshape,
+    shape_of,
+)
+from coreai_torch.lowerings.registry import LoweringContext, lowering
+
+
+def _channel_shaped(v: ir.Value, rank: int) -> ir.Value:
+    """A per-channel (C,) vector reshaped to broadcast over N, C, *spatial."""
+    return reshape(v, [1, shape_of(v)[0]] + [1] * (rank - 2)) if rank >= 2 else v
+
+
+def normalize(x: ir.Value, axes: list[int], eps: float) -> ir.Value:
+    """``(x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance)."""
+    dtype = dtype_of(x)
+    mean = cai.reduce_mean(x, i32(axes))
+    centered = cai.broadcasting_sub(x, mean)
+    var = cai.reduce_mean(cai.broadcasting_mul(centered, centered), i32(axes))
+    inv = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
+    return cai.broadcasting_mul(centered, inv)
+
+
+def _affine(y: ir.Value, weight: ir.Value | None, bias: ir.Value | None) -> ir.Value:
+    if weight is not None:
+        y = cai.broadcasting_mul(y, cast(weight, dtype_of(y)))
+    if bias is not None:
+        y = cai.broadcasting_add(y, cast(bias, dtype_of(y)))
+    return y
+
+
+@lowering("aten::_native_batch_norm_legit_no_training.default")
+def batch_norm_inference(
+    cx: LoweringContext,
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    running_mean: ir.Value,
+    running_var: ir.Value,
+    momentum: float,
+    eps: float,
+) -> list[ir.Value | None]:
+    rank = rank_of(input)
+    dtype = dtype_of(input)
+    mean = _channel_shaped(cast(running_mean, dtype), rank)
+    var = _channel_shaped(cast(running_var, dtype), rank)
+    scale = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
+    if weight is not None:
+        scale = cai.broadcasting_mul(scale, _channel_shaped(cast(weight, dtype), rank))
+    out = cai.broadcasting_mul(cai.broadcasting_sub(input, mean), scale)
+    if bias is not None:
+        out = cai.broadcasting_add(out, _channel_shaped(cast(bias, dtype), rank))
+    return [out, None, None]
+
+
+@lowering("aten::layer_norm.default")
+def layer_norm(
+    cx: LoweringContext,
+    input: ir.Value,
+    normalized_shape: Sequence[int],
+    weight: ir.Value | None = None,
+    bias: ir.Value | None = None,
+    eps: float = 1e-5,
+    cudnn_enable: bool = True,
+) -> ir.Value:
+    rank = rank_of(input)
+    axes = list(range(rank - len(normalized_shape), rank))
+    return _affine(normalize(input, axes, eps), weight, bias)
+
+
+@lowering("aten::native_layer_norm.default")
+def native_layer_norm(
+    cx: LoweringContext,
+    input: ir.Value,
+    normalized_shape: Sequence[int],
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    eps: float,
+) -> list[ir.Value | None]:
+    for user in cx.node.users:
+        if user.args[1] != 0:
+            raise cx.unsupported("native_layer_norm's mean/rstd outputs are not supported")
+    return [layer_norm(cx, input, normalized_shape, weight, bias, eps), None, None]
+
+
+@lowering("aten::group_norm.default")
+def group_norm(
+    cx: LoweringContext,
+    input: ir.Value,
+    num_groups: int,
+    weight: ir.Value | None = None,
+    bias: ir.Value | None = None,
+    eps: float = 1e-5,
+    cudnn_enabled: bool = True,
+) -> ir.Value:
+    shape = shape_of(input)
+    if None in shape:
+        raise cx.unsupported("group_norm with dynamic shapes is not supported yet")
+    grouped = reshape(input, [shape[0], num_groups, math.prod(shape[1:]) // num_groups])
+    y = reshape(normalize(grouped, [2], eps), shape)
+    rank = len(shape)
+    return _affine(
+        y,
+        _channel_shaped(weight, rank) if weight is not None else None,
+        _channel_shaped(bias, rank) if bias is not None else None,
+    )
+
+
+@lowering("aten::instance_norm.default")
+def instance_norm(
+    cx: LoweringContext,
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    running_mean: ir.Value | None,
+    running_var: ir.Value | None,
+    use_input_stats: bool,
+    momentum: float,
+    eps: float,
+    cudnn_enabled: bool,
+) -> ir.Value:
+    rank = rank_of(input)
+    if not use_input_stats:
+        if running_mean is None or running_var is None:
+            raise cx.unsupported("instance_norm without input stats needs running stats")
+        dtype = dtype_of(input)
+        mean = _channel_shaped(cast(running_mean, dtype), rank)
+        var = _channel_shaped(cast(running_var, dtype), rank)
+        inv = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
+        y = cai.broadcasting_mul(cai.broadcasting_sub(input, mean), inv)
+    else:
+        y = normalize(input, list(range(2, rank)), eps)
+    return _affine(
+        y,
+        _channel_shaped(weight, rank) if weight is not None else None,
+        _channel_shaped(bias, rank) if bias is not None else None,
+    )
+
+
+@lowering("aten::_softmax.default", "aten::softmax.int")
+def softmax(
+    cx: LoweringContext,
+    self: ir.Value,
+    dim: int,
+    half_to_float: bool = False,
+    dtype: torch.dtype | None = None,
+) -> ir.Value:
+    x = cast(self, cx.out_dtype)
+    if rank_of(x) == 0:
+        return constant(1.0, cx.out_dtype)
+    return cai.softmax(x, np.int32(normalize_dim(dim, rank_of(x))))
+
+
+@lowering("aten::_log_softmax.default", "aten::log_softmax.int")
+def log_softmax(
+    cx: LoweringContext,
+    self: ir.Value,
+    dim: int,
+    half_to_float: bool = False,
+    dtype: torch.dtype | None = None,
+) -> ir.Value:
+    x = cast(self, cx.out_dtype)
+    if rank_of(x) == 0:
+        return constant(0.0, cx.out_dtype)
+    axis = i32([normalize_dim(dim, rank_of(x))])
+    shifted = cai.broadcasting_sub(x, cai.reduce_max(x, axis))
+    lse = cai.log(cai.reduce_sum(cai.exp(shifted), axis))
+    return cai.broadcasting_sub(shifted, lse)

@@ -1,0 +1,252 @@
+"""The lowering registry: qualified op name -> lowering callback.
+
+Every lowering — built-in or registered by a user with
+``TorchConverter.register_torch_lowering`` — has the documented signature::
+
+    fn(values_map: dict[str, Value], node: torch.fx.Node, loc: Location) -> Value | list[Value]
+
+Keys are qualified names with the overload: ``"aten::add.Tensor"``,
+``"my_lib::scaled_add.default"``, ``"higher_order::cond"``.
+
+Built-in rules are usually written with :func:`lowering`, which binds the node's arguments to
+the op schema (defaults filled in, tensors replaced by their Core AI values) and calls the rule
+as ``rule(cx, **arguments)`` with a :class:`LoweringContext` ``cx``.  What lands in the table is
+still the documented callback.
+"""
+
+from __future__ import annotations
+
+import inspect
+import keyword
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+
+from coreai_torch._mlir import ir
+from coreai_torch.errors import UnsupportedOpError
+
+LoweringFn = Callable[[dict[str, ir.Value], torch.fx.Node, ir.Location], Any]
+
+RESERVED_NAMESPACES = ("aten", "higher_order", "coreai", "coreaix")
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)?$")
+
+
+class LoweringTable:
+    """A mapping from qualified op names to lowerings, optionally in front of a fallback table.
+
+    A converter owns one table whose fallback is :data:`BUILTIN_LOWERINGS`; what it registers
+    never leaks into other converters or into the built-in table.
+    """
+
+    def __init__(self, fallback: LoweringTable | None = None) -> None:
+        self._rules: dict[str, LoweringFn] = {}
+        self._fallback = fallback
+
+    def register(self, name: str, fn: LoweringFn, *, allow_override: bool = False) -> None:
+        if not allow_override and name in self._rules:
+            raise ValueError(f"a lowering for '{name}' is already registered")
+        self._rules[name] = fn
+
+    def get(self, name: str) -> LoweringFn | None:
+        if name in self._rules:
+            return self._rules[name]
+        return self._fallback.get(name) if self._fallback else None
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self.get(name) is not None
+
+    def own_names(self) -> list[str]:
+        """Names registered directly in this table (not in the fallback)."""
+        return list(self._rules)
+
+    def names(self) -> set[str]:
+        names = set(self._rules)
+        if self._fallback:
+            names |= self._fallback.names()
+        return names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.names()))
+
+
+#: The built-in lowerings, shared (read-only) by every converter.
+BUILTIN_LOWERINGS = LoweringTable()
+
+
+def check_user_lowering_name(
+    qualified_name: str, table: LoweringTable, allow_override: bool
+) -> None:
+    """Validate a name given to ``register_torch_lowering`` (raises ``ValueError``)."""
+    if not isinstance(qualified_name, str) or not _QUALIFIED_NAME.match(qualified_name):
+        raise ValueError(
+            f"lowering name {qualified_name!r} is not in 'namespace::op_name' form "
+            "(e.g. 'my_lib::my_op.default'; ops defined with @torch.library.custom_op use the "
+            "'.default' overload)"
+        )
+    namespace = qualified_name.split("::", 1)[0]
+    if namespace in RESERVED_NAMESPACES and not allow_override:
+        raise ValueError(
+            f"namespace '{namespace}' of {qualified_name!r} is reserved for built-in lowerings "
+            f"({', '.join(RESERVED_NAMESPACES)}); pass allow_override=True to replace a "
+            "built-in lowering"
+        )
+    if qualified_name in table.own_names() and not allow_override:
+        raise ValueError(
+            f"a lowering for {qualified_name!r} is already registered on this converter; "
+            "pass allow_override=True to replace it"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Schema-bound built-in rules
+# --------------------------------------------------------------------------------------------
+
+# Arguments a rule may ignore whatever their value: they do not change the numbers.
+_HARMLESS_ARGS = frozenset(
+    {
+        "device",
+        "layout",
+        "pin_memory",
+        "memory_format",
+        "non_blocking",
+        "requires_grad",
+        "copy",
+        "generator",
+    }
+)
+
+
+class LoweringContext:
+    """What a schema-bound rule gets besides its arguments: the node, its location, helpers."""
+
+    def __init__(self, values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location):
+        self.values_map = values_map
+        self.node = node
+        self.loc = loc
+
+    @property
+    def importer(self) -> Any:
+        """The graph importer (constants, sub-graphs), when lowering inside coreai-torch."""
+        return getattr(self.values_map, "importer", None)
+
+    @property
+    def out(self) -> Any:
+        """The node's example output (a FakeTensor, a tuple of them, or a SymInt)."""
+        return self.node.meta.get("val")
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        val = self.out
+        if isinstance(val, (list, tuple)):
+            val = val[0]
+        return val.dtype
+
+    @property
+    def out_shape(self) -> list[int | None]:
+        """Output shape with ``None`` for dynamic dimensions."""
+        val = self.out
+        if isinstance(val, (list, tuple)):
+            val = val[0]
+        return [d if isinstance(d, int) else None for d in val.shape]
+
+    def unsupported(self, why: str) -> UnsupportedOpError:
+        """An error to raise when the rule cannot lower this particular use of the op."""
+        from coreai_torch.locations import describe
+
+        return UnsupportedOpError(f"{describe(self.node)}: {why}")
+
+
+def _python_name(name: str) -> str:
+    return f"{name}_" if keyword.iskeyword(name) else name
+
+
+def _resolve(values_map: dict[str, ir.Value], arg: Any) -> Any:
+    if isinstance(arg, torch.fx.Node):
+        return values_map[arg.name]
+    if isinstance(arg, (list, tuple)):
+        return type(arg)(_resolve(values_map, a) for a in arg)
+    return arg
+
+
+def bind_arguments(node: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name, defaults filled in (FX nodes left as nodes)."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    bound: dict[str, Any] = {}
+    positional = list(node.args)
+    for i, arg in enumerate(schema.arguments):
+        if i < len(positional) and not arg.kwarg_only:
+            bound[arg.name] = positional[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+        else:
+            bound[arg.name] = None
+    return bound
+
+
+def _defaults(schema: torch.FunctionSchema) -> dict[str, Any]:
+    return {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+
+
+def lowering(*names: str, table: LoweringTable | None = None) -> Callable[[Callable], Callable]:
+    """Register a schema-bound built-in rule ``rule(cx, **schema_arguments)`` for ``names``.
+
+    Tensor arguments arrive as Core AI values (lists of tensors as lists), everything else as
+    Python values with schema defaults filled in.  An argument the rule does not declare must
+    keep its default (or be harmless, like ``device``); otherwise the node is reported as
+    unsupported instead of being lowered wrongly.
+    """
+    target_table = table if table is not None else BUILTIN_LOWERINGS
+
+    def decorate(rule: Callable) -> Callable:
+        params = inspect.signature(rule).parameters
+        accepts_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+        def callback(values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location):
+            cx = LoweringContext(values_map, node, loc)
+            arguments = bind_arguments(node)
+            defaults = _defaults(node.target._schema)  # type: ignore[union-attr]
+            kwargs: dict[str, Any] = {}
+            for name, value in arguments.items():
+                pname = _python_name(name)
+                if accepts_all or pname in params:
+                    kwargs[pname] = _resolve(values_map, value)
+                elif name not in _HARMLESS_ARGS and value != defaults.get(name, None):
+                    raise cx.unsupported(
+                        f"argument {name}={value!r} is not supported by this lowering"
+                    )
+            return rule(cx, **kwargs)
+
+        callback.__name__ = rule.__name__
+        callback.__doc__ = rule.__doc__
+        callback.__wrapped__ = rule  # type: ignore[attr-defined]
+        for name in names:
+            target_table.register(name, callback)
+        return rule
+
+    return decorate
+
+
+def raw_lowering(
+    *names: str, table: LoweringTable | None = None
+) -> Callable[[LoweringFn], LoweringFn]:
+    """Register a rule that already has the documented ``fn(values_map, node, loc)`` form."""
+    target_table = table if table is not None else BUILTIN_LOWERINGS
+
+    def decorate(fn: LoweringFn) -> LoweringFn:
+        for name in names:
+            target_table.register(name, fn)
+        return fn
+
+    return decorate
+
+
+def op_names(ops: Sequence[Any]) -> list[str]:
+    """Qualified names for a list of OpOverloads (helper for registering op families)."""
+    from coreai_torch.locations import qualified_name
+
+    return [qualified_name(op) for op in ops]

@@ -1,0 +1,93 @@
+"""``AIProgram``: what ``to_coreai()`` returns.
+
+It *is* coreai-core's ``AIProgram`` (``save_asset``, ``set_static_shape_config``, ... work as
+documented there) with an ``optimize()`` method and a readable ``str()``.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from coreai_torch._mlir import ca, ir, run_pre_compilation_rewrite
+from coreai_torch.errors import VerificationError
+from coreai_torch.signature import ProgramSignature
+
+
+def _verify(module: ir.Module, when: str) -> None:
+    diagnostics: list[str] = []
+
+    def collect(diagnostic: object) -> bool:
+        diagnostics.append(f"{diagnostic.location}: {diagnostic.message}")  # type: ignore[attr-defined]
+        return True
+
+    handler = module.context.attach_diagnostic_handler(collect)
+    try:
+        module.operation.verify()
+    except ir.MLIRError as error:
+        found = [f"{d.location}: {d.message}" for d in error.error_diagnostics] or diagnostics
+        raise VerificationError(
+            f"the program failed MLIR verification {when}:\n  " + "\n  ".join(found)
+        ) from error
+    finally:
+        handler.detach()
+
+
+class AIProgram(ca.AIProgram):
+    """A converted Core AI program (coreai-core's ``AIProgram`` plus :meth:`optimize`)."""
+
+    #: entry point -> its inputs, outputs and states (set by ``TorchConverter.to_coreai``)
+    signatures: dict[str, ProgramSignature]
+
+    def __init__(self, module: ca.Module) -> None:
+        super().__init__(module)
+        self.signatures = {}
+
+    @property
+    def mlir_module(self) -> ir.Module:
+        """The underlying MLIR module (shared, not a copy)."""
+        return self._module._mlir_module
+
+    @property
+    def function_names(self) -> list[str]:
+        """Names of the public graphs (the runtime's function names), in order."""
+        names = []
+        for op in self.mlir_module.body.operations:
+            if op.operation.name == "coreai.graph":
+                attrs = op.operation.attributes
+                if "sym_visibility" in attrs and str(attrs["sym_visibility"]) == '"private"':
+                    continue
+                names.append(ir.StringAttr(attrs["sym_name"]).value)
+        return names
+
+    def optimize(self) -> Self:
+        """Run Core AI's pre-compilation rewrite (constant folding, CSE, DCE, canonicalisation).
+
+        Idempotent and numerics-preserving; modifies the program in place and returns it.
+        """
+        module = self.mlir_module
+        try:
+            with module.context:
+                run_pre_compilation_rewrite(module=module)
+        except RuntimeError as error:
+            raise VerificationError(f"optimize() failed: {error}") from error
+        _verify(module, "after optimize()")
+        return self
+
+    def verify(self) -> None:
+        """Raise :class:`VerificationError` if the program is not valid Core AI IR."""
+        _verify(self.mlir_module, "")
+
+    def to_mlir(self, *, weights: bool = False, debug_info: bool = False) -> str:
+        """The program as MLIR text; weight blobs are elided unless ``weights=True``."""
+        module = self.mlir_module
+        if weights:
+            return module.operation.get_asm(enable_debug_info=debug_info)
+        body = "\n".join(
+            op.operation.get_asm(enable_debug_info=debug_info) for op in module.body.operations
+        )
+        indented = "\n".join(f"  {line}" if line else line for line in body.splitlines())
+        return f"module {{\n{indented}\n}}\n"
+
+    def __str__(self) -> str:
+        """Readable IR: every graph, with weights shown by name (``dense_resource<fc.weight>``)."""
+        return self.to_mlir()

@@ -1,0 +1,130 @@
+"""Run Core AI programs on the Core AI runtime from synchronous code.
+
+    with Session(program) as session:            # saves the asset once, loads it
+        out = session.run({"x": x})               # {output_name: np.ndarray}
+        out = session.run({"x": x}, state={"kv": kv})   # states persist across calls
+
+The runtime's API is asynchronous; a session drives it on a private event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from coreai_torch._mlir import ca
+
+
+def _ndarray(value: Any) -> Any:
+    from coreai.runtime import NDArray
+
+    if isinstance(value, NDArray):
+        return value
+    if isinstance(value, torch.Tensor):
+        value = value.detach().contiguous()
+        if value.dtype == torch.bfloat16:
+            import ml_dtypes
+
+            return NDArray(value.view(torch.int16).numpy().view(ml_dtypes.bfloat16))
+        return NDArray(value.numpy())
+    return NDArray(np.asarray(value))
+
+
+class Session:
+    """A program saved as an ``.aimodel`` and loaded on the Core AI runtime."""
+
+    def __init__(self, program: ca.AIProgram | str | Path) -> None:
+        self._program = program
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._exec_cm: Any = None
+        self.model: Any = None
+        self._functions: dict[str, Any] = {}
+        #: runtime state buffers per entry point, updated in place by each call
+        self.states: dict[str, Any] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> Session:
+        self.open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open(self) -> None:
+        if isinstance(self._program, (str, Path)):
+            asset = ca.AIModelAsset.load(Path(self._program))
+        else:
+            self._tmp = tempfile.TemporaryDirectory(prefix="coreai_torch_")
+            asset = self._program.save_asset(Path(self._tmp.name) / "program.aimodel")
+        self._loop = asyncio.new_event_loop()
+        self._exec_cm = asset.executable()
+        self.model = self._loop.run_until_complete(self._exec_cm.__aenter__())
+
+    def close(self) -> None:
+        if self._loop is not None:
+            try:
+                self._loop.run_until_complete(self._exec_cm.__aexit__(None, None, None))
+            finally:
+                self._loop.close()
+                self._loop = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    # -- calls --------------------------------------------------------------------------------
+
+    def function(self, entrypoint: str = "main") -> Any:
+        if entrypoint not in self._functions:
+            self._functions[entrypoint] = self.model.load_function(entrypoint)
+        return self._functions[entrypoint]
+
+    def descriptor(self, entrypoint: str = "main") -> Any:
+        return self.function(entrypoint).desc
+
+    def run(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        entrypoint: str = "main",
+        state: Mapping[str, Any] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Call ``entrypoint`` once; returns ``{output_name: numpy array}``.
+
+        ``state`` values (numpy arrays or tensors) initialise the entry point's states; they
+        are kept (and updated in place by the runtime) for later calls until new ones are
+        given.  Read them back with :meth:`state_values`.
+        """
+        if self._loop is None:
+            raise RuntimeError("the session is closed; use it inside a `with` block")
+        fn = self.function(entrypoint)
+        if state is not None:
+            self.states[entrypoint] = {k: _ndarray(v) for k, v in state.items()}
+        feeds = {k: _ndarray(v) for k, v in inputs.items()}
+        current = self.states.get(entrypoint)
+        coro = fn(feeds, state=current) if current else fn(feeds)
+        out = self._loop.run_until_complete(coro)
+        return {k: v.numpy() for k, v in out.items()}
+
+    def state_values(self, entrypoint: str = "main") -> dict[str, np.ndarray]:
+        """The current state buffers of ``entrypoint`` as numpy arrays (copies)."""
+        return {k: v.numpy() for k, v in self.states.get(entrypoint, {}).items()}
+
+
+def run_program(
+    program: ca.AIProgram,
+    inputs: Mapping[str, Any],
+    *,
+    entrypoint: str = "main",
+    state: Mapping[str, Any] | None = None,
+) -> dict[str, np.ndarray]:
+    """Save, load and call ``program`` once (see :class:`Session` for repeated calls)."""
+    with Session(program) as session:
+        return session.run(inputs, entrypoint=entrypoint, state=state)

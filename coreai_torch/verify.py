@@ -1,0 +1,196 @@
+"""Check a converted program against eager PyTorch on the Core AI runtime.
+
+    report = verify(model, (x,))                  # export, convert, run, compare
+    print(report)                                 # per-output max abs / rel error
+    assert report.ok
+
+``verify`` works from an ``nn.Module`` (exported for you) or from an already converted
+program plus the module it came from.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.utils._pytree as pytree
+from torch.export import ExportedProgram
+
+from coreai_torch.decomp import get_decomp_table
+from coreai_torch.program import AIProgram
+from coreai_torch.runtime import Session
+
+
+def export_decomposed(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    dynamic_shapes: Any = None,
+    strict: bool = False,
+) -> ExportedProgram:
+    """``torch.export`` + ``run_decompositions(get_decomp_table())`` in one call."""
+    ep = torch.export.export(
+        model, tuple(args), dict(kwargs or {}), dynamic_shapes=dynamic_shapes, strict=strict
+    )
+    return ep.run_decompositions(get_decomp_table())
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu()
+        if value.dtype == torch.bfloat16:
+            value = value.float()
+        return value.numpy()
+    return np.asarray(value)
+
+
+@dataclass
+class OutputError:
+    """How far one output of the converted program is from PyTorch."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    max_abs: float
+    max_rel: float
+    ok: bool
+    problem: str = ""
+
+    def __str__(self) -> str:
+        status = "ok" if self.ok else "MISMATCH"
+        extra = f"  ({self.problem})" if self.problem else ""
+        return (
+            f"{self.name:<24} {self.dtype:<8} {self.shape!s:<20} max|err| {self.max_abs:.3e}"
+            f"  max rel {self.max_rel:.3e}  {status}{extra}"
+        )
+
+
+@dataclass
+class VerifyReport:
+    """Per-output comparison of one or more runs."""
+
+    outputs: list[OutputError] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(o.ok for o in self.outputs)
+
+    @property
+    def max_abs(self) -> float:
+        return max((o.max_abs for o in self.outputs), default=0.0)
+
+    def __str__(self) -> str:
+        return "\n".join(str(o) for o in self.outputs)
+
+
+def compare(
+    name: str, expected: Any, actual: Any, *, atol: float = 1e-4, rtol: float = 1e-4
+) -> OutputError:
+    """Compare one output; NaN/Inf must appear in the same places, integers must be equal."""
+    exp, act = to_numpy(expected), to_numpy(actual)
+    shape = tuple(exp.shape)
+    if tuple(act.shape) != shape:
+        return OutputError(
+            name,
+            shape,
+            str(exp.dtype),
+            math.inf,
+            math.inf,
+            False,
+            f"shape {tuple(act.shape)} != {shape}",
+        )
+    if exp.size == 0:
+        return OutputError(name, shape, str(exp.dtype), 0.0, 0.0, True)
+    if exp.dtype == np.bool_ or np.issubdtype(exp.dtype, np.integer):
+        wrong = int(np.sum(exp != act.astype(exp.dtype)))
+        diff = float(np.max(np.abs(exp.astype(np.float64) - act.astype(np.float64))))
+        return OutputError(
+            name,
+            shape,
+            str(exp.dtype),
+            diff,
+            diff,
+            wrong == 0,
+            f"{wrong} element(s) differ" if wrong else "",
+        )
+    e64, a64 = exp.astype(np.float64), act.astype(np.float64)
+    nan_mismatch = np.isnan(e64) != np.isnan(a64)
+    inf_mismatch = np.isinf(e64) & (e64 != a64)
+    finite = np.isfinite(e64) & np.isfinite(a64)
+    diff = np.abs(e64 - a64)[finite]
+    max_abs = float(diff.max()) if diff.size else 0.0
+    scale = max(1.0, float(np.abs(e64[finite]).max()) if finite.any() else 1.0)
+    max_rel = max_abs / scale
+    ok = bool(np.all(diff <= atol + rtol * np.abs(e64[finite]))) if diff.size else True
+    problem = ""
+    if nan_mismatch.any() or inf_mismatch.any():
+        ok = False
+        problem = "NaN/Inf placement differs"
+    return OutputError(name, shape, str(exp.dtype), max_abs, max_rel, ok, problem)
+
+
+def eager_outputs(
+    model: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
+) -> list[Any]:
+    """Run the model in eager mode on copies of the inputs; returns flattened outputs."""
+    args_copy, kwargs_copy = copy.deepcopy((tuple(args), dict(kwargs or {})))
+    with torch.no_grad():
+        out = model(*args_copy, **kwargs_copy)
+    return pytree.tree_leaves(out)
+
+
+def run_entrypoint(
+    session: Session,
+    program: AIProgram,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    entrypoint: str = "main",
+    state: Mapping[str, Any] | None = None,
+) -> list[np.ndarray]:
+    """Call ``entrypoint`` with forward()-style arguments; returns outputs in return order."""
+    sig = program.signatures[entrypoint]
+    flat = pytree.tree_leaves((tuple(args), dict(kwargs or {})))
+    inputs, input_states = sig.feeds(flat)
+    if state is None and entrypoint not in session.states:
+        state = {**{k: v.clone() for k, v in sig.initial_states.items()}, **input_states}
+    out = session.run(inputs, entrypoint=entrypoint, state=state)
+    return [out[o.name] for o in sig.outputs]
+
+
+def verify(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    program: AIProgram | None = None,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    entrypoint: str = "main",
+) -> VerifyReport:
+    """Convert ``model`` (unless ``program`` is given), run it on the runtime, compare.
+
+    The comparison allows ``atol + rtol * |expected|`` per element.
+    """
+    if program is None:
+        from coreai_torch.converter import TorchConverter
+
+        ep = export_decomposed(model, args, kwargs)
+        program = TorchConverter().add_exported_program(ep, entrypoint_name=entrypoint).to_coreai()
+    expected = eager_outputs(model, args, kwargs)
+    with Session(program) as session:
+        actual = run_entrypoint(session, program, args, kwargs, entrypoint=entrypoint)
+    names = [o.name for o in program.signatures[entrypoint].outputs]
+    return VerifyReport(
+        [
+            compare(n, e, a, atol=atol, rtol=rtol)
+            for n, e, a in zip(names, expected, actual, strict=True)
+        ]
+    )

@@ -1,0 +1,82 @@
+"""Weights as zero-copy resource constants.
+
+A parameter, buffer or lifted constant becomes a ``coreai.constant dense_resource<name>``
+whose blob *is* the tensor's memory (``DenseResourceElementsAttr.get_from_buffer``): nothing is
+copied at conversion time.  The tensors must stay alive and unmodified until the program is
+saved; the MLIR context keeps a reference to each buffer.
+
+One :class:`WeightStore` serves every graph of a program, so a tensor used by several entry
+points (e.g. prefill and decode) is stored once.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import torch
+
+from coreai_torch import dtypes
+from coreai_torch._mlir import cai, ir
+
+#: Tensors with fewer elements than this are emitted inline (``dense<...>``) so the compiler
+#: can fold them; larger ones are zero-copy resources.
+INLINE_LIMIT = 64
+
+
+def _buffer(tensor: torch.Tensor) -> np.ndarray:
+    """A C-contiguous numpy view of the tensor's memory (a copy only if it is strided)."""
+    t = tensor.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy()
+    return t.numpy()
+
+
+class WeightStore:
+    """Creates (and shares) the resource attributes of a program's weights."""
+
+    def __init__(self) -> None:
+        self._attrs: dict[tuple, ir.Attribute] = {}
+        self._names: set[str] = set()
+        self.total_bytes = 0
+
+    @staticmethod
+    def _key(tensor: torch.Tensor) -> tuple:
+        return (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
+
+    def _unique_name(self, name: str) -> str:
+        name = re.sub(r"[^A-Za-z0-9_.]", "_", name) or "weight"
+        candidate, k = name, 1
+        while candidate in self._names:
+            candidate = f"{name}_{k}"
+            k += 1
+        self._names.add(candidate)
+        return candidate
+
+    def constant(self, tensor: torch.Tensor, name: str) -> ir.Value:
+        """A ``coreai.constant`` holding ``tensor`` (inline when tiny, zero-copy otherwise)."""
+        if tensor.is_sparse or tensor.device.type != "cpu":
+            tensor = tensor.to_dense().cpu() if tensor.is_sparse else tensor.cpu()
+        ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
+        if tensor.numel() < INLINE_LIMIT:
+            if tensor.dtype == torch.bfloat16:
+                return cai.constant(tensor.detach().float().numpy(), dtype=ir.BF16Type.get())
+            return cai.constant(tensor.detach().numpy().copy(), dtype=ttype.element_type)
+        key = self._key(tensor)
+        attr = self._attrs.get(key)
+        if attr is None:
+            buffer = _buffer(tensor)
+            attr = ir.DenseResourceElementsAttr.get_from_buffer(
+                buffer, self._unique_name(name), ttype
+            )
+            self._attrs[key] = attr
+            self.total_bytes += buffer.nbytes
+        return cai.ConstantOp(value=attr).result
