@@ -135,15 +135,25 @@ def unsupported_op_error(
     return UnsupportedOpError("\n".join(lines), ops=missing)
 
 
+def _used_values(node: torch.fx.Node) -> list[Any]:
+    """The example values of a node's results that something actually uses."""
+    vals = node.meta.get("val")
+    if not node.users:
+        return []
+    if isinstance(vals, (list, tuple)):
+        used = {u.args[1] for u in node.users if u.target is operator.getitem}
+        return [v for i, v in enumerate(vals) if i in used]
+    return [vals]
+
+
 def find_zero_size(ep: ExportedProgram) -> list[torch.fx.Node]:
-    """Nodes whose (static) value has zero elements: the Core AI runtime aborts on those."""
+    """Nodes with a used (static) value of zero elements: the Core AI runtime aborts on those."""
     found = []
     for gm in _graph_modules(ep):
         for node in gm.graph.nodes:
-            if node.op == "output":
+            if node.op in ("output", "get_attr"):
                 continue
-            vals = node.meta.get("val")
-            for val in vals if isinstance(vals, (list, tuple)) else [vals]:
+            for val in _used_values(node):
                 if isinstance(val, torch.Tensor) and any(
                     isinstance(d, int) and d == 0 for d in val.shape
                 ):
@@ -241,7 +251,11 @@ class GraphImporter:
         for node in nodes:
             self.builder.nodes.setdefault(node.name, node)
             if node.op == "placeholder":
-                if node.name not in values and node.name not in self.signature.scalar_inputs:
+                if (
+                    node.users
+                    and node.name not in values
+                    and node.name not in self.signature.scalar_inputs
+                ):
                     raise ConversionError(f"internal error: no value for {describe(node)}")
             elif node.op == "output":
                 output = node
