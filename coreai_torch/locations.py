@@ -91,22 +91,21 @@ def qualified_name(target: object) -> str:
 
 
 def location(node: torch.fx.Node) -> ir.Location:
-    """The MLIR location of a node: ``loc(fused["node_name", "file.py":line:0])``.
+    """The MLIR location of a node: ``loc(fused<"node_name">["file.py":line:0])``.
 
-    Core AI's pipeline only accepts fused, file, debug-info and unknown locations at the top
-    level, so the node name rides inside a fused location.
+    Core AI's pipeline and bytecode writer accept file, fused, debug-info and unknown
+    locations (not name locations), so the node name rides as the fused location's metadata.
     """
     return named_location(node.name, user_frame(node))
 
 
 def named_location(name: str, frame: SourceFrame | None = None) -> ir.Location:
-    """A fused location carrying ``name`` (and the source frame, when known)."""
-    if frame is None:
-        return ir.Location.fused([ir.Location.name(name)], metadata=ir.StringAttr.get("fx"))
-    return ir.Location.fused([ir.Location.name(name), ir.Location.file(frame.file, frame.line, 0)])
+    """A fused location tagged with ``name`` (and carrying the source frame, when known)."""
+    inner = ir.Location.unknown() if frame is None else ir.Location.file(frame.file, frame.line, 0)
+    return ir.Location.fused([inner], metadata=ir.StringAttr.get(name))
 
 
-_LOCATION_NAME = re.compile(r'(?:loc\(|fused(?:<"[^"]*">)?\[)"([^"]+)"')
+_LOCATION_NAME = re.compile(r'fused<"([^"]+)">')
 
 
 def names_in_location(text: str) -> list[str]:
