@@ -15,9 +15,11 @@ from coreai_torch.errors import (
     NotDecomposedError,
     RuntimeHazardError,
     UnsupportedOpError,
+    UnsupportedPlatformError,
     VerificationError,
 )
 from coreai_torch.externalize import ExternalizeSpec
+from coreai_torch.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.program import AIProgram
 
 __version__ = "0.1.0"
@@ -28,10 +30,13 @@ __all__ = [
     "ExternalizeSpec",
     "InvalidSignatureError",
     "LoweringError",
+    "MetalParameter",
     "NotDecomposedError",
     "RuntimeHazardError",
     "TorchConverter",
+    "TorchMetalKernel",
     "UnsupportedOpError",
+    "UnsupportedPlatformError",
     "VerificationError",
     "errors",
     "get_decomp_table",

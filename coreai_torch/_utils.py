@@ -10,14 +10,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 import torch.fx
 
-from coreai_torch import dtypes
-from coreai_torch._mlir import cai, ir
+from coreai_torch._mlir import ir
 from coreai_torch.errors import LoweringError
 from coreai_torch.locations import describe
+from coreai_torch.lowerings.common import constant
 
 
 def _scalar_dtype(node: torch.fx.Node, value: bool | int | float) -> torch.dtype:
@@ -44,16 +43,24 @@ def _scalar_dtype(node: torch.fx.Node, value: bool | int | float) -> torch.dtype
     return torch.get_default_dtype()
 
 
-def get_operand(
-    values_map: dict[str, ir.Value], node: torch.fx.Node, index: int, loc: ir.Location | None = None
-) -> ir.Value:
-    """The Core AI value of positional argument ``index`` of ``node``."""
-    if index >= len(node.args):
-        raise LoweringError(
-            f"{describe(node)} has {len(node.args)} positional argument(s); index {index} "
-            "is out of range"
-        )
-    arg: Any = node.args[index]
+_MISSING = object()
+
+
+def _argument(node: torch.fx.Node, index: int) -> Any:
+    """``node.args[index]``, or the keyword / schema default for that position."""
+    if index < len(node.args):
+        return node.args[index]
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and index < len(schema.arguments):
+        argument = schema.arguments[index]
+        if argument.name in node.kwargs:
+            return node.kwargs[argument.name]
+        if argument.has_default_value():
+            return argument.default_value
+    return _MISSING
+
+
+def _value_of(values_map: dict[str, ir.Value], node: torch.fx.Node, index: int, arg: Any) -> Any:
     if isinstance(arg, torch.fx.Node):
         try:
             return values_map[arg.name]
@@ -62,13 +69,35 @@ def get_operand(
                 f"operand {index} of {describe(node)} ('{arg.name}') has no Core AI value yet"
             ) from None
     if isinstance(arg, (bool, int, float)):
-        dtype = _scalar_dtype(node, arg)
-        with loc or ir.Location.unknown():
-            return cai.constant(np.array(arg, dtype=dtypes.to_numpy(dtype)))
+        return constant(arg, _scalar_dtype(node, arg))
+    if isinstance(arg, (list, tuple)) and all(isinstance(a, torch.fx.Node) for a in arg):
+        return [_value_of(values_map, node, index, a) for a in arg]
     raise LoweringError(
         f"operand {index} of {describe(node)} is a {type(arg).__name__} ({arg!r}), not a tensor "
         "or a scalar; read it from node.args directly"
     )
+
+
+def get_operand(
+    values_map: dict[str, ir.Value], node: torch.fx.Node, index: int, loc: ir.Location | None = None
+) -> ir.Value:
+    """The Core AI value of positional argument ``index`` of ``node``.
+
+    A tensor argument gives its value from ``values_map``; a Python scalar becomes a constant
+    of the dtype of the tensors around it (``0.5`` next to ``float16`` tensors is a ``float16``
+    constant); a list of tensors gives a list of values.  An argument passed by keyword or left
+    at its default is found through the op's schema.
+    """
+    arg = _argument(node, index)
+    if arg is _MISSING:
+        raise LoweringError(
+            f"{describe(node)} has {len(node.args)} positional argument(s); index {index} "
+            "is out of range"
+        )
+    if loc is None:
+        loc = ir.Location.current or ir.Location.unknown()
+    with loc:
+        return _value_of(values_map, node, index, arg)
 
 
 def get_operands(

@@ -17,6 +17,7 @@ from coreai_torch.errors import ConversionError, InvalidSignatureError
 from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
 from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
+from coreai_torch.metal import TorchMetalKernel, check_kernels_registered, register_kernels
 from coreai_torch.program import AIProgram, _verify
 from coreai_torch.signature import ProgramSignature, analyze_signature
 
@@ -62,7 +63,7 @@ class TorchConverter:
     def __init__(self) -> None:
         self._staged: dict[str, StagedProgram] = {}
         self._lowerings = LoweringTable(fallback=BUILTIN_LOWERINGS)
-        self._kernels: dict[str, Any] = {}
+        self._kernels: dict[str, TorchMetalKernel] = {}
         #: timings of the last to_coreai() call
         self.last_stats = ConversionStats()
 
@@ -159,6 +160,7 @@ class TorchConverter:
         _check_entrypoint_name(entrypoint_name)
         self._check_unique(entrypoint_name)
         check_decomposed(ep)
+        check_kernels_registered(ep, self._kernels)
         signature = analyze_signature(ep, input_names, output_names, state_names)
         staged = StagedProgram(entrypoint_name, ep, signature)
         self._staged[entrypoint_name] = staged
@@ -198,27 +200,32 @@ class TorchConverter:
     def register_torch_lowering(
         self, qualified_name: str, allow_override: bool = False
     ) -> Callable[[LoweringFn], LoweringFn]:
-        """Decorator registering ``fn(values_map, node, loc)`` as this converter's lowering
-        for ``qualified_name`` (``"namespace::op_name.overload"``).
+        """Decorator registering ``fn(values_map, node, loc) -> Value | list[Value]`` as this
+        converter's lowering for ``qualified_name``.
 
-        Raises ``ValueError`` for a malformed name, a reserved namespace (``aten``,
-        ``higher_order``, ``coreai``, ``coreaix``) or a duplicate, unless
-        ``allow_override=True``.
+        The name is ``"namespace::op_name.overload"`` (ops defined with
+        ``@torch.library.custom_op`` use ``.default``); without the overload the lowering
+        applies to every overload of the op.  Lowerings belong to this converter only, take
+        precedence over the built-in ones and survive :meth:`clear`.
+
+        Raises ``ValueError`` for a malformed name, any name in a reserved namespace (``aten``,
+        ``higher_order``, ``coreai``, ``coreaix``) or a name already registered here, unless
+        ``allow_override=True`` (which replaces silently).
         """
         check_user_lowering_name(qualified_name, self._lowerings, allow_override)
 
         def decorate(fn: LoweringFn) -> LoweringFn:
             if not callable(fn):
                 raise TypeError(f"register_torch_lowering expects a function, got {fn!r}")
+            check_user_lowering_name(qualified_name, self._lowerings, allow_override)
             self._lowerings.register(qualified_name, fn, allow_override=True)
             return fn
 
         return decorate
 
-    def register_custom_kernels(self, kernels: Sequence[Any]) -> TorchConverter:
-        """Register ``TorchMetalKernel``s used by the model (call before staging it)."""
-        from coreai_torch.metal import register_kernels
-
+    def register_custom_kernels(self, kernels: Sequence[TorchMetalKernel]) -> TorchConverter:
+        """Register the ``TorchMetalKernel``s the model calls, so their calls lower to
+        ``coreai.metal4_kernel``.  Call it before staging the program; returns ``self``."""
         register_kernels(self, kernels)
         return self
 

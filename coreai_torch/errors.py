@@ -40,3 +40,8 @@ class VerificationError(ConversionError):
 
 class RuntimeHazardError(ConversionError):
     """The program would crash the Core AI runtime (e.g. zero-element tensors) if it ran."""
+
+
+class UnsupportedPlatformError(RuntimeError):
+    """The program is valid but this platform's Core AI runtime cannot run it (e.g. Metal
+    kernels outside Apple GPUs)."""

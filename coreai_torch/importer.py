@@ -9,7 +9,9 @@ errors that name the node, the op and the source line.
 
 from __future__ import annotations
 
+import inspect
 import operator
+import traceback
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -270,7 +272,13 @@ class GraphImporter:
     def lower_node(self, node: torch.fx.Node, values: ValueMap) -> None:
         if node.target is operator.getitem:
             source, index = node.args
-            values[node.name] = values[f"{source.name}#{index}"]
+            key = f"{source.name}#{index}"
+            if key not in values:
+                raise LoweringError(
+                    f"the lowering of '{lowering_key(source)}' gave no value for result {index} "
+                    f"of {describe(source)}, which {describe(node)} uses"
+                )
+            values[node.name] = values[key]
             return
         key = lowering_key(node)
         rule = self.lowerings.get(key)
@@ -288,13 +296,17 @@ class GraphImporter:
         except Exception as error:
             details = "; ".join(msg for _, msg in self.builder.diagnostics.take())
             reason = f"{type(error).__name__}: {error}" + (f" ({details})" if details else "")
-            raise LoweringError(f"lowering failed for {describe(node)}: {reason}") from error
+            raise LoweringError(
+                f"lowering failed for {describe(node)}: {reason}{_raised_in(rule, error)}"
+            ) from error
         self._store_result(node, key, result, values)
 
     # -- helpers ------------------------------------------------------------------------------
 
     def _store_result(self, node: torch.fx.Node, key: str, result: Any, values: ValueMap) -> None:
+        """Check what a lowering returned and record it (``"name#i"`` for multi-result ops)."""
         val = node.meta.get("val")
+        multi = isinstance(val, (list, tuple))
         if result is None:
             if node.users:
                 raise LoweringError(
@@ -302,30 +314,34 @@ class GraphImporter:
                     "return a Core AI value (or a list of values for multi-output ops)"
                 )
             return
-        if isinstance(result, (list, tuple)):
-            results = list(result)
-            if isinstance(val, (list, tuple)) and len(results) != len(val):
+        result = _as_value(result)
+        if isinstance(result, (list, tuple, ir.OpResultList)):
+            results = [_as_value(item) for item in result]
+            expected = len(val) if multi else 1
+            if len(results) != expected:
                 raise LoweringError(
                     f"the lowering of '{key}' returned {len(results)} value(s) for "
-                    f"{describe(node)}, but the op has {len(val)} result(s)"
+                    f"{describe(node)}, but the op has {expected} result(s)"
                 )
-            if not isinstance(val, (list, tuple)) and len(results) == 1:
+            if not multi:
                 self._check(node, key, results[0], val)
                 values[node.name] = results[0]
                 return
             for i, item in enumerate(results):
                 if item is None:
                     continue
-                self._check(node, key, item, val[i] if isinstance(val, (list, tuple)) else None)
+                self._check(node, key, item, val[i])
                 values[f"{node.name}#{i}"] = item
             return
-        if isinstance(val, (list, tuple)) and len(val) != 1:
+        if multi and len(val) != 1:
             raise LoweringError(
                 f"the lowering of '{key}' returned one value for {describe(node)}, but the "
                 f"op has {len(val)} results; return a list of values"
             )
-        self._check(node, key, result, val)
+        self._check(node, key, result, val[0] if multi else val)
         values[node.name] = result
+        if multi:
+            values[f"{node.name}#0"] = result
 
     def _check(self, node: torch.fx.Node, key: str, value: Any, val: Any) -> None:
         if not isinstance(value, ir.Value):
@@ -377,6 +393,33 @@ class GraphImporter:
         if update.type != inner:
             update = cai.cast(update, ir.RankedTensorType(inner))
         return update
+
+
+def _as_value(value: Any) -> Any:
+    """Unwrap what op builders may return: a facade value or a single-result op."""
+    if isinstance(value, ir.Value):
+        return value
+    to_mlir = getattr(value, "_to_mlir", None)
+    if callable(to_mlir):
+        return to_mlir()
+    if isinstance(value, ir.OpView) and len(value.results) == 1:
+        return value.result
+    return value
+
+
+def _raised_in(rule: Any, error: BaseException) -> str:
+    """`` (raised in lower_x at file.py:12)``: the innermost line of the lowering itself."""
+    fn = inspect.unwrap(rule)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return ""
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [f for f in frames if f.filename == code.co_filename]
+    if not own:
+        return ""
+    frame = own[-1]
+    where = f"{frame.filename}:{frame.lineno}: {frame.line}"
+    return f" (raised in lowering {fn.__qualname__} at {where})"
 
 
 def op_histogram(ep: ExportedProgram) -> Counter[str]:

@@ -10,6 +10,7 @@ The runtime's API is asynchronous; a session drives it on a private event loop.
 from __future__ import annotations
 
 import asyncio
+import platform
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import ca
+from coreai_torch.errors import UnsupportedPlatformError
 
 
 def _ndarray(value: Any) -> Any:
@@ -83,7 +85,17 @@ class Session:
 
     def function(self, entrypoint: str = "main") -> Any:
         if entrypoint not in self._functions:
-            self._functions[entrypoint] = self.model.load_function(entrypoint)
+            try:
+                self._functions[entrypoint] = self.model.load_function(entrypoint)
+            except RuntimeError as error:
+                if "metal4_kernel" not in str(error):
+                    raise
+                raise UnsupportedPlatformError(
+                    f"entry point '{entrypoint}' calls custom Metal kernels "
+                    "(coreai.metal4_kernel), which only run on Apple GPUs; the Core AI runtime "
+                    f"on {platform.system()} cannot execute them. The program is valid: save it "
+                    "with save_asset() and run it on an Apple device."
+                ) from error
         return self._functions[entrypoint]
 
     def descriptor(self, entrypoint: str = "main") -> Any:

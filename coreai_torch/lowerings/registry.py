@@ -34,6 +34,14 @@ RESERVED_NAMESPACES = ("aten", "higher_order", "coreai", "coreaix")
 _QUALIFIED_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)?$")
 
 
+def _packet_name(name: str) -> str | None:
+    """``"ns::op"`` for ``"ns::op.overload"`` (None when there is no overload)."""
+    namespace, sep, op = name.partition("::")
+    if not sep or "." not in op:
+        return None
+    return f"{namespace}::{op.rsplit('.', 1)[0]}"
+
+
 class LoweringTable:
     """A mapping from qualified op names to lowerings, optionally in front of a fallback table.
 
@@ -51,8 +59,13 @@ class LoweringTable:
         self._rules[name] = fn
 
     def get(self, name: str) -> LoweringFn | None:
+        """The lowering for ``name``: this table's own rule for the exact overload, then its
+        rule for the whole op (registered without an overload), then the fallback's."""
         if name in self._rules:
             return self._rules[name]
+        packet = _packet_name(name)
+        if packet is not None and packet in self._rules:
+            return self._rules[packet]
         return self._fallback.get(name) if self._fallback else None
 
     def __contains__(self, name: object) -> bool:
