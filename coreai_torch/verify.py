@@ -140,7 +140,10 @@ def eager_outputs(
     model: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any] | None = None
 ) -> list[Any]:
     """Run the model in eager mode on copies of the inputs; returns flattened outputs."""
-    args_copy, kwargs_copy = copy.deepcopy((tuple(args), dict(kwargs or {})))
+    args_copy, kwargs_copy = pytree.tree_map(
+        lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v),
+        (tuple(args), dict(kwargs or {})),
+    )
     with torch.no_grad():
         out = model(*args_copy, **kwargs_copy)
     return pytree.tree_leaves(out)

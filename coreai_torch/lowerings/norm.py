@@ -63,9 +63,12 @@ def batch_norm_inference(
     scale = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
     if weight is not None:
         scale = cai.broadcasting_mul(scale, _channel_shaped(cast(weight, dtype), rank))
-    out = cai.broadcasting_mul(cai.broadcasting_sub(input, mean), scale)
+    # x * scale + (bias - mean * scale): Core AI's pre-compilation rewrite folds this form into
+    # a preceding convolution correctly, while it mis-folds `(conv(x) - mean) * scale`.
+    shift = cai.broadcasting_sub(constant(0.0, dtype), cai.broadcasting_mul(mean, scale))
     if bias is not None:
-        out = cai.broadcasting_add(out, _channel_shaped(cast(bias, dtype), rank))
+        shift = cai.broadcasting_add(shift, _channel_shaped(cast(bias, dtype), rank))
+    out = cai.broadcasting_add(cai.broadcasting_mul(input, scale), shift)
     return [out, None, None]
 
 
