@@ -72,9 +72,10 @@ def _value_of(values_map: dict[str, ir.Value], node: torch.fx.Node, index: int, 
         return constant(arg, _scalar_dtype(node, arg))
     if isinstance(arg, (list, tuple)) and all(isinstance(a, torch.fx.Node) for a in arg):
         return [_value_of(values_map, node, index, a) for a in arg]
+    kind = "list" if isinstance(arg, (list, tuple)) else type(arg).__name__
     raise LoweringError(
-        f"operand {index} of {describe(node)} is a {type(arg).__name__} ({arg!r}), not a tensor "
-        "or a scalar; read it from node.args directly"
+        f"operand {index} of {describe(node)} is a {kind} ({arg!r}), not a tensor or a "
+        "scalar; read it from node.args directly"
     )
 
 

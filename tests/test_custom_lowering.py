@@ -1,0 +1,537 @@
+"""User lowerings: ``register_torch_lowering``, ``get_operand(s)`` and the seed 002 guide."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import coreai.authoring as ca  # before the dialect import (coreai-core's import order)
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from coreai._compiler.dialects import coreai
+
+import coreai_torch
+from coreai_torch import LoweringError, TorchConverter, UnsupportedOpError
+from coreai_torch._utils import get_operand, get_operands
+from coreai_torch.lowerings import BUILTIN_LOWERINGS
+from coreai_torch.program import AIProgram
+from coreai_torch.verify import export_decomposed, verify
+
+SEED_EXAMPLES = Path(__file__).parent / "seed_examples"
+
+# ----------------------------------------------------------------------- custom test ops ----
+
+
+@torch.library.custom_op("cl_test::scaled_add", mutates_args=())
+def scaled_add(x: torch.Tensor, y: torch.Tensor, scale: float = 2.0) -> torch.Tensor:
+    return x + scale * y
+
+
+@scaled_add.register_fake
+def _(x, y, scale=2.0):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("cl_test::sum_diff", mutates_args=())
+def sum_diff(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x + y, x - y
+
+
+@sum_diff.register_fake
+def _(x, y):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op("cl_test::halves", mutates_args=())
+def halves(x: torch.Tensor) -> list[torch.Tensor]:
+    return [x * 0.5]
+
+
+@halves.register_fake
+def _(x):
+    return [torch.empty_like(x)]
+
+
+@torch.library.custom_op("cl_test::stack_sum", mutates_args=())
+def stack_sum(xs: list[torch.Tensor], offset: int) -> torch.Tensor:
+    return torch.stack(xs).sum(0) + offset
+
+
+@stack_sum.register_fake
+def _(xs, offset):
+    return torch.empty_like(xs[0])
+
+
+class ScaledAdd(nn.Module):
+    def __init__(self, scale: float | None = 0.5) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.scale is None:
+            return torch.ops.cl_test.scaled_add(x, y)  # the schema default, 2.0
+        return torch.ops.cl_test.scaled_add(x, y, self.scale)
+
+
+class SumDiff(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        s, d = torch.ops.cl_test.sum_diff(x, y)
+        return s * d
+
+
+class SumOnly(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        s, _ = torch.ops.cl_test.sum_diff(x, y)
+        return s
+
+
+class Halves(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        (h,) = torch.ops.cl_test.halves(x)
+        return h + 1
+
+
+class Pool(nn.Module):
+    def __init__(self, size: tuple[int, int]) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(x, self.size)
+
+
+def lower_scaled_add(values_map, node, loc):
+    x, y, scale = get_operands(values_map, node, [0, 1, 2], loc)
+    return coreai.broadcasting_add(x, coreai.broadcasting_mul(y, scale, loc=loc), loc=loc)
+
+
+def lower_sum_diff(values_map, node, loc):
+    x, y = get_operands(values_map, node, [0, 1], loc)
+    return [coreai.broadcasting_add(x, y, loc=loc), coreai.broadcasting_sub(x, y, loc=loc)]
+
+
+def lower_pool_static(values_map, node, loc):
+    """The seed 002 override: sum pooling divided by the window size."""
+    x = get_operand(values_map, node, 0, loc)
+    output_h, output_w = node.args[1]
+    input_h, input_w = x.type.shape[2], x.type.shape[3]
+    stride_h, stride_w = input_h // output_h, input_w // output_w
+    kernel_h = input_h - (output_h - 1) * stride_h
+    kernel_w = input_w - (output_w - 1) * stride_w
+    return coreai.broadcasting_divide(
+        coreai.sumpool2d(
+            x,
+            kernel_size=np.array([kernel_h, kernel_w], dtype=np.uint32),
+            strides=np.array([stride_h, stride_w], dtype=np.uint32),
+            dilation=coreai.constant([1, 1], dtype=np.uint32),
+        ),
+        coreai.cast(float(kernel_h * kernel_w), x.type.element_type),
+    )
+
+
+def convert(converter: TorchConverter, model: nn.Module, args: Sequence[Any]) -> AIProgram:
+    return converter.add_exported_program(export_decomposed(model.eval(), args)).to_coreai()
+
+
+def check(converter: TorchConverter, model: nn.Module, args: Sequence[Any], **tol: float) -> str:
+    """Convert with ``converter``, run on the runtime, compare with PyTorch; returns the IR."""
+    program = convert(converter, model, args).optimize()
+    report = verify(model, args, program=program, **tol)
+    assert report.ok, f"{report}\n{program}"
+    return str(program)
+
+
+def converter_with(name: str, fn: Any, **kw: Any) -> TorchConverter:
+    converter = TorchConverter()
+    converter.register_torch_lowering(name, **kw)(fn)
+    return converter
+
+
+# ----------------------------------------------------------------------- seed examples ----
+
+
+@pytest.mark.parametrize(
+    "script", ["seed002_custom_op_lowering.py", "seed000_register_examples.py"]
+)
+def test_seed_examples_verbatim(script: str) -> None:
+    """Each guide runs as written in a fresh interpreter (both define my_lib::scaled_add)."""
+    done = subprocess.run(
+        [sys.executable, str(SEED_EXAMPLES / script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    checks = [line for line in done.stdout.splitlines() if line.startswith("CHECK")]
+    assert len(checks) == {"seed002_custom_op_lowering.py": 2}.get(script, 3), done.stdout
+
+
+# --------------------------------------------------------------------- names and errors ----
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "scaled_add",
+        "my_lib:scaled_add",
+        "my_lib::",
+        "::scaled_add",
+        "my lib::scaled_add",
+        "my_lib::scaled_add.",
+        "my_lib::scaled_add.default.extra",
+        "my_lib::scaled-add",
+        "",
+        42,
+        None,
+    ],
+)
+def test_malformed_names_raise_value_error(name: Any) -> None:
+    with pytest.raises(ValueError, match="namespace::op_name"):
+        TorchConverter().register_torch_lowering(name)
+
+
+@pytest.mark.parametrize("namespace", ["aten", "higher_order", "coreai", "coreaix"])
+@pytest.mark.parametrize("op", ["add.Tensor", "_adaptive_avg_pool2d.default", "no_such_op"])
+def test_reserved_namespaces_need_allow_override(namespace: str, op: str) -> None:
+    name = f"{namespace}::{op}"
+    converter = TorchConverter()
+    with pytest.raises(ValueError, match=f"namespace '{namespace}'.*reserved.*allow_override"):
+        converter.register_torch_lowering(name)
+    assert name not in converter.lowerings.own_names()
+
+    def fn(values_map, node, loc):
+        return None
+
+    assert converter.register_torch_lowering(name, allow_override=True)(fn) is fn
+    assert converter.lowerings.get(name) is fn
+
+
+def test_duplicates_raise_unless_allow_override_which_replaces_silently() -> None:
+    converter = converter_with("cl_test::scaled_add.default", lower_scaled_add)
+    with pytest.raises(ValueError, match=r"already registered.*allow_override=True"):
+        converter.register_torch_lowering("cl_test::scaled_add.default")
+
+    def doubled(values_map, node, loc):
+        x, y = get_operands(values_map, node, [0, 1], loc)
+        return coreai.broadcasting_mul(coreai.broadcasting_add(x, y), 2.0)
+
+    converter.register_torch_lowering("cl_test::scaled_add.default", allow_override=True)(doubled)
+    assert converter.lowerings.get("cl_test::scaled_add.default") is doubled
+    x, y = torch.randn(3), torch.randn(3)
+    program = convert(converter, ScaledAdd(1.0), (x, y))
+    (out,) = coreai_torch.runtime.run_program(program, {"x": x, "y": y}).values()
+    torch.testing.assert_close(torch.from_numpy(out), (x + y) * 2)  # the replacement ran
+
+
+def test_non_callable_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="expects a function"):
+        TorchConverter().register_torch_lowering("cl_test::scaled_add.default")(42)
+
+
+# --------------------------------------------------------------------- isolation, clear ----
+
+
+def test_registrations_stay_on_their_converter() -> None:
+    args = (torch.randn(2, 3), torch.randn(2, 3))
+    mine = converter_with("cl_test::scaled_add.default", lower_scaled_add)
+    other = TorchConverter()
+    assert "cl_test::scaled_add.default" not in BUILTIN_LOWERINGS
+    assert "cl_test::scaled_add.default" not in other.lowerings
+    check(mine, ScaledAdd(), args)
+    with pytest.raises(UnsupportedOpError) as info:
+        convert(other, ScaledAdd(), args)
+    message = str(info.value)
+    assert "cl_test::scaled_add.default" in message
+    assert "test_custom_lowering.py" in message  # the model's source line
+    assert 'register_torch_lowering("cl_test::scaled_add.default")' in message
+
+
+def test_override_of_a_builtin_does_not_leak() -> None:
+    x = torch.randn(1, 2, 4, 4)
+    mine = converter_with(
+        "aten::_adaptive_avg_pool2d.default", lower_pool_static, allow_override=True
+    )
+    builtin = BUILTIN_LOWERINGS.get("aten::_adaptive_avg_pool2d.default")
+    assert builtin is not None and builtin is not lower_pool_static
+    assert TorchConverter().lowerings.get("aten::_adaptive_avg_pool2d.default") is builtin
+    assert "sum_pool_2d" in check(mine, Pool((1, 1)), (x,))
+    assert "sum_pool_2d" not in str(convert(TorchConverter(), Pool((1, 1)), (x,)))
+
+
+def test_clear_keeps_lowerings() -> None:
+    args = (torch.randn(4), torch.randn(4))
+    converter = converter_with("cl_test::scaled_add.default", lower_scaled_add)
+    converter.add_exported_program(export_decomposed(ScaledAdd(), args))
+    converter.add_exported_program(export_decomposed(ScaledAdd(), args), entrypoint_name="b")
+    converter.clear(entrypoints=["b"])
+    assert converter.entrypoints == ["main"]
+    converter.clear()
+    assert converter.entrypoints == []
+    assert converter.lowerings.own_names() == ["cl_test::scaled_add.default"]
+    check(converter, ScaledAdd(), args)
+
+
+def test_name_without_overload_covers_every_overload() -> None:
+    args = (torch.randn(4), torch.randn(4))
+    converter = converter_with("cl_test::scaled_add", lower_scaled_add)
+    assert converter.lowerings.get("cl_test::scaled_add.default") is lower_scaled_add
+    check(converter, ScaledAdd(), args)
+
+    def exact(values_map, node, loc):
+        return get_operand(values_map, node, 0, loc)
+
+    converter.register_torch_lowering("cl_test::scaled_add.default")(exact)
+    assert converter.lowerings.get("cl_test::scaled_add.default") is exact  # exact name wins
+
+
+# ------------------------------------------------------------------- adaptive pool override --
+
+
+@pytest.mark.parametrize(
+    ("size", "shape", "window"),
+    [
+        ((1, 1), (1, 3, 8, 8), "dense<8>"),
+        ((2, 2), (2, 3, 8, 8), "dense<4>"),
+        ((2, 3), (1, 2, 6, 9), "dense<3>"),
+    ],
+)
+def test_adaptive_avg_pool2d_override_is_reached_and_used(
+    size: tuple[int, int], shape: tuple[int, ...], window: str
+) -> None:
+    """get_decomp_table() keeps _adaptive_avg_pool2d (even for (1, 1)), so the override runs."""
+    ep = export_decomposed(Pool(size).eval(), (torch.randn(shape),))
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    assert targets == ["aten._adaptive_avg_pool2d.default"]
+
+    calls = []
+
+    def spy(values_map, node, loc):
+        calls.append(node.name)
+        return lower_pool_static(values_map, node, loc)
+
+    converter = converter_with("aten::_adaptive_avg_pool2d.default", spy, allow_override=True)
+    text = check(converter, Pool(size), (torch.randn(shape),), atol=1e-5, rtol=1e-5)
+    assert calls == ["_adaptive_avg_pool2d"]
+    assert "coreai.sum_pool_2d" in text and "reduce_mean" not in text
+    assert f"{window} : tensor<2xui32>" in text or window.replace(">", ", ") in text
+
+
+def test_adaptive_avg_pool2d_module_override() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    converter = converter_with(
+        "aten::_adaptive_avg_pool2d.default", lower_pool_static, allow_override=True
+    )
+    assert "sum_pool_2d" in check(converter, model, (torch.randn(1, 3, 8, 8),))
+
+
+# ------------------------------------------------------------------------- multi-output ----
+
+
+def test_multi_output_list_is_stored_per_result() -> None:
+    seen: dict[str, Any] = {}
+
+    def lower(values_map, node, loc):
+        seen["node"] = node.name
+        seen["map"] = values_map
+        return lower_sum_diff(values_map, node, loc)
+
+    converter = converter_with("cl_test::sum_diff.default", lower)
+    args = (torch.randn(2, 3), torch.randn(2, 3))
+    check(converter, SumDiff(), args)
+    name = seen["node"]
+    assert f"{name}#0" in seen["map"] and f"{name}#1" in seen["map"]
+    assert name not in seen["map"]
+
+
+def test_multi_output_may_skip_unused_results() -> None:
+    def lower(values_map, node, loc):
+        x, y = get_operands(values_map, node, [0, 1], loc)
+        return [coreai.broadcasting_add(x, y), None]
+
+    check(converter_with("cl_test::sum_diff.default", lower), SumOnly(), (torch.randn(3),) * 2)
+
+
+@pytest.mark.parametrize("as_list", [False, True])
+def test_single_element_tuple_result(as_list: bool) -> None:
+    def lower(values_map, node, loc):
+        half = coreai.broadcasting_mul(get_operand(values_map, node, 0, loc), 0.5)
+        return [half] if as_list else half
+
+    check(converter_with("cl_test::halves.default", lower), Halves(), (torch.randn(5),))
+
+
+def test_tensor_list_operand_and_int_scalar() -> None:
+    class StackSum(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.ops.cl_test.stack_sum([a, b, a], 3)
+
+    def lower(values_map, node, loc):
+        xs, offset = get_operands(values_map, node, [0, 1], loc)
+        assert isinstance(xs, list) and len(xs) == 3
+        total = xs[0]
+        for x in xs[1:]:
+            total = coreai.broadcasting_add(total, x)
+        return coreai.broadcasting_add(total, offset)
+
+    ints = (torch.randint(-5, 5, (4,), dtype=torch.int32),) * 2
+    text = check(converter_with("cl_test::stack_sum.default", lower), StackSum(), ints)
+    assert "dense<3> : tensor<si32>" in text  # the int scalar took the tensors' dtype
+
+
+# -------------------------------------------------------------------------- get_operand ----
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mlir"),
+    [(torch.float16, "f16"), (torch.float32, "f32"), (torch.bfloat16, "bf16")],
+)
+def test_python_scalars_become_constants_of_the_tensor_dtype(dtype: torch.dtype, mlir: str) -> None:
+    converter = converter_with("cl_test::scaled_add.default", lower_scaled_add)
+    args = (torch.randn(3, 4).to(dtype), torch.randn(3, 4).to(dtype))
+    program = convert(converter, ScaledAdd(0.5), args)
+    assert f"dense<5.000000e-01> : tensor<{mlir}>" in str(program)
+    tol = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1e-2}[dtype]
+    report = verify(ScaledAdd(0.5), args, program=program, atol=tol, rtol=tol)
+    assert report.ok, report
+
+
+def test_defaults_and_keywords_are_read_through_the_schema() -> None:
+    converter = converter_with("cl_test::scaled_add.default", lower_scaled_add)
+    args = (torch.randn(3), torch.randn(3))
+    text = check(converter, ScaledAdd(None), args)  # scale left at its default, 2.0
+    assert "dense<2.000000e+00> : tensor<f32>" in text
+
+
+def test_get_operand_without_loc_uses_the_nodes_location() -> None:
+    def lower(values_map, node, loc):
+        x, y = get_operands(values_map, node, [0, 1])
+        return coreai.broadcasting_add(
+            x, coreai.broadcasting_mul(y, get_operand(values_map, node, 2))
+        )
+
+    check(converter_with("cl_test::scaled_add.default", lower), ScaledAdd(), (torch.randn(2),) * 2)
+
+
+# ------------------------------------------------------------------- bad lowerings ----
+
+
+def _convert_error(fn: Any, model: nn.Module, args: Sequence[Any], name: str) -> str:
+    with pytest.raises(LoweringError) as info:
+        convert(converter_with(name, fn), model, args)
+    message = str(info.value)
+    assert name in message, message  # names the op ...
+    assert "test_custom_lowering.py" in message, message  # ... and the model's source line
+    return message
+
+
+def test_lowering_that_raises() -> None:
+    def broken(values_map, node, loc):
+        raise ValueError("cannot lower this scale")
+
+    message = _convert_error(
+        broken, ScaledAdd(), (torch.randn(2),) * 2, "cl_test::scaled_add.default"
+    )
+    assert "ValueError: cannot lower this scale" in message
+    assert "raised in lowering" in message and "broken" in message
+
+
+def test_lowering_with_invalid_coreai_call_reports_the_diagnostic() -> None:
+    def bad(values_map, node, loc):
+        x = get_operand(values_map, node, 0, loc)
+        return coreai.batch_matmul(x, x)  # rank 1: rejected by the op builder
+
+    message = _convert_error(bad, ScaledAdd(), (torch.randn(2),) * 2, "cl_test::scaled_add.default")
+    assert "bad" in message
+
+
+def test_lowering_that_returns_none() -> None:
+    message = _convert_error(
+        lambda values_map, node, loc: None,
+        ScaledAdd(),
+        (torch.randn(2),) * 2,
+        "cl_test::scaled_add.default",
+    )
+    assert "returned None" in message
+
+
+@pytest.mark.parametrize(
+    ("model", "name", "count", "expected"),
+    [
+        (ScaledAdd(), "cl_test::scaled_add.default", 2, "returned 2 value(s)"),
+        (ScaledAdd(), "cl_test::scaled_add.default", 0, "returned 0 value(s)"),
+        (SumDiff(), "cl_test::sum_diff.default", 1, "returned one value"),
+        (SumDiff(), "cl_test::sum_diff.default", 3, "returned 3 value(s)"),
+    ],
+)
+def test_lowering_that_returns_the_wrong_number_of_values(
+    model: nn.Module, name: str, count: int, expected: str
+) -> None:
+    def lower(values_map, node, loc):
+        x = get_operand(values_map, node, 0, loc)
+        return x if count == 1 else [x] * count
+
+    message = _convert_error(lower, model, (torch.randn(2),) * 2, name)
+    assert expected in message
+
+
+def test_lowering_that_leaves_a_used_result_out() -> None:
+    def lower(values_map, node, loc):
+        return [get_operand(values_map, node, 0, loc), None]
+
+    message = _convert_error(lower, SumDiff(), (torch.randn(2),) * 2, "cl_test::sum_diff.default")
+    assert "gave no value for result 1" in message
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        (lambda x: np.ones(2, np.float32), "returned ndarray"),
+        (lambda x: 1.5, "returned float"),
+        (lambda x: coreai.cast(x, np.float16), "PyTorch computes"),
+        (lambda x: coreai.concat(0, [x, x]), "PyTorch computes"),
+    ],
+)
+def test_lowering_that_returns_the_wrong_type(result: Any, expected: str) -> None:
+    def lower(values_map, node, loc):
+        return result(get_operand(values_map, node, 0, loc))
+
+    message = _convert_error(
+        lower, ScaledAdd(), (torch.randn(2),) * 2, "cl_test::scaled_add.default"
+    )
+    assert expected in message
+
+
+def test_get_operand_errors_name_the_node() -> None:
+    def out_of_range(values_map, node, loc):
+        return get_operand(values_map, node, 7, loc)
+
+    message = _convert_error(
+        out_of_range, ScaledAdd(), (torch.randn(2),) * 2, "cl_test::scaled_add.default"
+    )
+    assert "index 7 is out of range" in message
+
+    def not_a_tensor(values_map, node, loc):
+        return get_operand(values_map, node, 1, loc)
+
+    pool = nn.Sequential(Pool((1, 1)))
+    with pytest.raises(LoweringError, match=r"operand 1 .* is a list .*node.args"):
+        convert(
+            converter_with("aten::_adaptive_avg_pool2d.default", not_a_tensor, allow_override=True),
+            pool,
+            (torch.randn(1, 1, 2, 2),),
+        )
+
+
+def test_facade_values_and_single_result_ops_are_accepted() -> None:
+    def lower(values_map, node, loc):
+        x, y, scale = get_operands(values_map, node, [0, 1, 2], loc)
+        return ca.broadcasting_add(x, ca.broadcasting_mul(y, scale))  # facade values
+
+    args = (torch.randn(3), torch.randn(3))
+    check(converter_with("cl_test::scaled_add.default", lower), ScaledAdd(), args)
