@@ -1,0 +1,89 @@
+"""Benchmark models, built from configs/code with random weights (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+
+@dataclass
+class BenchModel:
+    name: str
+    build: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+    description: str
+
+
+class _LogitsOnly(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        out = self.model(*args, return_dict=False)
+        return out[0]
+
+
+def llama_decoder() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Llama-style decoder: hidden 1024, 16 layers, 16 heads, MLP 2816, vocab 32000 (~0.27B)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        hidden_size=1024,
+        num_hidden_layers=16,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        intermediate_size=2816,
+        vocab_size=32000,
+        max_position_embeddings=512,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
+    model = LlamaForCausalLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 128), dtype=torch.int64)
+    return _LogitsOnly(model).eval(), (ids,)
+
+
+def vit_b16() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """ViT-B/16 at 224x224 (86M parameters)."""
+    from transformers import ViTConfig, ViTModel
+
+    config = ViTConfig(
+        image_size=224,
+        patch_size=16,
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        attn_implementation="sdpa",
+    )
+    model = ViTModel(config, add_pooling_layer=False).eval()
+    return _LogitsOnly(model).eval(), (torch.randn(1, 3, 224, 224),)
+
+
+def resnet50() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """ResNet-50 at 224x224 (25M parameters)."""
+    from transformers import ResNetConfig, ResNetModel
+
+    config = ResNetConfig(
+        layer_type="bottleneck",
+        depths=[3, 4, 6, 3],
+        hidden_sizes=[256, 512, 1024, 2048],
+        embedding_size=64,
+    )
+    model = ResNetModel(config).eval()
+    return _LogitsOnly(model).eval(), (torch.randn(1, 3, 224, 224),)
+
+
+MODELS = {
+    m.name: m
+    for m in [
+        BenchModel(
+            "llama-0.27b", llama_decoder, "Llama decoder, 16 layers, hidden 1024, 128 tokens"
+        ),
+        BenchModel("vit-b16", vit_b16, "ViT-B/16, 224x224"),
+        BenchModel("resnet50", resnet50, "ResNet-50, 224x224"),
+    ]
+}
