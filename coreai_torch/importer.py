@@ -30,7 +30,7 @@ from coreai_torch.errors import (
     UnsupportedOpError,
 )
 from coreai_torch.locations import describe, location, named_location, qualified_name, user_frame
-from coreai_torch.lowerings.registry import LoweringTable
+from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
 
@@ -148,19 +148,63 @@ def _used_values(node: torch.fx.Node) -> list[Any]:
     return [vals]
 
 
-def find_zero_size(ep: ExportedProgram) -> list[torch.fx.Node]:
-    """Nodes with a used (static) value of zero elements: the Core AI runtime aborts on those."""
+def _is_empty(val: Any) -> bool:
+    return isinstance(val, torch.Tensor) and any(isinstance(d, int) and d == 0 for d in val.shape)
+
+
+def droppable_empty_nodes(ep: ExportedProgram) -> set[torch.fx.Node]:
+    """Nodes with a zero-element result that conversion can drop entirely.
+
+    A node qualifies when each of its users either qualifies too or takes it in an argument
+    listed in :data:`EMPTY_INPUT_OPS` (e.g. an input of ``cat``).  Such nodes are not lowered;
+    their consumers see an :class:`EmptyTensor`.
+    """
+    dropped: set[torch.fx.Node] = set()
+    for gm in _graph_modules(ep):
+        for node in reversed(list(gm.graph.nodes)):
+            if node.op != "call_function" or not _is_empty(node.meta.get("val")):
+                continue
+            if node.users and all(_drops(user, node, dropped) for user in node.users):
+                dropped.add(node)
+    return dropped
+
+
+def _drops(user: torch.fx.Node, node: torch.fx.Node, dropped: set[torch.fx.Node]) -> bool:
+    if user in dropped:
+        return True
+    positions = EMPTY_INPUT_OPS.get(lowering_key(user) or "")
+    if positions is None:
+        return False
+    for i, arg in enumerate(user.args):
+        in_arg = arg is node or (isinstance(arg, (list, tuple)) and node in arg)
+        if in_arg and i not in positions:
+            return False
+    return not any(v is node for v in user.kwargs.values())
+
+
+def find_zero_size(
+    ep: ExportedProgram, dropped: set[torch.fx.Node] | None = None
+) -> list[torch.fx.Node]:
+    """Nodes with a used (static) value of zero elements: the Core AI runtime aborts on those.
+
+    Empty values that conversion drops (:func:`droppable_empty_nodes`) are not listed.
+    """
+    if dropped is None:
+        dropped = droppable_empty_nodes(ep)
     found = []
     for gm in _graph_modules(ep):
         for node in gm.graph.nodes:
-            if node.op in ("output", "get_attr"):
+            if node.op in ("output", "get_attr") or node in dropped:
                 continue
-            for val in _used_values(node):
-                if isinstance(val, torch.Tensor) and any(
-                    isinstance(d, int) and d == 0 for d in val.shape
-                ):
+            if isinstance(node.meta.get("val"), (list, tuple)):
+                empty_users = [
+                    u for u in node.users if _is_empty(u.meta.get("val")) and u not in dropped
+                ]
+                if any(u.target is operator.getitem for u in empty_users):
                     found.append(node)
-                    break
+                continue
+            if any(_is_empty(val) for val in _used_values(node)):
+                found.append(node)
     return found
 
 
@@ -189,6 +233,8 @@ class GraphImporter:
         self.lowerings = lowerings
         self.name = name
         self.placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+        #: zero-element nodes that are not lowered (their consumers drop them)
+        self.dropped = droppable_empty_nodes(ep)
 
     # -- public -------------------------------------------------------------------------------
 
@@ -197,7 +243,7 @@ class GraphImporter:
         missing = find_unsupported(self.ep, self.lowerings)
         if missing:
             raise unsupported_op_error(missing, self.name)
-        zero = find_zero_size(self.ep)
+        zero = find_zero_size(self.ep, self.dropped)
         if zero:
             listed = "\n".join(f"  - {describe(n)}" for n in zero[:10])
             raise RuntimeHazardError(
@@ -270,6 +316,10 @@ class GraphImporter:
         return output
 
     def lower_node(self, node: torch.fx.Node, values: ValueMap) -> None:
+        if node in self.dropped:
+            val = node.meta["val"]
+            values[node.name] = EmptyTensor(list(val.shape), val.dtype)
+            return
         if node.target is operator.getitem:
             source, index = node.args
             key = f"{source.name}#{index}"

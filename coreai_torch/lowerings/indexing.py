@@ -1,13 +1,17 @@
-"""Indexing: embedding, gather, index.Tensor (advanced indexing)."""
+"""Reading by index: index.Tensor (advanced indexing), index_select, gather, embedding,
+embedding_bag, masked_fill and nonzero."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
+    Scalar,
+    as_value,
     broadcast_to,
     cast,
     constant,
@@ -15,22 +19,90 @@ from coreai_torch.lowerings.common import (
     i32,
     normalize_dim,
     rank_of,
+    reshape,
     shape_of,
     transpose,
     unsqueeze,
 )
+from coreai_torch.lowerings.layout import slice_region, static_shape, take_values
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
-def wrap_indices(indices: ir.Value, size: int | None) -> ir.Value:
-    """Indices as si32 with negative values wrapped (PyTorch allows ``-1`` for the last)."""
-    idx = cast(indices, torch.int32)
-    if size is None:
-        return idx
-    negative = cai.broadcasting_greater(constant(0, torch.int32), idx)
-    return cai.broadcasting_where(
-        negative, cai.broadcasting_add(idx, constant(size, torch.int32)), idx
+def index_layout(
+    cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None]
+) -> tuple[list[int], list[int], list[int]]:
+    """Positions of the index tensors, their broadcast shape and the permutation that moves
+    the indexed dims first (in order) — shared by ``index`` and ``index_put``."""
+    shape = static_shape(cx, self)
+    positions = [i for i, ix in enumerate(indices) if ix is not None]
+    for i in positions:
+        if dtype_of(indices[i]) in (torch.bool, torch.uint8):
+            raise cx.unsupported(
+                "indexing with a boolean mask gives a data-dependent shape, which Core AI "
+                "programs cannot express; use torch.where(mask, x, other) or a fixed-size "
+                "index tensor instead"
+            )
+    bshape = list(torch.broadcast_shapes(*[tuple(shape_of(indices[i])) for i in positions]))
+    if None in bshape:
+        raise cx.unsupported("index tensors with dynamic shapes are not supported yet")
+    perm = positions + [d for d in range(len(shape)) if d not in positions]
+    return positions, bshape, perm
+
+
+def stacked_indices(
+    indices: Sequence[ir.Value | None], positions: Sequence[int], bshape: Sequence[int]
+) -> ir.Value:
+    """The index tensors broadcast to ``bshape`` and stacked on a new last dim (si32)."""
+    k = len(bshape)
+    stacked = [
+        unsqueeze(broadcast_to(cast(indices[p], torch.int32), bshape), [k]) for p in positions
+    ]
+    return stacked[0] if len(stacked) == 1 else cai.concat(i32(k), stacked)
+
+
+def result_permutation(positions: Sequence[int], nb: int, rank: int) -> list[int]:
+    """Permutation from the gathered ``(broadcast dims, remaining dims)`` layout to PyTorch's.
+
+    PyTorch puts the broadcast dims where the first indexed dim was when the index tensors
+    are adjacent, and first otherwise.
+    """
+    adjacent = list(positions) == list(range(positions[0], positions[-1] + 1))
+    first = positions[0] if adjacent else 0
+    rest = rank - len(positions)
+    return list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, nb + rest))
+
+
+@lowering("aten::index.Tensor", "aten::_unsafe_index.Tensor")
+def index(cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None]) -> ir.Value:
+    positions, bshape, perm = index_layout(cx, self, indices)
+    if not positions:
+        return self
+    x = transpose(self, perm)
+    out = cai.gather_nd(x, stacked_indices(indices, positions, bshape))  # negatives wrap
+    return transpose(out, result_permutation(positions, len(bshape), rank_of(self)))
+
+
+@lowering("aten::index_select.default")
+def index_select(cx: LoweringContext, self: ir.Value, dim: int, index: ir.Value) -> ir.Value:
+    if rank_of(self) == 0:
+        return reshape(take_values(reshape(self, [1]), 0, index), [])
+    return take_values(
+        self, normalize_dim(dim, rank_of(self)), reshape(index, [-1]) if rank_of(index) else index
     )
+
+
+@lowering("aten::gather.default")
+def gather(
+    cx: LoweringContext, self: ir.Value, dim: int, index: ir.Value, sparse_grad: bool = False
+) -> ir.Value:
+    rank = rank_of(self)
+    if rank == 0:
+        return self
+    d = normalize_dim(dim, rank)
+    ishape = static_shape(cx, index, "index")
+    # PyTorch lets the index be smaller than the input in the other dims.
+    sizes = [s if a != d else shape_of(self)[d] for a, s in enumerate(ishape)]
+    return cai.gather_along_axis(slice_region(self, sizes), cast(index, torch.int32), i32(d))
 
 
 @lowering("aten::embedding.default")
@@ -42,46 +114,92 @@ def embedding(
     scale_grad_by_freq: bool = False,
     sparse: bool = False,
 ) -> ir.Value:
-    idx = wrap_indices(indices, shape_of(weight)[0])
+    idx = cast(indices, torch.int32)
     return cai.gather_nd(weight, unsqueeze(idx, [rank_of(idx)]))
 
 
-@lowering("aten::index.Tensor")
-def index(cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None]) -> ir.Value:
-    shape = shape_of(self)
-    positions = [i for i, ix in enumerate(indices) if ix is not None]
-    if not positions:
-        return self
-    if positions != list(range(positions[0], positions[-1] + 1)):
-        raise cx.unsupported("non-adjacent advanced indices are not supported yet")
-    tensors = [indices[i] for i in positions]
-    if any(dtype_of(t) == torch.bool for t in tensors):
-        raise cx.unsupported("boolean mask indexing has a data-dependent shape")
-    first = positions[0]
-    # Move the indexed dims to the front, gather with stacked indices, move the result back.
-    rank = len(shape)
-    perm = positions + [d for d in range(rank) if d not in positions]
-    x = transpose(self, perm)
-    bshape = list(torch.broadcast_shapes(*[tuple(shape_of(t)) for t in tensors]))
-    stacked = [
-        unsqueeze(broadcast_to(wrap_indices(t, shape[p]), bshape), [len(bshape)])
-        for t, p in zip(tensors, positions, strict=True)
-    ]
-    gather_idx = stacked[0] if len(stacked) == 1 else cai.concat(i32(len(bshape)), stacked)
-    out = cai.gather_nd(x, gather_idx)
-    if first == 0:
-        return out
-    # PyTorch puts the broadcast index dims where the first indexed dim was.
-    nb = len(bshape)
-    rest = rank - len(positions)
-    out_perm = list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, nb + rest))
-    return transpose(out, out_perm)
-
-
-@lowering("aten::gather.default")
-def gather(
-    cx: LoweringContext, self: ir.Value, dim: int, index: ir.Value, sparse_grad: bool = False
+@lowering("aten::masked_fill.Scalar", "aten::masked_fill.Tensor")
+def masked_fill(
+    cx: LoweringContext, self: ir.Value, mask: ir.Value, value: ir.Value | Scalar
 ) -> ir.Value:
-    d = normalize_dim(dim, rank_of(self))
-    idx = wrap_indices(index, shape_of(self)[d])
-    return cai.gather_along_axis(self, idx, i32(d))
+    dtype = cx.out_dtype
+    fill = as_value(value, dtype)
+    out = cai.broadcasting_where(cast(mask, torch.bool), fill, cast(self, dtype))
+    return broadcast_to(out, static_shape(cx, self)) if shape_of(out) != shape_of(self) else out
+
+
+@lowering("aten::nonzero.default")
+def nonzero(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    """Positions of the non-zero elements (a data-dependent number of rows)."""
+    x = (
+        self
+        if dtype_of(self) == torch.bool
+        else cai.broadcasting_not_equal(self, constant(0, dtype_of(self)))
+    )
+    return cast(cai.non_zero(x), torch.int64)
+
+
+# ------------------------------------------------------------------------- embedding_bag ----
+
+
+@lowering("aten::_embedding_bag.default", "aten::_embedding_bag_forward_only.default")
+def embedding_bag(
+    cx: LoweringContext,
+    weight: ir.Value,
+    indices: ir.Value,
+    offsets: ir.Value,
+    scale_grad_by_freq: bool = False,
+    mode: int = 0,
+    sparse: bool = False,
+    per_sample_weights: ir.Value | None = None,
+    include_last_offset: bool = False,
+    padding_idx: int = -1,
+) -> list[ir.Value | None]:
+    """Bags of embeddings reduced by sum (0), mean (1) or max (2).
+
+    Bag membership is computed on the runtime from ``offsets`` (one-hot bag matrix), so the
+    offsets may be runtime values; sizes must be static.
+    """
+    (count,) = static_shape(cx, indices, "indices")
+    num_offsets = static_shape(cx, offsets, "offsets")[0]
+    bags = num_offsets - 1 if include_last_offset else num_offsets
+    dtype = dtype_of(weight)
+    dim = static_shape(cx, weight, "weight")[1]
+    rows = cai.gather_nd(weight, unsqueeze(cast(indices, torch.int32), [1]))  # (count, dim)
+    if per_sample_weights is not None:
+        rows = cai.broadcasting_mul(rows, unsqueeze(cast(per_sample_weights, dtype), [1]))
+    # member[b, i]: offsets[b] <= i < offsets[b + 1] (the last bag runs to the end).
+    pos = cai.constant(np.arange(count, dtype=np.int32)[None, :])
+    starts = cast(offsets, torch.int32)
+    ends = cai.concat(i32(0), [_slice1(starts, 1, num_offsets), constant([count], torch.int32)])
+    if include_last_offset:
+        starts, ends = _slice1(starts, 0, bags), _slice1(ends, 0, bags)
+    lo = cai.broadcasting_greater(
+        pos, cai.broadcasting_sub(unsqueeze(starts, [1]), constant(1, torch.int32))
+    )
+    hi = cai.broadcasting_greater(unsqueeze(ends, [1]), pos)
+    member = cai.and_(lo, hi)  # (bags, count)
+    if padding_idx is not None and padding_idx >= 0:
+        keep = cai.broadcasting_not_equal(
+            cast(indices, torch.int32), constant(padding_idx, torch.int32)
+        )
+        member = cai.and_(member, broadcast_to(unsqueeze(keep, [0]), [bags, count]))
+    if mode == 2:  # max: masked maximum over the bag; empty bags give 0
+        masked = cai.broadcasting_where(
+            unsqueeze(member, [2]), unsqueeze(rows, [0]), constant(float("-inf"), dtype)
+        )
+        best = reshape(cai.reduce_max(masked, i32([1])), [bags, dim])
+        empty = cai.broadcasting_equal(best, constant(float("-inf"), dtype))
+        out = cai.broadcasting_where(empty, constant(0.0, dtype), best)
+    else:
+        weights = cast(member, dtype)
+        out = cai.broadcasting_batch_matmul(weights, rows)  # (bags, dim)
+        if mode == 1:
+            sizes = cai.reduce_sum(weights, i32([1]))
+            sizes = cai.broadcasting_maximum(sizes, constant(1.0, dtype))
+            out = cai.broadcasting_divide(out, sizes)
+    return [out, None, None, None]
+
+
+def _slice1(v: ir.Value, start: int, end: int) -> ir.Value:
+    return cai.slice_(v, i32([start]), i32([end]), i32([1]))

@@ -89,6 +89,27 @@ class LoweringTable:
 BUILTIN_LOWERINGS = LoweringTable()
 
 
+class EmptyTensor:
+    """Stands for a zero-element value that never reaches the runtime (which aborts on them).
+
+    The importer stores one in ``values_map`` instead of lowering a node whose static result
+    has zero elements, when every consumer drops it at conversion time: a node that is empty
+    too, or an op listed in :data:`EMPTY_INPUT_OPS` (e.g. an input of ``cat``).
+    """
+
+    def __init__(self, shape: Sequence[int], dtype: torch.dtype) -> None:
+        self.shape = list(shape)
+        self.dtype = dtype
+
+    def __repr__(self) -> str:
+        return f"EmptyTensor({self.shape}, {self.dtype})"
+
+
+#: Ops whose rules accept :class:`EmptyTensor` operands, by qualified name -> argument
+#: positions that may be empty (e.g. the inputs of ``cat``).
+EMPTY_INPUT_OPS: dict[str, tuple[int, ...]] = {}
+
+
 def check_user_lowering_name(
     qualified_name: str, table: LoweringTable, allow_override: bool
 ) -> None:

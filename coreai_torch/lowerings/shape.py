@@ -1,15 +1,19 @@
-"""View and layout ops: reshape, permute, expand, squeeze, cat, slice, select, split, copies."""
+"""View and layout ops: reshape, permute, expand, squeeze, cat, slice, select, split, flip,
+roll, repeat, unfold, diagonal, as_strided and the copies."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     broadcast_to,
     cast,
+    constant,
+    dtype_of,
     i32,
     normalize_dim,
     rank_of,
@@ -19,14 +23,20 @@ from coreai_torch.lowerings.common import (
     transpose,
     unsqueeze,
 )
-from coreai_torch.lowerings.registry import LoweringContext, lowering
+from coreai_torch.lowerings.layout import (
+    slice_axis,
+    static_out_shape,
+    static_shape,
+    take,
+)
+from coreai_torch.lowerings.registry import (
+    EMPTY_INPUT_OPS,
+    EmptyTensor,
+    LoweringContext,
+    lowering,
+)
 
-
-def _static_shape(cx: LoweringContext) -> list[int]:
-    shape = cx.out_shape
-    if None in shape:
-        raise cx.unsupported("dynamic output shapes are not supported by this op yet")
-    return [int(d) for d in shape]
+# ------------------------------------------------------------------------------- views ------
 
 
 @lowering(
@@ -34,9 +44,15 @@ def _static_shape(cx: LoweringContext) -> list[int]:
     "aten::reshape.default",
     "aten::_unsafe_view.default",
     "aten::view_copy.default",
+    "aten::_reshape_alias.default",
 )
-def view(cx: LoweringContext, self: ir.Value, size: Sequence[int]) -> ir.Value:
-    return reshape(self, _static_shape(cx))
+def view(cx: LoweringContext, self: ir.Value, size: Sequence[int], **_: object) -> ir.Value:
+    return reshape(self, static_out_shape(cx))
+
+
+@lowering("aten::flatten.using_ints", "aten::unflatten.int")
+def flatten(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value:
+    return reshape(self, static_out_shape(cx))
 
 
 @lowering("aten::permute.default", "aten::permute_copy.default")
@@ -45,28 +61,26 @@ def permute(cx: LoweringContext, self: ir.Value, dims: Sequence[int]) -> ir.Valu
     return transpose(self, [normalize_dim(d, rank) for d in dims])
 
 
-@lowering("aten::transpose.int")
-def transpose_int(cx: LoweringContext, self: ir.Value, dim0: int, dim1: int) -> ir.Value:
+@lowering("aten::transpose.int", "aten::transpose_copy.int", "aten::swapaxes.default")
+def transpose_int(cx: LoweringContext, self: ir.Value, **dims: int) -> ir.Value:
     rank = rank_of(self)
-    if rank < 2:
-        return self
+    a, b = (normalize_dim(d, rank) for d in dims.values())
     perm = list(range(rank))
-    a, b = normalize_dim(dim0, rank), normalize_dim(dim1, rank)
-    perm[a], perm[b] = perm[b], perm[a]
+    if rank:
+        perm[a], perm[b] = perm[b], perm[a]
     return transpose(self, perm)
 
 
-@lowering("aten::t.default", "aten::numpy_T.default")
+@lowering("aten::t.default", "aten::t_copy.default", "aten::numpy_T.default")
 def t(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    rank = rank_of(self)
-    return transpose(self, list(reversed(range(rank))))
+    return transpose(self, list(reversed(range(rank_of(self)))))
 
 
 @lowering("aten::expand.default", "aten::expand_copy.default")
 def expand(
     cx: LoweringContext, self: ir.Value, size: Sequence[int], implicit: bool = False
 ) -> ir.Value:
-    return broadcast_to(self, _static_shape(cx))
+    return broadcast_to(self, static_out_shape(cx))
 
 
 @lowering(
@@ -98,14 +112,40 @@ def unsqueeze_(cx: LoweringContext, self: ir.Value, dim: int) -> ir.Value:
     return unsqueeze(self, [normalize_dim(dim, rank_of(self) + 1)])
 
 
-@lowering("aten::cat.default", "aten::concat.default")
-def cat(cx: LoweringContext, tensors: Sequence[ir.Value], dim: int = 0) -> ir.Value:
+# ----------------------------------------------------------------------- concatenation ------
+
+
+def _present(tensors: Sequence[ir.Value | EmptyTensor]) -> list[ir.Value]:
+    """The inputs that have elements (empty ones are dropped at conversion time)."""
+    return [t for t in tensors if isinstance(t, ir.Value) and 0 not in shape_of(t)]
+
+
+@lowering("aten::cat.default", "aten::concat.default", "aten::concatenate.default")
+def cat(cx: LoweringContext, tensors: Sequence[ir.Value | EmptyTensor], dim: int = 0) -> ir.Value:
     dtype = cx.out_dtype
     rank = len(cx.out_shape)
-    parts = [cast(t, dtype) for t in tensors if rank_of(t) == rank and 0 not in shape_of(t)]
+    # PyTorch skips empty inputs (including legacy 1-D empty tensors of any rank).
+    parts = [cast(t, dtype) for t in _present(tensors)]
+    if not parts:
+        raise cx.unsupported("every input of cat is empty")
     if len(parts) == 1:
         return parts[0]
     return cai.concat(i32(normalize_dim(dim, rank)), parts)
+
+
+for _name in ("aten::cat.default", "aten::concat.default", "aten::concatenate.default"):
+    EMPTY_INPUT_OPS[_name] = (0,)
+
+
+@lowering("aten::stack.default")
+def stack(cx: LoweringContext, tensors: Sequence[ir.Value], dim: int = 0) -> ir.Value:
+    rank = len(cx.out_shape)
+    d = normalize_dim(dim, rank)
+    parts = [unsqueeze(cast(t, cx.out_dtype), [d]) for t in tensors]
+    return parts[0] if len(parts) == 1 else cai.concat(i32(d), parts)
+
+
+# ------------------------------------------------------------------------------ slicing -----
 
 
 @lowering("aten::slice.Tensor", "aten::slice_copy.Tensor")
@@ -118,30 +158,31 @@ def slice_(
     step: int = 1,
 ) -> ir.Value:
     shape = shape_of(self)
-    rank = len(shape)
-    d = normalize_dim(dim, rank)
-    size = shape[d]
-    if size is None:
+    d = normalize_dim(dim, len(shape))
+    if shape[d] is None:
         raise cx.unsupported("slicing a dynamic dimension is not supported yet")
-    lo, hi, stride = slice(start, end, step).indices(size)
-    if (lo, hi, stride) == (0, size, 1):
-        return self
-    starts, ends, strides = [0] * rank, list(shape), [1] * rank
-    starts[d], ends[d], strides[d] = lo, max(hi, lo), stride
-    return cai.slice_(self, i32(starts), i32(ends), i32(strides))
+    if step <= 0:
+        raise cx.unsupported(f"slice step must be positive, got {step}")
+    lo, hi, stride = slice(start, end, step).indices(shape[d])
+    return slice_axis(self, d, lo, max(hi, lo), stride)
+
+
+@lowering("aten::narrow.default", "aten::narrow_copy.default")
+def narrow(cx: LoweringContext, self: ir.Value, dim: int, start: int, length: int) -> ir.Value:
+    shape = static_shape(cx, self)
+    d = normalize_dim(dim, len(shape))
+    lo = start % shape[d] if start < 0 else start
+    return slice_axis(self, d, lo, lo + length)
 
 
 @lowering("aten::select.int", "aten::select_copy.int")
 def select(cx: LoweringContext, self: ir.Value, dim: int, index: int) -> ir.Value:
     shape = shape_of(self)
-    rank = len(shape)
-    d = normalize_dim(dim, rank)
+    d = normalize_dim(dim, len(shape))
     if shape[d] is None:
         raise cx.unsupported("selecting from a dynamic dimension is not supported yet")
     i = index % shape[d]
-    starts, ends, strides = [0] * rank, list(shape), [1] * rank
-    starts[d], ends[d] = i, i + 1
-    return squeeze(cai.slice_(self, i32(starts), i32(ends), i32(strides)), [d])
+    return squeeze(slice_axis(self, d, i, i + 1), [d])
 
 
 @lowering(
@@ -149,24 +190,174 @@ def select(cx: LoweringContext, self: ir.Value, dim: int, index: int) -> ir.Valu
     "aten::split_with_sizes_copy.default",
     "aten::split.Tensor",
     "aten::split_copy.Tensor",
+    "aten::split.sizes",
+    "aten::unsafe_split.Tensor",
+    "aten::unsafe_split_with_sizes.default",
 )
-def split_with_sizes(
-    cx: LoweringContext,
-    self: ir.Value,
-    split_sizes: Sequence[int] | int | None = None,
-    dim: int = 0,
-    split_size: int | None = None,
-) -> list[ir.Value]:
+def split_with_sizes(cx: LoweringContext, self: ir.Value, dim: int = 0, **_: object) -> list:
     shape = shape_of(self)
     d = normalize_dim(dim, len(shape))
-    sizes = [int(v.shape[d]) for v in cx.out]
-    results, offset = [], 0
-    for size in sizes:
-        starts, ends = [0] * len(shape), list(shape)
-        starts[d], ends[d] = offset, offset + size
-        results.append(cai.slice_(self, i32(starts), i32(ends), i32([1] * len(shape))))
+    results: list[ir.Value | None] = []
+    offset = 0
+    for val in cx.out:
+        size = int(val.shape[d])
+        # Empty chunks are never materialised (nothing can consume them on the runtime).
+        results.append(slice_axis(self, d, offset, offset + size) if size else None)
         offset += size
     return results
+
+
+@lowering("aten::unbind.int", "aten::unbind_copy.int")
+def unbind(cx: LoweringContext, self: ir.Value, dim: int = 0) -> list[ir.Value]:
+    shape = static_shape(cx, self)
+    d = normalize_dim(dim, len(shape))
+    return [squeeze(slice_axis(self, d, i, i + 1), [d]) for i in range(shape[d])]
+
+
+# ---------------------------------------------------------------------- reorder / repeat ----
+
+
+@lowering("aten::flip.default")
+def flip(cx: LoweringContext, self: ir.Value, dims: Sequence[int]) -> ir.Value:
+    rank = rank_of(self)
+    axes = sorted({normalize_dim(d, rank) for d in dims})
+    axes = [a for a in axes if rank and shape_of(self)[a] != 1]
+    if not axes:
+        return self
+    return cai.reverse(self, i32(axes))
+
+
+def _roll_axis(x: ir.Value, shift: int, axis: int) -> ir.Value:
+    size = shape_of(x)[axis]
+    shift %= size
+    if shift == 0:
+        return x
+    tail = slice_axis(x, axis, size - shift, size)
+    head = slice_axis(x, axis, 0, size - shift)
+    return cai.concat(i32(axis), [tail, head])
+
+
+@lowering("aten::roll.default")
+def roll(
+    cx: LoweringContext, self: ir.Value, shifts: Sequence[int], dims: Sequence[int] = ()
+) -> ir.Value:
+    shape = static_shape(cx, self)
+    if not dims:  # roll the flattened tensor
+        flat = reshape(self, [int(np.prod(shape))])
+        return reshape(_roll_axis(flat, shifts[0], 0), shape)
+    x = self
+    for shift, dim in zip(shifts, dims, strict=True):
+        x = _roll_axis(x, shift, normalize_dim(dim, len(shape)))
+    return x
+
+
+@lowering("aten::repeat.default")
+def repeat(cx: LoweringContext, self: ir.Value, repeats: Sequence[int]) -> ir.Value:
+    rank = rank_of(self)
+    x = unsqueeze(self, list(range(len(repeats) - rank)))
+    if all(r == 1 for r in repeats):
+        return x
+    return cai.tile(x, np.array(list(repeats), np.uint32))
+
+
+@lowering("aten::tile.default")
+def tile(cx: LoweringContext, self: ir.Value, dims: Sequence[int]) -> ir.Value:
+    reps = [1] * (rank_of(self) - len(dims)) + list(dims)
+    return repeat(cx, self, reps)
+
+
+# ---------------------------------------------------------------- windows and diagonals -----
+
+
+@lowering("aten::unfold.default", "aten::unfold_copy.default")
+def unfold(cx: LoweringContext, self: ir.Value, dimension: int, size: int, step: int) -> ir.Value:
+    """Sliding windows along one dim; the window becomes a new last dim."""
+    shape = static_shape(cx, self)
+    if not shape:  # 0-d: a single window of size 1
+        return reshape(self, [1])
+    d = normalize_dim(dimension, len(shape))
+    count = (shape[d] - size) // step + 1
+    table = np.arange(count)[:, None] * step + np.arange(size)[None, :]
+    windows = take(self, d, table)  # (..., count, size, ...)
+    rank = len(shape) + 1
+    return transpose(windows, [a for a in range(rank) if a != d + 1] + [d + 1])
+
+
+def _diagonal_table(rows: int, cols: int, offset: int) -> np.ndarray:
+    r = np.arange(rows)
+    c = r + offset
+    keep = (c >= 0) & (c < cols)
+    return (r[keep] * cols + c[keep]).astype(np.int64)
+
+
+@lowering("aten::diagonal.default", "aten::diagonal_copy.default")
+def diagonal(
+    cx: LoweringContext, self: ir.Value, offset: int = 0, dim1: int = 0, dim2: int = 1
+) -> ir.Value:
+    shape = static_shape(cx, self)
+    rank = len(shape)
+    a, b = normalize_dim(dim1, rank), normalize_dim(dim2, rank)
+    rest = [d for d in range(rank) if d not in (a, b)]
+    x = transpose(self, [*rest, a, b])
+    flat = reshape(x, [shape[d] for d in rest] + [shape[a] * shape[b]])
+    return take(flat, len(rest), _diagonal_table(shape[a], shape[b], offset))
+
+
+def storage_indices(val: torch.Tensor) -> np.ndarray:
+    """For each element of a dense tensor, its position in the tensor's row-major order,
+    indexed by storage offset (assumes dense, non-overlapping strides)."""
+    shape, strides = list(val.shape), list(val.stride())
+    order = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+    storage = np.full(int(np.prod(shape, dtype=np.int64)), -1, dtype=np.int64)
+    offsets = np.zeros(shape, dtype=np.int64)
+    for axis, (n, s) in enumerate(zip(shape, strides, strict=True)):
+        view = [1] * len(shape)
+        view[axis] = n
+        offsets = offsets + (np.arange(n, dtype=np.int64) * s).reshape(view)
+    storage[offsets.reshape(-1)] = order.reshape(-1)
+    return storage
+
+
+@lowering("aten::as_strided.default", "aten::as_strided_copy.default")
+def as_strided(
+    cx: LoweringContext,
+    self: ir.Value,
+    size: Sequence[int],
+    stride: Sequence[int],
+    storage_offset: int | None = None,
+) -> ir.Value:
+    """A strided view of the input's storage, gathered through a constant index table."""
+    src = cx.node.args[0].meta.get("val")
+    shape = static_shape(cx, self)
+    total = int(np.prod(shape, dtype=np.int64))
+    if not isinstance(src, torch.Tensor) or not _dense(src):
+        raise cx.unsupported("as_strided of a tensor whose storage is not dense")
+    storage = storage_indices(src)
+    positions = np.full([int(s) for s in size], int(storage_offset or 0), dtype=np.int64)
+    for axis, (n, s) in enumerate(zip(size, stride, strict=True)):
+        view = [1] * len(size)
+        view[axis] = int(n)
+        positions = positions + (np.arange(int(n), dtype=np.int64) * int(s)).reshape(view)
+    if positions.size and (positions.max() >= total or positions.min() < 0):
+        raise cx.unsupported("as_strided reads outside the input's storage")
+    table = storage[positions]
+    flat = reshape(self, [total])
+    return take(flat, 0, table) if table.ndim else squeeze(take(flat, 0, table[None]), [0])
+
+
+def _dense(val: torch.Tensor) -> bool:
+    if int(val.storage_offset()) != 0:
+        return False
+    dims = sorted((s, n) for n, s in zip(val.shape, val.stride(), strict=True) if n != 1)
+    expected = 1
+    for s, n in dims:
+        if s != expected:
+            return False
+        expected *= n
+    return True
+
+
+# ------------------------------------------------------------------------------- copies -----
 
 
 @lowering(
@@ -174,21 +365,54 @@ def split_with_sizes(
     "aten::alias.default",
     "aten::alias_copy.default",
     "aten::lift_fresh_copy.default",
+    "aten::lift_fresh.default",
     "aten::detach.default",
+    "aten::detach_copy.default",
     "aten::contiguous.default",
-    "aten::_assert_tensor_metadata.default",
 )
-def identity(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value | None:
-    if cx.node.target is torch.ops.aten._assert_tensor_metadata.default:
-        return None
+def identity(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value:
     return self
 
 
-@lowering("aten::_to_copy.default", "aten::to.dtype", "aten::_to_dim_order_copy.default")
+@lowering("aten::_assert_tensor_metadata.default")
+def assert_tensor_metadata(cx: LoweringContext, **_: object) -> None:
+    """A check PyTorch already made at export time; nothing to emit."""
+    return None
+
+
+def _wrap_integer(value: ir.Value, dtype: torch.dtype) -> ir.Value:
+    """Integer conversion that wraps around like PyTorch (Core AI's cast saturates)."""
+    src = dtype_of(value)
+    if src.is_floating_point or src == torch.bool or dtype.is_floating_point:
+        return value
+    if dtype == torch.bool or src in (torch.uint64,) or dtype in (torch.uint64, torch.int64):
+        return value
+    s, d = torch.iinfo(src), torch.iinfo(dtype)
+    if d.min <= s.min and s.max <= d.max:
+        return value
+    # ((x - min) mod span + span) mod span + min, in int64 (C-style modulo keeps the sign).
+    wide = cast(value, torch.int64)
+    span = constant(d.max - d.min + 1, torch.int64)
+    shifted = cai.broadcasting_sub(wide, constant(d.min, torch.int64))
+    wrapped = cai.broadcasting_modulo(
+        cai.broadcasting_add(cai.broadcasting_modulo(shifted, span), span), span
+    )
+    return cai.broadcasting_add(wrapped, constant(d.min, torch.int64))
+
+
+@lowering(
+    "aten::_to_copy.default",
+    "aten::to.dtype",
+    "aten::_to_dim_order_copy.default",
+    "aten::to.dtype_layout",
+)
 def to_copy(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value:
-    return cast(self, cx.out_dtype)
+    dtype = cx.out_dtype
+    return cast(_wrap_integer(self, dtype), dtype)
 
 
-@lowering("aten::flatten.using_ints")
-def flatten(cx: LoweringContext, self: ir.Value, start_dim: int = 0, end_dim: int = -1) -> ir.Value:
-    return reshape(self, _static_shape(cx))
+@lowering("aten::copy.default", "aten::copy_.default")
+def copy(cx: LoweringContext, self: ir.Value, src: ir.Value, non_blocking: bool = False):
+    """``self`` overwritten with ``src`` (broadcast and converted to ``self``'s dtype)."""
+    dtype = dtype_of(self)
+    return broadcast_to(cast(_wrap_integer(src, dtype), dtype), static_shape(cx, self))

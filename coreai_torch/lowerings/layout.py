@@ -1,0 +1,164 @@
+"""Data-movement helpers shared by the view, indexing, padding, pooling and resampling rules.
+
+Everything here works on static sizes read with ``common.shape_of``; a helper that needs a
+static size raises ``ValueError`` when it meets a dynamic one, and the rules turn that into
+``cx.unsupported``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.common import (
+    cast,
+    constant,
+    dtype_of,
+    i32,
+    normalize_dim,
+    rank_of,
+    reshape,
+    shape_of,
+    transpose,
+    unsqueeze,
+)
+from coreai_torch.lowerings.registry import LoweringContext
+
+
+def static_out_shape(cx: LoweringContext) -> list[int]:
+    """The node's output shape, which this rule needs to be static."""
+    shape = cx.out_shape
+    if None in shape:
+        raise cx.unsupported("dynamic output shapes are not supported by this op yet")
+    return [int(d) for d in shape]
+
+
+def static_shape(cx: LoweringContext, value: ir.Value, what: str = "input") -> list[int]:
+    """The static shape of an operand (``cx.unsupported`` for dynamic dims)."""
+    shape = shape_of(value)
+    if None in shape:
+        raise cx.unsupported(f"the {what} has dynamic dimensions, which this op does not support")
+    return [int(d) for d in shape]
+
+
+def slice_axis(x: ir.Value, axis: int, start: int, end: int, step: int = 1) -> ir.Value:
+    """``x[..., start:end:step, ...]`` along ``axis`` (normalised, non-empty bounds)."""
+    shape = shape_of(x)
+    if (start, end, step) == (0, shape[axis], 1):
+        return x
+    rank = len(shape)
+    starts, ends, strides = [0] * rank, [int(d) for d in shape], [1] * rank
+    starts[axis], ends[axis], strides[axis] = start, end, step
+    return cai.slice_(x, i32(starts), i32(ends), i32(strides))
+
+
+def slice_region(x: ir.Value, sizes: Sequence[int]) -> ir.Value:
+    """The leading ``sizes`` corner of ``x`` (``x[:s0, :s1, ...]``)."""
+    shape = shape_of(x)
+    if list(sizes) == list(shape):
+        return x
+    rank = len(shape)
+    return cai.slice_(x, i32([0] * rank), i32(list(sizes)), i32([1] * rank))
+
+
+def _arithmetic(indices: np.ndarray) -> tuple[int, int] | None:
+    """(start, step) if the flat index list is an arithmetic progression with step > 0."""
+    flat = indices.reshape(-1)
+    if flat.size == 0:
+        return None
+    if flat.size == 1:
+        return int(flat[0]), 1
+    steps = np.diff(flat)
+    if steps[0] > 0 and np.all(steps == steps[0]):
+        return int(flat[0]), int(steps[0])
+    return None
+
+
+def take(x: ir.Value, axis: int, indices: np.ndarray | Sequence[int]) -> ir.Value:
+    """Entries of ``x`` along ``axis`` picked by constant ``indices`` (any shape, >= 0).
+
+    The axis is replaced by the dims of ``indices``.  Ranges become a ``slice``; anything
+    else a ``gather_nd`` on the axis moved to the front.
+    """
+    idx = np.asarray(indices, dtype=np.int64)
+    shape = shape_of(x)
+    rank = len(shape)
+    axis = normalize_dim(axis, rank)
+    prog = _arithmetic(idx)
+    if prog is not None and idx.ndim == 1:
+        start, step = prog
+        return slice_axis(x, axis, start, start + step * (idx.size - 1) + 1, step)
+    moved = transpose(x, [axis] + [d for d in range(rank) if d != axis])
+    gathered = cai.gather_nd(moved, cai.constant(idx.astype(np.int32)[..., None]))
+    k = idx.ndim
+    # gathered: idx dims, then the other dims of x in order; put idx dims back at ``axis``.
+    perm = list(range(k, k + axis)) + list(range(k)) + list(range(k + axis, k + rank - 1))
+    return transpose(gathered, perm)
+
+
+def take_values(x: ir.Value, axis: int, indices: ir.Value) -> ir.Value:
+    """``index_select`` with runtime indices (any shape): the axis is replaced by their dims."""
+    rank = rank_of(x)
+    axis = normalize_dim(axis, rank)
+    idx = cast(indices, torch.int32)
+    k = rank_of(idx)
+    moved = transpose(x, [axis] + [d for d in range(rank) if d != axis])
+    gathered = cai.gather_nd(moved, unsqueeze(idx, [k]))
+    perm = list(range(k, k + axis)) + list(range(k)) + list(range(k + axis, k + rank - 1))
+    return transpose(gathered, perm)
+
+
+def flatten_window_gather(x: ir.Value, spatial: int, table: np.ndarray, fill: float) -> ir.Value:
+    """Gather windows of the trailing ``spatial`` dims through a constant index table.
+
+    ``x`` is ``(*lead, *sizes)``; ``table`` holds flat spatial indices (``-1`` = padding,
+    read as ``fill``) of shape ``(positions, window)``.  Returns ``(*lead, positions, window)``.
+    """
+    shape = shape_of(x)
+    lead, sizes = shape[: len(shape) - spatial], shape[len(shape) - spatial :]
+    flat_size = int(np.prod(sizes))
+    flat = reshape(x, [*lead, flat_size])
+    index = np.where(table < 0, flat_size, table)
+    if (table < 0).any():
+        pad = [0, 0] * len(lead) + [0, 1]
+        flat = cai.pad(flat, np.array(pad, np.uint32), constant(fill, dtype_of(x)))
+    return take(flat, len(lead), index)
+
+
+def move_axes_last(x: ir.Value, axes: Sequence[int]) -> tuple[ir.Value, list[int]]:
+    """``x`` with ``axes`` moved to the end (in the given order); returns the permutation."""
+    rank = rank_of(x)
+    perm = [d for d in range(rank) if d not in axes] + list(axes)
+    return transpose(x, perm), perm
+
+
+def inverse(perm: Sequence[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def zero_padding_value(dtype: torch.dtype) -> bool | int | float:
+    return False if dtype == torch.bool else 0
+
+
+def lowest(dtype: torch.dtype) -> float | int:
+    """The identity of ``max`` for ``dtype`` (``-inf`` for floats)."""
+    if dtype.is_floating_point:
+        return float("-inf")
+    if dtype == torch.bool:
+        return 0
+    return int(torch.iinfo(dtype).min)
+
+
+def highest(dtype: torch.dtype) -> float | int:
+    """The identity of ``min`` for ``dtype`` (``inf`` for floats)."""
+    if dtype.is_floating_point:
+        return float("inf")
+    if dtype == torch.bool:
+        return 1
+    return int(torch.iinfo(dtype).max)
