@@ -38,6 +38,49 @@ def _ndarray(value: Any) -> Any:
     return NDArray(np.asarray(value))
 
 
+def _check_one(kind: str, name: str, array: Any, descriptor: Any, entrypoint: str) -> None:
+    expected = list(descriptor.shape)
+    shape = list(array.shape)
+    where = f"{kind} '{name}' of '{entrypoint}'"
+    if str(array.dtype) != str(descriptor.dtype):
+        raise ValueError(f"{where} must be {descriptor.dtype}, got {array.dtype}")
+    if len(shape) != len(expected) or any(
+        e not in (-1, s) for e, s in zip(expected, shape, strict=False)
+    ):
+        shown = tuple("?" if e == -1 else e for e in expected)
+        raise ValueError(f"{where} must have shape {shown}, got {tuple(shape)}")
+    if 0 in shape:
+        raise ValueError(
+            f"{where} has zero elements {tuple(shape)}; the Core AI runtime "
+            "cannot run on empty tensors"
+        )
+
+
+def _check_feeds(
+    desc: Any, feeds: Mapping[str, Any], states: Mapping[str, Any], entrypoint: str
+) -> None:
+    """Reject inputs the runtime would abort on (wrong rank, empty tensors) with a clear error."""
+    expected, given = list(desc.input_names), set(feeds)
+    missing = [n for n in expected if n not in given]
+    unknown = sorted(given - set(expected))
+    if missing or unknown:
+        raise ValueError(
+            f"'{entrypoint}' takes inputs {expected}; missing {missing}, unknown {unknown}"
+        )
+    for name in expected:
+        _check_one("input", name, feeds[name], desc.input_descriptor(name), entrypoint)
+    state_names = list(desc.state_names)
+    if state_names:
+        absent = [n for n in state_names if n not in states]
+        if absent:
+            raise ValueError(
+                f"'{entrypoint}' has states {state_names}; pass them with "
+                f"state={{...}} (missing {absent})"
+            )
+        for name in state_names:
+            _check_one("state", name, states[name], desc.state_descriptor(name), entrypoint)
+
+
 class Session:
     """A program saved as an ``.aimodel`` and loaded on the Core AI runtime."""
 
@@ -120,6 +163,7 @@ class Session:
         if state is not None:
             self.states[entrypoint] = {k: _ndarray(v) for k, v in state.items()}
         feeds = {k: _ndarray(v) for k, v in inputs.items()}
+        _check_feeds(fn.desc, feeds, self.states.get(entrypoint, {}), entrypoint)
         current = self.states.get(entrypoint)
         coro = fn(feeds, state=current) if current else fn(feeds)
         out = self._loop.run_until_complete(coro)
