@@ -5,11 +5,13 @@ program = coreai_torch.TorchConverter().add_exported_program(ep).to_coreai()
 program.optimize().save_asset(Path("model.aimodel"))
 """
 
-from coreai_torch import errors
+from coreai_torch import composite_ops, errors
+from coreai_torch.composite import generate_composite_decl
 from coreai_torch.converter import TorchConverter
 from coreai_torch.decomp import get_decomp_table
 from coreai_torch.errors import (
     ConversionError,
+    ExternalizationError,
     InvalidSignatureError,
     LoweringError,
     NotDecomposedError,
@@ -27,6 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AIProgram",
     "ConversionError",
+    "ExternalizationError",
     "ExternalizeSpec",
     "InvalidSignatureError",
     "LoweringError",
@@ -38,6 +41,8 @@ __all__ = [
     "UnsupportedOpError",
     "UnsupportedPlatformError",
     "VerificationError",
+    "composite_ops",
     "errors",
+    "generate_composite_decl",
     "get_decomp_table",
 ]

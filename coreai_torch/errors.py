@@ -45,3 +45,7 @@ class RuntimeHazardError(ConversionError):
 class UnsupportedPlatformError(RuntimeError):
     """The program is valid but this platform's Core AI runtime cannot run it (e.g. Metal
     kernels outside Apple GPUs)."""
+
+
+class ExternalizationError(ConversionError, ValueError):
+    """``externalize_modules`` cannot be honoured (bad spec, forward arguments or attributes)."""

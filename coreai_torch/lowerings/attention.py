@@ -1,4 +1,8 @@
-"""Attention: ``scaled_dot_product_attention`` (kept whole by ``get_decomp_table()``)."""
+"""Attention: ``scaled_dot_product_attention`` (kept whole by ``get_decomp_table()``).
+
+It is emitted as the ``scaled_dot_product_attention`` composite op: a private graph holding
+the reference implementation below, marked with a composite declaration.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
+from coreai_torch.composite import aten_composite
 from coreai_torch.lowerings.common import (
     cast,
     constant,
@@ -79,6 +84,21 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> ir.Value:
+    """The ``scaled_dot_product_attention`` composite op (attributes ``is_causal``,
+    ``scale`` (left out when ``None``), ``enable_gqa``)."""
     if dropout_p != 0.0:
         raise cx.unsupported("dropout in attention (export the model in eval mode)")
-    return attention_values(query, key, value, attn_mask, is_causal, scale, enable_gqa)
+    q_shape, k_shape = shape_of(query), shape_of(key)
+    if None in q_shape[-2:] + k_shape[-2:] and is_causal:
+        raise cx.unsupported("causal attention with dynamic sequence lengths")
+    if enable_gqa and len(q_shape) >= 3 and None in (q_shape[-3], k_shape[-3]):
+        raise cx.unsupported("grouped-query attention with a dynamic number of heads")
+    return aten_composite(
+        cx.node,
+        "scaled_dot_product_attention",
+        {"query": query, "key": key, "value": value, "attn_mask": attn_mask},
+        {"is_causal": bool(is_causal), "scale": scale, "enable_gqa": bool(enable_gqa)},
+        lambda query, key, value, attn_mask: attention_values(
+            query, key, value, attn_mask, is_causal, scale, enable_gqa
+        ),
+    )

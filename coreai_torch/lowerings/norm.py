@@ -1,4 +1,9 @@
-"""Normalisations and softmax: batch/layer/group/instance norm, softmax, log_softmax."""
+"""Normalisations and softmax: batch/layer/group/instance norm, softmax, log_softmax.
+
+``layer_norm``, ``group_norm`` and ``instance_norm`` (kept whole by ``get_decomp_table()``) are
+emitted as composite ops named after the ATen op: a private graph holding the reference
+implementation, marked with a composite declaration and invoked from the caller.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
+from coreai_torch.composite import aten_composite
 from coreai_torch.lowerings.common import (
     cast,
     constant,
@@ -25,6 +31,17 @@ from coreai_torch.lowerings.registry import LoweringContext, lowering
 def _channel_shaped(v: ir.Value, rank: int) -> ir.Value:
     """A per-channel (C,) vector reshaped to broadcast over N, C, *spatial."""
     return reshape(v, [1, shape_of(v)[0]] + [1] * (rank - 2)) if rank >= 2 else v
+
+
+def _channel_affine(
+    y: ir.Value, weight: ir.Value | None, bias: ir.Value | None, rank: int
+) -> ir.Value:
+    """``y * weight + bias`` with per-channel (C,) weight and bias."""
+    return _affine(
+        y,
+        _channel_shaped(weight, rank) if weight is not None else None,
+        _channel_shaped(bias, rank) if bias is not None else None,
+    )
 
 
 def normalize(x: ir.Value, axes: list[int], eps: float) -> ir.Value:
@@ -72,6 +89,18 @@ def batch_norm_inference(
     return [out, None, None]
 
 
+def _layer_norm(
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    normalized_shape: Sequence[int],
+    eps: float,
+) -> ir.Value:
+    rank = rank_of(input)
+    axes = list(range(rank - len(normalized_shape), rank))
+    return _affine(normalize(input, axes, eps), weight, bias)
+
+
 @lowering("aten::layer_norm.default")
 def layer_norm(
     cx: LoweringContext,
@@ -82,9 +111,15 @@ def layer_norm(
     eps: float = 1e-5,
     cudnn_enable: bool = True,
 ) -> ir.Value:
-    rank = rank_of(input)
-    axes = list(range(rank - len(normalized_shape), rank))
-    return _affine(normalize(input, axes, eps), weight, bias)
+    """The ``layer_norm`` composite op (attributes ``normalized_shape``, ``eps``)."""
+    normalized_shape = [int(d) for d in normalized_shape]
+    return aten_composite(
+        cx.node,
+        "layer_norm",
+        {"input": input, "weight": weight, "bias": bias},
+        {"normalized_shape": normalized_shape, "eps": float(eps)},
+        lambda input, weight, bias: _layer_norm(input, weight, bias, normalized_shape, eps),
+    )
 
 
 @lowering("aten::native_layer_norm.default")
@@ -99,7 +134,21 @@ def native_layer_norm(
     for user in cx.node.users:
         if user.args[1] != 0:
             raise cx.unsupported("native_layer_norm's mean/rstd outputs are not supported")
-    return [layer_norm(cx, input, normalized_shape, weight, bias, eps), None, None]
+    return [_layer_norm(input, weight, bias, normalized_shape, eps), None, None]
+
+
+def _group_norm(
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    num_groups: int,
+    eps: float,
+) -> ir.Value:
+    shape = shape_of(input)
+    grouped = reshape(input, [shape[0], num_groups, math.prod(shape[1:]) // num_groups])
+    y = reshape(normalize(grouped, [2], eps), shape)
+    rank = len(shape)
+    return _channel_affine(y, weight, bias, rank)
 
 
 @lowering("aten::group_norm.default")
@@ -112,17 +161,37 @@ def group_norm(
     eps: float = 1e-5,
     cudnn_enabled: bool = True,
 ) -> ir.Value:
-    shape = shape_of(input)
-    if None in shape:
+    """The ``group_norm`` composite op (attributes ``num_groups``, ``eps``)."""
+    if None in shape_of(input):
         raise cx.unsupported("group_norm with dynamic shapes is not supported yet")
-    grouped = reshape(input, [shape[0], num_groups, math.prod(shape[1:]) // num_groups])
-    y = reshape(normalize(grouped, [2], eps), shape)
-    rank = len(shape)
-    return _affine(
-        y,
-        _channel_shaped(weight, rank) if weight is not None else None,
-        _channel_shaped(bias, rank) if bias is not None else None,
+    return aten_composite(
+        cx.node,
+        "group_norm",
+        {"input": input, "weight": weight, "bias": bias},
+        {"num_groups": int(num_groups), "eps": float(eps)},
+        lambda input, weight, bias: _group_norm(input, weight, bias, num_groups, eps),
     )
+
+
+def _instance_norm(
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    running_mean: ir.Value | None,
+    running_var: ir.Value | None,
+    use_input_stats: bool,
+    eps: float,
+) -> ir.Value:
+    rank = rank_of(input)
+    if not use_input_stats:
+        dtype = dtype_of(input)
+        mean = _channel_shaped(cast(running_mean, dtype), rank)
+        var = _channel_shaped(cast(running_var, dtype), rank)
+        inv = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
+        y = cai.broadcasting_mul(cai.broadcasting_sub(input, mean), inv)
+    else:
+        y = normalize(input, list(range(2, rank)), eps)
+    return _channel_affine(y, weight, bias, rank)
 
 
 @lowering("aten::instance_norm.default")
@@ -138,21 +207,26 @@ def instance_norm(
     eps: float,
     cudnn_enabled: bool,
 ) -> ir.Value:
-    rank = rank_of(input)
-    if not use_input_stats:
-        if running_mean is None or running_var is None:
-            raise cx.unsupported("instance_norm without input stats needs running stats")
-        dtype = dtype_of(input)
-        mean = _channel_shaped(cast(running_mean, dtype), rank)
-        var = _channel_shaped(cast(running_var, dtype), rank)
-        inv = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
-        y = cai.broadcasting_mul(cai.broadcasting_sub(input, mean), inv)
-    else:
-        y = normalize(input, list(range(2, rank)), eps)
-    return _affine(
-        y,
-        _channel_shaped(weight, rank) if weight is not None else None,
-        _channel_shaped(bias, rank) if bias is not None else None,
+    """The ``instance_norm`` composite op (attributes ``use_input_stats``, ``momentum``,
+    ``eps``)."""
+    if not use_input_stats and (running_mean is None or running_var is None):
+        raise cx.unsupported("instance_norm without input stats needs running stats")
+    if use_input_stats:  # running stats are only updated in training: not inputs then
+        running_mean = running_var = None
+    return aten_composite(
+        cx.node,
+        "instance_norm",
+        {
+            "input": input,
+            "weight": weight,
+            "bias": bias,
+            "running_mean": running_mean,
+            "running_var": running_var,
+        },
+        {"use_input_stats": bool(use_input_stats), "momentum": float(momentum), "eps": float(eps)},
+        lambda input, weight, bias, running_mean, running_var: _instance_norm(
+            input, weight, bias, running_mean, running_var, use_input_stats, eps
+        ),
     )
 
 
@@ -185,3 +259,7 @@ def log_softmax(
     shifted = cai.broadcasting_sub(x, cai.reduce_max(x, axis))
     lse = cai.log(cai.reduce_sum(cai.exp(shifted), axis))
     return cai.broadcasting_sub(shifted, lse)
+
+
+# The other ATen composite op rules live next to these (registered on import).
+from coreai_torch.lowerings import pixel_shuffle as _pixel_shuffle  # noqa: E402, F401
