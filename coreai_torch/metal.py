@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import itertools
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -277,10 +278,13 @@ class TorchMetalKernel:
                 )
         grid = self._threads("threads_per_grid", threads_per_grid)
         group = self._threads("threads_per_thread_group", threads_per_thread_group)
-        if all(isinstance(t, int) for t in group) and np.prod(group) > MAX_THREADS_PER_THREADGROUP:
+        if (
+            all(isinstance(t, int) for t in group)
+            and math.prod(group) > MAX_THREADS_PER_THREADGROUP
+        ):
             raise ValueError(
                 f"kernel '{self.name}': threads_per_thread_group {tuple(group)} has "
-                f"{int(np.prod(group))} threads; Metal allows at most "
+                f"{math.prod(group)} threads; Metal allows at most "
                 f"{MAX_THREADS_PER_THREADGROUP} per threadgroup"
             )
         flat: list[Any] = []
@@ -425,10 +429,18 @@ def _same_shape(actual: Sequence[Any], expected: Sequence[Any]) -> bool:
 
 
 def _kernel(key: int, name: str) -> TorchMetalKernel:
+    """The kernel a call refers to: by key, or (for programs loaded from disk) by its name."""
     kernel = _KERNELS.get(key)
-    if kernel is None or kernel.name != name:
-        raise RuntimeError(f"Metal kernel '{name}' is not defined in this process")
-    return kernel
+    if kernel is not None and kernel.name == name:
+        return kernel
+    named = [k for k in _KERNELS.values() if k.name == name]
+    if len(named) != 1:
+        raise RuntimeError(
+            f"Metal kernel '{name}' is "
+            + ("defined more than once" if named else "not defined")
+            + " in this process; create its TorchMetalKernel before running the program"
+        )
+    return named[0]
 
 
 # ---------------------------------------------------------------------------------- the op ---

@@ -486,3 +486,32 @@ def test_torch_defn_returning_the_wrong_results() -> None:
 
     with pytest.raises(ValueError, match="torch_defn must return 2"):
         export_decomposed(M(), (X,))  # the same check runs while exporting
+
+
+# ------------------------------------------------------------------ strict export, saving ----
+
+
+def test_strict_export_and_saved_exported_programs(tmp_path: Path) -> None:
+    args = (torch.randn(8), torch.randn(8))
+    ep = torch.export.export(VectorAdd().eval(), args, strict=True)
+    torch.export.save(ep, tmp_path / "ep.pt2")
+    loaded = torch.export.load(tmp_path / "ep.pt2").run_decompositions()
+    converter = TorchConverter().register_custom_kernels([VECTOR_ADD])
+    program = converter.add_exported_program(loaded).to_coreai()
+    assert [
+        op.source.endswith("{ output[id] = x[id] + y[id]; }") for op in kernel_ops(program)
+    ] == [True]
+
+
+def test_calls_from_another_process_find_the_kernel_by_name() -> None:
+    kernel = TorchMetalKernel("by_name", ["x"], ["y"], "y[id] = x[id];", lambda x: x * 3, [ID])
+    x = torch.randn(4)
+    unknown_key = kernel.key + 10_000
+    (y,) = torch.ops.coreai_torch.metal_kernel(
+        [x], "by_name", unknown_key, [4, 1, 1], [4, 1, 1], [], []
+    )
+    torch.testing.assert_close(y, x * 3)
+    with pytest.raises(RuntimeError, match="Metal kernel 'nowhere' is not defined"):
+        torch.ops.coreai_torch.metal_kernel(
+            [x], "nowhere", unknown_key, [4, 1, 1], [4, 1, 1], [], []
+        )
