@@ -1,15 +1,20 @@
 """Built-in lowerings, grouped by op family; importing this package registers them all."""
 
 from coreai_torch.lowerings import (  # noqa: F401  (imported for their registrations)
+    activation,
     attention,
+    bitwise,
     conv_pool,
     creation,
+    cumulative,
     elementwise,
     indexing,
     linalg,
     norm,
     reduction,
     shape,
+    sorting,
+    unary,
 )
 from coreai_torch.lowerings.registry import (
     BUILTIN_LOWERINGS,

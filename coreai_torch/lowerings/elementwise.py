@@ -1,8 +1,22 @@
-"""Elementwise ops: arithmetic, comparisons, logic, activations and math functions.
+"""Elementwise arithmetic, rounding, comparisons, logic, ``where`` and min/max/clamp.
 
-Binary ops follow PyTorch's type promotion (the node's output dtype, or the promoted input
-dtype for comparisons) and broadcast like numpy, which Core AI's ``broadcasting_*`` ops do.
-Float functions of integer tensors (``exp(int_tensor)``) compute in the output float dtype.
+Dtype semantics follow PyTorch:
+
+* Binary ops compute in the node's result dtype, which already carries PyTorch's type
+  promotion between tensors, 0-d tensors and Python scalars (``int_tensor + 1.5`` is float32,
+  ``int32_tensor + int64_0d`` is int32).  Comparisons compute in the promoted input dtype.
+* Core AI has no implicit promotion and rejects ``bool`` in numeric ops, so operands are cast
+  explicitly; bool arithmetic uses the logical ops (``add`` = or, ``mul`` = and) and bool
+  comparisons run on ``uint8``.
+* float16/bfloat16 compute natively (no up-cast), like PyTorch's results up to one rounding.
+
+Runtime hazards: integer division or modulo by zero, and ``INT_MIN / -1``, abort the Core AI
+runtime process.  PyTorch raises ``ZeroDivisionError`` for the first and wraps for the
+second.  Divisors that are Python scalars are checked at conversion time (zero raises an
+error); tensor divisors are made safe in the graph: zero and -1 divisors are replaced by 1,
+the ``-1`` results are computed separately (``x // -1 == -x`` wrapping like PyTorch,
+``x % -1 == 0``), and an integer division by zero yields the dividend (``x // 0 == x``,
+``x % 0 == 0``) instead of an error.
 """
 
 from __future__ import annotations
@@ -11,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     Scalar,
@@ -18,52 +33,321 @@ from coreai_torch.lowerings.common import (
     cast,
     constant,
     dtype_of,
-    promote,
+    result_dtype,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 Operand = ir.Value | Scalar
 
+# ------------------------------------------------------------------------------- helpers ---
 
-def _binary_operands(cx: LoweringContext, a: Operand, b: Operand) -> tuple[ir.Value, ir.Value]:
-    dtype = cx.out_dtype
-    return as_value(a, dtype), as_value(b, dtype)
+
+def is_value(x: object) -> bool:
+    return isinstance(x, ir.Value)
+
+
+def const_like(value: Scalar, like: ir.Value) -> ir.Value:
+    """A 0-d constant with the element type of ``like``."""
+    return constant(value, dtype_of(like))
+
+
+def to_bool(x: Operand) -> ir.Value:
+    """PyTorch's truthiness: nonzero (NaN included) is true."""
+    if is_value(x):
+        if dtype_of(x) == torch.bool:
+            return x
+        return cai.broadcasting_not_equal(x, const_like(0, x))
+    return constant(bool(x), torch.bool)
+
+
+def all_false(x: ir.Value) -> ir.Value:
+    """A bool tensor of ``x``'s shape (static or dynamic) filled with ``False``."""
+    if is_float_value(x):
+        return cai.broadcasting_greater(x, x)  # false even for NaN, unlike x != x
+    return cai.broadcasting_not_equal(x, x)
+
+
+def full_like(x: ir.Value, value: Scalar, dtype: torch.dtype | None = None) -> ir.Value:
+    """A tensor of ``x``'s shape (static or dynamic) filled with ``value``."""
+    fill = constant(value, dtype or dtype_of(x))
+    return cai.broadcasting_where(all_false(x), fill, fill)
+
+
+def is_float_value(x: ir.Value) -> bool:
+    return dtype_of(x).is_floating_point
+
+
+def is_signed_int(dtype: torch.dtype) -> bool:
+    return dtypes.is_integer(dtype) and dtype.is_signed
+
+
+def numeric(x: ir.Value) -> ir.Value:
+    """Bool values as uint8 (Core AI's numeric ops reject ``i1``); others unchanged."""
+    return cast(x, torch.uint8) if dtype_of(x) == torch.bool else x
+
+
+def select(cond: ir.Value, a: Operand, b: Operand, like: ir.Value) -> ir.Value:
+    """``where(cond, a, b)`` with scalars converted to ``like``'s dtype."""
+    dtype = dtype_of(like)
+    return cai.broadcasting_where(cond, as_value(a, dtype), as_value(b, dtype))
+
+
+def gt(a: ir.Value, b: ir.Value) -> ir.Value:
+    return cai.broadcasting_greater(numeric(a), numeric(b))
+
+
+def lt(a: ir.Value, b: ir.Value) -> ir.Value:
+    return gt(b, a)
+
+
+def ge(a: ir.Value, b: ir.Value) -> ir.Value:
+    return cai.broadcasting_or(gt(a, b), cai.broadcasting_equal(a, b))
+
+
+def le(a: ir.Value, b: ir.Value) -> ir.Value:
+    return ge(b, a)
+
+
+def isnan_values(x: ir.Value) -> ir.Value:
+    if not is_float_value(x):
+        return all_false(x)
+    return cai.broadcasting_not_equal(x, x)
+
+
+def isinf_values(x: ir.Value) -> ir.Value:
+    if not is_float_value(x):
+        return all_false(x)
+    return cai.broadcasting_equal(cai.abs_(x), const_like(float("inf"), x))
+
+
+def signbit_values(x: ir.Value) -> ir.Value:
+    """``x < 0``, true for ``-0.0`` too (through ``1 / -0.0 == -inf``)."""
+    dtype = dtype_of(x)
+    if dtype == torch.bool or (dtypes.is_integer(dtype) and not dtype.is_signed):
+        return all_false(x)
+    zero = const_like(0, x)
+    negative = cai.broadcasting_greater(zero, x)
+    if not dtype.is_floating_point:
+        return negative
+    negative_zero = cai.broadcasting_and(
+        cai.broadcasting_equal(x, zero),
+        cai.broadcasting_greater(zero, cai.broadcasting_divide(const_like(1.0, x), x)),
+    )
+    return cai.broadcasting_or(negative, negative_zero)
+
+
+def sign_values(x: ir.Value) -> ir.Value:
+    """-1, 0 or 1 (0 for NaN, like PyTorch)."""
+    if dtype_of(x) == torch.bool:
+        return x
+    zero = const_like(0, x)
+    dtype = dtype_of(x)
+    pos = cast(cai.broadcasting_greater(x, zero), dtype)
+    if dtypes.is_integer(dtype) and not dtype.is_signed:
+        return pos
+    return cai.broadcasting_sub(pos, cast(cai.broadcasting_greater(zero, x), dtype))
+
+
+def neg_values(x: ir.Value) -> ir.Value:
+    return cai.broadcasting_sub(const_like(0, x), x)
+
+
+# ------------------------------------------------------------------------------- rounding --
+# Core AI has round-half-even but no floor/ceil; they are derived from ``round`` so that
+# infinities, NaN, -0.0 and values beyond 2**23 come out exactly like PyTorch's.
+
+
+def _round_toward(x: ir.Value, up: bool) -> ir.Value:
+    if not is_float_value(x):
+        return x
+    r = cai.round_(x)
+    overshoot = cai.broadcasting_greater(x, r) if up else cai.broadcasting_greater(r, x)
+    step = const_like(1.0 if up else -1.0, x)
+    return cai.broadcasting_where(overshoot, cai.broadcasting_add(r, step), r)
+
+
+def floor_values(x: ir.Value) -> ir.Value:
+    return _round_toward(x, False)
+
+
+def ceil_values(x: ir.Value) -> ir.Value:
+    return _round_toward(x, True)
+
+
+def trunc_values(x: ir.Value) -> ir.Value:
+    if not is_float_value(x):
+        return x
+    return cai.broadcasting_where(
+        cai.broadcasting_greater(const_like(0.0, x), x), ceil_values(x), floor_values(x)
+    )
+
+
+# ------------------------------------------------------------------------------- division --
+
+
+def _scalar_divisor(cx: LoweringContext, divisor: Operand, dtype: torch.dtype) -> Scalar | None:
+    """The divisor as a Python number when it is one; rejects integer division by zero."""
+    if is_value(divisor):
+        return None
+    if not dtype.is_floating_point and divisor == 0:
+        raise cx.unsupported(
+            "integer division by zero (PyTorch raises ZeroDivisionError; the Core AI runtime "
+            "would abort)"
+        )
+    return divisor
+
+
+def _safe_int_divisor(b: ir.Value) -> tuple[ir.Value, ir.Value | None]:
+    """``b`` with 0 and -1 replaced by 1, and the mask of -1 divisors (signed types only).
+
+    Integer division by 0 and ``INT_MIN / -1`` abort the runtime process, and a tensor
+    divisor's values are unknown at conversion time.
+    """
+    one = const_like(1, b)
+    bad = cai.broadcasting_equal(b, const_like(0, b))
+    minus_one = None
+    if dtype_of(b).is_signed:
+        minus_one = cai.broadcasting_equal(b, const_like(-1, b))
+        bad = cai.broadcasting_or(bad, minus_one)
+    return cai.broadcasting_where(bad, one, b), minus_one
+
+
+def fmod_values(a: ir.Value, b: ir.Value) -> ir.Value:
+    """C ``fmod`` (result has the dividend's sign); safe for integer tensor divisors."""
+    if not is_float_value(a) and is_value(b) and not _is_constant_nonzero(b):
+        b, _ = _safe_int_divisor(b)  # x % -1 == 0 == x % 1
+    return cai.broadcasting_modulo(a, b)
+
+
+def remainder_values(a: ir.Value, b: ir.Value) -> ir.Value:
+    """Python's modulo (result has the divisor's sign)."""
+    r = fmod_values(a, b)
+    zero = const_like(0, r)
+    fix = cai.broadcasting_and(
+        cai.broadcasting_not_equal(r, zero),
+        cai.broadcasting_not_equal(
+            cai.broadcasting_greater(zero, r), cai.broadcasting_greater(zero, b)
+        ),
+    )
+    return cai.broadcasting_where(fix, cai.broadcasting_add(r, b), r)
+
+
+def _int_quotient(a: ir.Value, b: ir.Value, op: Callable[..., ir.Value]) -> ir.Value:
+    """``op(a, b)`` for integer tensors, safe against zero and -1 divisors."""
+    if _is_constant_nonzero(b):
+        return op(a, b)
+    safe, minus_one = _safe_int_divisor(b)
+    q = op(a, safe)
+    if minus_one is not None:
+        q = cai.broadcasting_where(minus_one, neg_values(a), q)
+    return q
+
+
+def _is_constant_nonzero(b: ir.Value) -> bool:
+    """Whether ``b`` is a constant with no 0 or -1 element (a safe integer divisor)."""
+    owner = b.owner
+    if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+        owner = owner.operation
+    if getattr(owner, "name", None) != "coreai.constant":
+        return False
+    try:
+        attr = ir.DenseElementsAttr(owner.attributes["value"])
+    except (ValueError, TypeError, KeyError):
+        return False
+    if not attr.is_splat:
+        return False
+    try:
+        value = int(ir.IntegerAttr(attr.get_splat_value()).value)
+    except (ValueError, TypeError):
+        return False
+    return value not in (0, -1)
+
+
+def floor_divide_values(a: ir.Value, b: ir.Value) -> ir.Value:
+    """PyTorch's ``div(rounding_mode='floor')``.
+
+    Floats follow ATen's algorithm (``(a - fmod(a, b)) / b`` corrected to the floor), which is
+    not ``floor(a / b)``: ``1 // 0.1 == 9``.
+    """
+    if not is_float_value(a):
+        return _int_quotient(a, b, cai.broadcasting_floor_divide)
+    zero = const_like(0.0, a)
+    one = const_like(1.0, a)
+    mod = cai.broadcasting_modulo(a, b)
+    div = cai.broadcasting_divide(cai.broadcasting_sub(a, mod), b)
+    fix = cai.broadcasting_and(
+        cai.broadcasting_not_equal(mod, zero),
+        cai.broadcasting_not_equal(
+            cai.broadcasting_greater(zero, b), cai.broadcasting_greater(zero, mod)
+        ),
+    )
+    div = cai.broadcasting_where(fix, cai.broadcasting_sub(div, one), div)
+    fl = floor_values(div)
+    half = const_like(0.5, a)
+    fl = cai.broadcasting_where(
+        cai.broadcasting_greater(cai.broadcasting_sub(div, fl), half),
+        cai.broadcasting_add(fl, one),
+        fl,
+    )
+    by_zero = cai.broadcasting_equal(b, zero)
+    return cai.broadcasting_where(by_zero, cai.broadcasting_divide(a, b), fl)
+
+
+def trunc_divide_values(a: ir.Value, b: ir.Value) -> ir.Value:
+    """Division rounding toward zero (Core AI's integer ``divide`` truncates)."""
+    if is_float_value(a):
+        return trunc_values(cai.broadcasting_divide(a, b))
+    return _int_quotient(a, b, cai.broadcasting_divide)
 
 
 # ------------------------------------------------------------------------------ arithmetic --
 
 
+def opmath(dtype: torch.dtype) -> torch.dtype:
+    """The dtype PyTorch computes multi-step float formulas in (float32 for 16-bit floats)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _operands(
+    cx: LoweringContext, a: Operand, b: Operand, dtype: torch.dtype | None = None
+) -> tuple[ir.Value, ir.Value]:
+    dtype = dtype or cx.out_dtype
+    return as_value(a, dtype), as_value(b, dtype)
+
+
+def _scaled(cx: LoweringContext, other: Operand, alpha: Scalar) -> Operand:
+    if alpha == 1:
+        return other
+    if not is_value(other):
+        return other * alpha
+    return cai.broadcasting_mul(as_value(other, cx.out_dtype), constant(alpha, cx.out_dtype))
+
+
 @lowering("aten::add.Tensor", "aten::add.Scalar")
 def add(cx: LoweringContext, self: Operand, other: Operand, alpha: Scalar = 1) -> ir.Value:
-    a, b = _binary_operands(cx, self, other)
-    if alpha != 1:
-        b = cai.broadcasting_mul(b, constant(alpha, cx.out_dtype))
     if cx.out_dtype == torch.bool:
-        return cai.broadcasting_or(a, b)
+        a, b = _operands(cx, self, other)
+        return cai.broadcasting_or(a, b) if alpha else a
+    a, b = _operands(cx, self, _scaled(cx, other, alpha))
     return cai.broadcasting_add(a, b)
 
 
 @lowering("aten::sub.Tensor", "aten::sub.Scalar")
 def sub(cx: LoweringContext, self: Operand, other: Operand, alpha: Scalar = 1) -> ir.Value:
-    a, b = _binary_operands(cx, self, other)
-    if alpha != 1:
-        b = cai.broadcasting_mul(b, constant(alpha, cx.out_dtype))
+    a, b = _operands(cx, self, _scaled(cx, other, alpha))
     return cai.broadcasting_sub(a, b)
 
 
 @lowering("aten::rsub.Tensor", "aten::rsub.Scalar")
 def rsub(cx: LoweringContext, self: Operand, other: Operand, alpha: Scalar = 1) -> ir.Value:
     """``other - alpha * self``."""
-    return (
-        sub(cx, other, self, alpha)
-        if alpha == 1
-        else sub(cx, other, cai.broadcasting_mul(*_binary_operands(cx, self, alpha)))
-    )
+    a, b = _operands(cx, other, _scaled(cx, self, alpha))
+    return cai.broadcasting_sub(a, b)
 
 
 @lowering("aten::mul.Tensor", "aten::mul.Scalar")
 def mul(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    a, b = _binary_operands(cx, self, other)
+    a, b = _operands(cx, self, other)
     if cx.out_dtype == torch.bool:
         return cai.broadcasting_and(a, b)
     return cai.broadcasting_mul(a, b)
@@ -71,7 +355,7 @@ def mul(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
 
 @lowering("aten::div.Tensor", "aten::div.Scalar")
 def div(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    a, b = _binary_operands(cx, self, other)
+    a, b = _operands(cx, self, other)
     return cai.broadcasting_divide(a, b)
 
 
@@ -80,162 +364,370 @@ def div_mode(
     cx: LoweringContext, self: Operand, other: Operand, rounding_mode: str | None = None
 ) -> ir.Value:
     dtype = cx.out_dtype
-    a, b = as_value(self, dtype), as_value(other, dtype)
     if rounding_mode is None:
-        return cai.broadcasting_divide(a, b)
+        return div(cx, self, other)
+    scalar = _scalar_divisor(cx, other, dtype)
+    a, b = _operands(cx, self, other, opmath(dtype))
+    if scalar == -1 and not dtype.is_floating_point:
+        return neg_values(a)
     if rounding_mode == "floor":
-        return floor_divide_values(a, b)
-    return trunc_divide_values(a, b)
+        return cast(floor_divide_values(a, b), dtype)
+    if rounding_mode == "trunc":
+        return cast(trunc_divide_values(a, b), dtype)
+    raise cx.unsupported(f"rounding_mode={rounding_mode!r}")
 
 
-def floor_divide_values(a: ir.Value, b: ir.Value) -> ir.Value:
-    """Python/PyTorch floor division for ints and floats."""
-    return cai.broadcasting_floor_divide(a, b)
+@lowering("aten::floor_divide.default", "aten::floor_divide.Scalar")
+def floor_divide(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
+    return div_mode(cx, self, other, "floor")
 
 
-def trunc_divide_values(a: ir.Value, b: ir.Value) -> ir.Value:
-    """Division rounding toward zero."""
-    dtype = dtype_of(a)
-    if dtype.is_floating_point:
-        q = cai.broadcasting_divide(a, b)
-        return trunc_values(q)
-    # Integers: floor division, then add one where the signs differ and there is a remainder.
-    q = cai.broadcasting_floor_divide(a, b)
-    r = cai.broadcasting_sub(a, cai.broadcasting_mul(q, b))
-    zero = constant(0, dtype)
-    has_rem = cai.broadcasting_not_equal(r, zero)
-    neg = cai.broadcasting_xor(cai.broadcasting_greater(zero, a), cai.broadcasting_greater(zero, b))
-    fix = cai.broadcasting_and(has_rem, neg)
-    return cai.broadcasting_add(q, cast(fix, dtype))
+@lowering("aten::remainder.Tensor", "aten::remainder.Scalar", "aten::remainder.Scalar_Tensor")
+def remainder(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
+    scalar = _scalar_divisor(cx, other, cx.out_dtype)
+    a, b = _operands(cx, self, other, opmath(cx.out_dtype))
+    if scalar == -1 and not cx.out_dtype.is_floating_point:
+        return full_like(a, 0)
+    return cast(remainder_values(a, b), cx.out_dtype)
 
 
-def trunc_values(x: ir.Value) -> ir.Value:
-    """Round toward zero, for floats."""
-    dtype = dtype_of(x)
-    floor = cai.broadcasting_floor_divide(x, constant(1.0, dtype))
-    ceil = cai.broadcasting_sub(
-        constant(0.0, dtype),
-        cai.broadcasting_floor_divide(
-            cai.broadcasting_sub(constant(0.0, dtype), x), constant(1.0, dtype)
-        ),
-    )
-    return cai.broadcasting_where(cai.broadcasting_greater(constant(0.0, dtype), x), ceil, floor)
+@lowering("aten::fmod.Tensor", "aten::fmod.Scalar")
+def fmod(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
+    scalar = _scalar_divisor(cx, other, cx.out_dtype)
+    a, b = _operands(cx, self, other)
+    if scalar == -1 and not cx.out_dtype.is_floating_point:
+        return full_like(a, 0)
+    return fmod_values(a, b)
 
 
 @lowering("aten::neg.default")
 def neg(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return cai.broadcasting_sub(constant(0, cx.out_dtype), self)
+    return neg_values(cast(self, cx.out_dtype))
+
+
+@lowering("aten::abs.default")
+def abs_(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    dtype = dtype_of(self)
+    if dtype == torch.bool or (dtypes.is_integer(dtype) and not dtype.is_signed):
+        return self
+    return cai.abs_(self)
+
+
+@lowering("aten::sign.default", "aten::sgn.default")
+def sign(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return sign_values(self)
+
+
+@lowering("aten::signbit.default")
+def signbit(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return signbit_values(self)
+
+
+@lowering("aten::reciprocal.default")
+def reciprocal(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    x = cast(self, cx.out_dtype)
+    return cai.broadcasting_divide(const_like(1.0, x), x)
+
+
+@lowering("aten::copysign.Tensor", "aten::copysign.Scalar")
+def copysign(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
+    a, b = _operands(cx, self, other)
+    magnitude = cai.abs_(a)
+    return cai.broadcasting_where(signbit_values(b), neg_values(magnitude), magnitude)
+
+
+def _pow_tensor_scalar(x: ir.Value, exponent: Scalar) -> ir.Value | None:
+    """The special exponents ATen computes without ``pow`` (same results bit for bit)."""
+    if exponent == 1:
+        return x
+    if exponent == 2:
+        return cai.broadcasting_mul(x, x)
+    if exponent == 3:
+        return cai.broadcasting_mul(cai.broadcasting_mul(x, x), x)
+    if not is_float_value(x):
+        return None
+    if exponent == 0.5:
+        return cai.sqrt(x)
+    if exponent == -0.5:
+        return cai.rsqrt(x)
+    if exponent == -1:
+        return cai.broadcasting_divide(const_like(1.0, x), x)
+    if exponent == -2:
+        return cai.broadcasting_divide(const_like(1.0, x), cai.broadcasting_mul(x, x))
+    return None
+
+
+def _int_pow(base: ir.Value, exponent: ir.Value) -> ir.Value:
+    """Integer power; negative exponents give 0 except for bases 1 and -1 (like ATen)."""
+    powered = cai.broadcasting_pow(base, exponent)
+    if not dtype_of(exponent).is_signed:
+        return powered
+    one = const_like(1, base)
+    odd = cai.broadcasting_not_equal(
+        cai.broadcasting_modulo(exponent, const_like(2, exponent)), const_like(0, exponent)
+    )
+    minus_one_result = cai.broadcasting_where(odd, const_like(-1, base), one)
+    negative_result = cai.broadcasting_where(
+        cai.broadcasting_equal(base, one),
+        one,
+        cai.broadcasting_where(
+            cai.broadcasting_equal(base, const_like(-1, base)),
+            minus_one_result,
+            const_like(0, base),
+        ),
+    )
+    return cai.broadcasting_where(
+        cai.broadcasting_greater(const_like(0, exponent), exponent), negative_result, powered
+    )
 
 
 @lowering("aten::pow.Tensor_Tensor", "aten::pow.Tensor_Scalar", "aten::pow.Scalar")
 def pow_(cx: LoweringContext, self: Operand, exponent: Operand) -> ir.Value:
     dtype = cx.out_dtype
+    if dtype == torch.bool:
+        a, b = _operands(cx, self, exponent)
+        return cai.broadcasting_or(a, cai.not_(b))  # x ** False == 1, x ** True == x
     base = as_value(self, dtype)
-    if isinstance(exponent, (int, float)) and not isinstance(exponent, bool):
-        if exponent == 1:
-            return base
-        if exponent == 2:
-            return cai.broadcasting_mul(base, base)
-        if exponent == 0.5 and dtype.is_floating_point:
-            return cai.sqrt(base)
-    return cai.broadcasting_pow(base, as_value(exponent, dtype))
+    if not is_value(exponent):
+        if exponent == 0:
+            return full_like(base, 1)
+        special = _pow_tensor_scalar(base, exponent)
+        if special is not None:
+            return special
+        if not dtype.is_floating_point and exponent < 0:
+            raise cx.unsupported("integers to negative integer powers are not allowed")
+    exp = as_value(exponent, dtype)
+    if not dtype.is_floating_point:
+        return _int_pow(base, exp)
+    return cai.broadcasting_pow(base, exp)
 
 
-def _minmax(fn: Callable) -> Callable:
-    def rule(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
-        a, b = _binary_operands(cx, self, other)
-        return fn(a, b)
-
-    return rule
+@lowering("aten::float_power.Tensor_Tensor", "aten::float_power.Tensor_Scalar")
+def float_power(cx: LoweringContext, self: Operand, exponent: Operand) -> ir.Value:
+    return pow_(cx, self, exponent)
 
 
-lowering("aten::maximum.default")(_minmax(cai.broadcasting_maximum))
-lowering("aten::minimum.default")(_minmax(cai.broadcasting_minimum))
+# ------------------------------------------------------------------------------- rounding --
 
 
-@lowering("aten::clamp.default", "aten::clamp.Tensor")
+@lowering("aten::floor.default")
+def floor(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return floor_values(self)
+
+
+@lowering("aten::ceil.default")
+def ceil(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return ceil_values(self)
+
+
+@lowering("aten::trunc.default", "aten::fix.default")
+def trunc(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return trunc_values(self)
+
+
+@lowering("aten::frac.default")
+def frac(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return cai.broadcasting_sub(self, trunc_values(self))
+
+
+@lowering("aten::round.default", "aten::round.decimals")
+def round_(cx: LoweringContext, self: ir.Value, decimals: int = 0) -> ir.Value:
+    """Half-to-even, with ATen's scaling for ``decimals`` (``round(x * 10**d) / 10**d``)."""
+    if not is_float_value(self) or decimals == 0:
+        return cai.round_(self) if is_float_value(self) else self
+    x = cast(self, opmath(cx.out_dtype))
+    scale = const_like(10.0 ** abs(decimals), x)
+    if decimals > 0:
+        out = cai.broadcasting_divide(cai.round_(cai.broadcasting_mul(x, scale)), scale)
+    else:
+        out = cai.broadcasting_mul(cai.round_(cai.broadcasting_divide(x, scale)), scale)
+    return cast(out, cx.out_dtype)
+
+
+# ------------------------------------------------------------------------ min, max, clamp --
+
+
+def _bool_minmax(a: ir.Value, b: ir.Value, maximum: bool) -> ir.Value:
+    return cai.broadcasting_or(a, b) if maximum else cai.broadcasting_and(a, b)
+
+
+@lowering("aten::maximum.default", "aten::max.other")
+def maximum(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
+    a, b = _operands(cx, self, other)
+    if cx.out_dtype == torch.bool:
+        return _bool_minmax(a, b, True)
+    return cai.broadcasting_maximum(a, b)
+
+
+@lowering("aten::minimum.default", "aten::min.other")
+def minimum(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
+    a, b = _operands(cx, self, other)
+    if cx.out_dtype == torch.bool:
+        return _bool_minmax(a, b, False)
+    return cai.broadcasting_minimum(a, b)
+
+
+def _nan_ignoring(cx: LoweringContext, self: ir.Value, other: ir.Value, maximum: bool):
+    a, b = _operands(cx, self, other)
+    if cx.out_dtype == torch.bool:
+        return _bool_minmax(a, b, maximum)
+    m = cai.broadcasting_maximum(a, b) if maximum else cai.broadcasting_minimum(a, b)
+    if not cx.out_dtype.is_floating_point:
+        return m
+    m = cai.broadcasting_where(isnan_values(a), b, m)
+    return cai.broadcasting_where(isnan_values(b), a, m)
+
+
+@lowering("aten::fmax.default")
+def fmax(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
+    """Maximum ignoring NaN (NaN only when both are NaN)."""
+    return _nan_ignoring(cx, self, other, True)
+
+
+@lowering("aten::fmin.default")
+def fmin(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
+    return _nan_ignoring(cx, self, other, False)
+
+
+def clamp_values(x: ir.Value, lo: Operand | None, hi: Operand | None) -> ir.Value:
+    """``min(max(x, lo), hi)`` (NaN propagates, ``lo > hi`` gives ``hi``, like PyTorch)."""
+    dtype = dtype_of(x)
+    if dtype == torch.bool:
+        if lo is not None:
+            x = cai.broadcasting_or(x, as_value(lo, dtype))
+        if hi is not None:
+            x = cai.broadcasting_and(x, as_value(hi, dtype))
+        return x
+    if lo is not None:
+        x = cai.broadcasting_maximum(x, as_value(lo, dtype))
+    if hi is not None:
+        x = cai.broadcasting_minimum(x, as_value(hi, dtype))
+    return x
+
+
+@lowering("aten::clamp.default", "aten::clamp.Tensor", "aten::clip.default", "aten::clip.Tensor")
 def clamp(
     cx: LoweringContext, self: ir.Value, min: Operand | None = None, max: Operand | None = None
 ) -> ir.Value:
-    dtype = cx.out_dtype
-    x = cast(self, dtype)
-    if min is not None:
-        x = cai.broadcasting_maximum(x, as_value(min, dtype))
-    if max is not None:
-        x = cai.broadcasting_minimum(x, as_value(max, dtype))
-    return x
+    return clamp_values(cast(self, cx.out_dtype), min, max)
+
+
+@lowering("aten::clamp_min.default", "aten::clamp_min.Tensor")
+def clamp_min(cx: LoweringContext, self: ir.Value, min: Operand) -> ir.Value:
+    return clamp_values(cast(self, cx.out_dtype), min, None)
+
+
+@lowering("aten::clamp_max.default", "aten::clamp_max.Tensor")
+def clamp_max(cx: LoweringContext, self: ir.Value, max: Operand) -> ir.Value:
+    return clamp_values(cast(self, cx.out_dtype), None, max)
 
 
 # ------------------------------------------------------------------------------ comparison --
 
 
-def _compare(a: Operand, b: Operand) -> tuple[ir.Value, ir.Value]:
-    x, y = promote(a, b)
-    return x, y
+def _compared(a: Operand, b: Operand) -> tuple[ir.Value, ir.Value]:
+    """Both operands in PyTorch's promoted dtype."""
+    dtype = result_dtype(a, b)
+    return as_value(a, dtype), as_value(b, dtype)
 
 
-@lowering("aten::eq.Tensor", "aten::eq.Scalar")
-def eq(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    return cai.broadcasting_equal(*_compare(self, other))
+def _comparison(fn: Callable[[ir.Value, ir.Value], ir.Value]) -> Callable:
+    def rule(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
+        return fn(*_compared(self, other))
+
+    rule.__name__ = fn.__name__
+    return rule
 
 
-@lowering("aten::ne.Tensor", "aten::ne.Scalar")
-def ne(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    return cai.broadcasting_not_equal(*_compare(self, other))
+for _name, _fn in {
+    "eq": cai.broadcasting_equal,
+    "ne": cai.broadcasting_not_equal,
+    "gt": gt,
+    "lt": lt,
+    "ge": ge,
+    "le": le,
+}.items():
+    lowering(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar")(_comparison(_fn))
 
 
-@lowering("aten::gt.Tensor", "aten::gt.Scalar")
-def gt(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    return cai.broadcasting_greater(*_compare(self, other))
+@lowering("aten::isnan.default")
+def isnan(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return isnan_values(self)
 
 
-@lowering("aten::lt.Tensor", "aten::lt.Scalar")
-def lt(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    a, b = _compare(self, other)
-    return cai.broadcasting_greater(b, a)
+@lowering("aten::isinf.default")
+def isinf(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return isinf_values(self)
 
 
-@lowering("aten::ge.Tensor", "aten::ge.Scalar")
-def ge(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    a, b = _compare(self, other)
-    return cai.broadcasting_or(cai.broadcasting_greater(a, b), cai.broadcasting_equal(a, b))
+def _equals(x: ir.Value, value: float) -> ir.Value:
+    if not is_float_value(x):
+        return all_false(x)
+    return cai.broadcasting_equal(x, const_like(value, x))
 
 
-@lowering("aten::le.Tensor", "aten::le.Scalar")
-def le(cx: LoweringContext, self: Operand, other: Operand) -> ir.Value:
-    a, b = _compare(self, other)
-    return cai.broadcasting_or(cai.broadcasting_greater(b, a), cai.broadcasting_equal(a, b))
+@lowering("aten::isposinf.default")
+def isposinf(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return _equals(self, float("inf"))
+
+
+@lowering("aten::isneginf.default")
+def isneginf(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return _equals(self, float("-inf"))
+
+
+@lowering("aten::isfinite.default")
+def isfinite(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    if not is_float_value(self):
+        return cai.not_(all_false(self))
+    # x - x is 0 for finite x and NaN for inf and NaN.
+    return cai.broadcasting_equal(cai.broadcasting_sub(self, self), const_like(0, self))
+
+
+@lowering("aten::nan_to_num.default")
+def nan_to_num(
+    cx: LoweringContext,
+    self: ir.Value,
+    nan: float | None = None,
+    posinf: float | None = None,
+    neginf: float | None = None,
+) -> ir.Value:
+    if not is_float_value(self):
+        return self
+    info = torch.finfo(dtype_of(self))
+    x = select(isnan_values(self), 0.0 if nan is None else nan, self, self)
+    x = select(
+        cai.broadcasting_equal(x, const_like(float("inf"), x)),
+        info.max if posinf is None else posinf,
+        x,
+        x,
+    )
+    return select(
+        cai.broadcasting_equal(x, const_like(float("-inf"), x)),
+        info.min if neginf is None else neginf,
+        x,
+        x,
+    )
 
 
 # -------------------------------------------------------------------------------- logical --
 
 
-def _to_bool(x: Operand) -> ir.Value:
-    if isinstance(x, ir.Value):
-        if dtype_of(x) == torch.bool:
-            return x
-        return cai.broadcasting_not_equal(x, constant(0, dtype_of(x)))
-    return constant(bool(x), torch.bool)
-
-
 @lowering("aten::logical_not.default")
 def logical_not(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return cast(cai.not_(_to_bool(self)), cx.out_dtype)
+    return cast(cai.not_(to_bool(self)), cx.out_dtype)
 
 
-@lowering("aten::logical_and.default")
-def logical_and(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
-    return cast(cai.broadcasting_and(_to_bool(self), _to_bool(other)), cx.out_dtype)
+def _logical(fn: Callable[[ir.Value, ir.Value], ir.Value]) -> Callable:
+    def rule(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
+        return cast(fn(to_bool(self), to_bool(other)), cx.out_dtype)
+
+    return rule
 
 
-@lowering("aten::logical_or.default")
-def logical_or(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
-    return cast(cai.broadcasting_or(_to_bool(self), _to_bool(other)), cx.out_dtype)
-
-
-@lowering("aten::logical_xor.default")
-def logical_xor(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
-    return cast(cai.broadcasting_xor(_to_bool(self), _to_bool(other)), cx.out_dtype)
+lowering("aten::logical_and.default")(_logical(cai.broadcasting_and))
+lowering("aten::logical_or.default")(_logical(cai.broadcasting_or))
+lowering("aten::logical_xor.default")(_logical(cai.broadcasting_xor))
 
 
 @lowering(
@@ -243,89 +735,4 @@ def logical_xor(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Valu
 )
 def where(cx: LoweringContext, condition: ir.Value, self: Operand, other: Operand) -> ir.Value:
     dtype = cx.out_dtype
-    return cai.broadcasting_where(
-        _to_bool(condition), as_value(self, dtype), as_value(other, dtype)
-    )
-
-
-# ----------------------------------------------------------------------------- activations --
-
-
-@lowering("aten::relu.default")
-def relu(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    if dtype_of(self) == torch.bool:
-        return self
-    return cai.relu(self)
-
-
-@lowering("aten::gelu.default")
-def gelu(cx: LoweringContext, self: ir.Value, approximate: str = "none") -> ir.Value:
-    return cai.gelu(self, approximate=approximate)
-
-
-@lowering("aten::silu.default")
-def silu(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return cai.silu(self)
-
-
-@lowering("aten::hardtanh.default")
-def hardtanh(
-    cx: LoweringContext, self: ir.Value, min_val: Scalar = -1.0, max_val: Scalar = 1.0
-) -> ir.Value:
-    dtype = cx.out_dtype
-    x = cai.broadcasting_maximum(self, constant(min_val, dtype))
-    return cai.broadcasting_minimum(x, constant(max_val, dtype))
-
-
-@lowering("aten::leaky_relu.default")
-def leaky_relu(cx: LoweringContext, self: ir.Value, negative_slope: Scalar = 0.01) -> ir.Value:
-    dtype = cx.out_dtype
-    zero = constant(0, dtype)
-    scaled = cai.broadcasting_mul(self, constant(negative_slope, dtype))
-    return cai.broadcasting_where(cai.broadcasting_greater(self, zero), self, scaled)
-
-
-# ------------------------------------------------------------------------- math functions --
-
-
-def _float_unary(fn: Callable[[ir.Value], ir.Value]) -> Callable:
-    def rule(cx: LoweringContext, self: ir.Value) -> ir.Value:
-        return fn(cast(self, cx.out_dtype))
-
-    return rule
-
-
-for _name, _fn in {
-    "exp": cai.exp,
-    "log": cai.log,
-    "sqrt": cai.sqrt,
-    "rsqrt": cai.rsqrt,
-    "sin": cai.sin,
-    "cos": cai.cos,
-    "tan": cai.tan,
-    "tanh": cai.tanh,
-    "sigmoid": cai.sigmoid,
-    "erf": cai.erf,
-    "asin": cai.asin,
-    "acos": cai.acos,
-    "atan": cai.atan,
-    "sinh": cai.sinh,
-    "cosh": cai.cosh,
-    "asinh": cai.asinh,
-    "acosh": cai.acosh,
-    "atanh": cai.atanh,
-}.items():
-    lowering(f"aten::{_name}.default")(_float_unary(_fn))
-
-
-@lowering("aten::abs.default")
-def abs_(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    if dtype_of(self) == torch.bool:
-        return self
-    return cai.abs_(self)
-
-
-@lowering("aten::reciprocal.default")
-def reciprocal(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    dtype = cx.out_dtype
-    return cai.broadcasting_divide(constant(1.0, dtype), cast(self, dtype))
+    return cai.broadcasting_where(to_bool(condition), as_value(self, dtype), as_value(other, dtype))

@@ -1,7 +1,15 @@
-"""Reductions: sum, mean, prod, amax/amin, argmax/argmin, var/std, any/all.
+"""Reductions: sum, mean, prod, amax/amin, max/min (with indices), argmax/argmin, var/std,
+any/all, logsumexp and vector norms.
 
 Core AI reductions keep the reduced dimensions; PyTorch's ``keepdim=False`` is a
-``shrink_dims`` afterwards.
+``shrink_dims`` afterwards.  Dtypes follow PyTorch: integer and bool ``sum``/``prod`` give
+int64; ``any``/``all`` give bool (uint8 for uint8 inputs); float16/bfloat16 sums, means and
+variances accumulate in float32 and round once, like ATen's CPU kernels.
+
+NaN: ``amax``/``max`` propagate NaN, and ``argmax``/``argmin``/``max.dim`` return the index of
+the first NaN like PyTorch (Core AI's ``argmax`` ignores NaN, so the index is fixed up).
+Core AI has no argmin; it is ``argmax`` of an order-reversed copy (``-x`` for floats,
+``~x`` for integers, which cannot overflow).
 """
 
 from __future__ import annotations
@@ -15,28 +23,48 @@ from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     cast,
     constant,
+    dim_size,
     dtype_of,
     i32,
     normalize_dim,
     normalize_dims,
     rank_of,
-    reshape,
     shape_of,
     squeeze,
 )
+from coreai_torch.lowerings.elementwise import (
+    const_like,
+    isinf_values,
+    isnan_values,
+    neg_values,
+    opmath,
+    to_bool,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
+Dims = Sequence[int] | int | None
 
-def reduce(
-    fn: Callable[..., ir.Value], x: ir.Value, dims: Sequence[int] | int | None, keepdim: bool
-) -> ir.Value:
-    """Apply a keep-dims Core AI reduction over ``dims`` and drop them unless ``keepdim``."""
+
+def reduce(fn: Callable[..., ir.Value], x: ir.Value, dims: Dims, keepdim: bool) -> ir.Value:
+    """Apply a keep-dims Core AI reduction over ``dims`` and drop them unless ``keepdim``.
+
+    ``None`` or an empty list means every dimension (PyTorch's convention for sum/amax).
+    """
     rank = rank_of(x)
     if rank == 0:
         return x
     axes = normalize_dims(dims, rank)
     out = fn(x, i32(axes))
     return out if keepdim else squeeze(out, axes)
+
+
+def _accumulating(
+    fn: Callable[..., ir.Value], cx: LoweringContext, x: ir.Value, dims: Dims, keepdim: bool
+) -> ir.Value:
+    """``reduce`` in the result dtype, accumulated in float32 for 16-bit floats."""
+    dtype = cx.out_dtype
+    out = reduce(fn, cast(x, opmath(dtype)), dims, keepdim)
+    return cast(out, dtype)
 
 
 @lowering("aten::sum.dim_IntList", "aten::sum.default")
@@ -47,8 +75,7 @@ def sum_(
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> ir.Value:
-    x = cast(self, cx.out_dtype)
-    return reduce(cai.reduce_sum, x, dim, keepdim)
+    return _accumulating(cai.reduce_sum, cx, self, dim, keepdim)
 
 
 @lowering("aten::mean.dim", "aten::mean.default")
@@ -59,8 +86,7 @@ def mean(
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> ir.Value:
-    x = cast(self, cx.out_dtype)
-    return reduce(cai.reduce_mean, x, dim, keepdim)
+    return _accumulating(cai.reduce_mean, cx, self, dim, keepdim)
 
 
 @lowering("aten::prod.dim_int", "aten::prod.default")
@@ -71,62 +97,294 @@ def prod(
     keepdim: bool = False,
     dtype: torch.dtype | None = None,
 ) -> ir.Value:
-    x = cast(self, cx.out_dtype)
-    return reduce(cai.reduce_product, x, dim, keepdim)
+    return _accumulating(cai.reduce_product, cx, self, dim, keepdim)
 
 
-@lowering("aten::amax.default", "aten::max.default")
+def _extreme(x: ir.Value, dims: Dims, keepdim: bool, largest: bool) -> ir.Value:
+    if dtype_of(x) == torch.bool:
+        return reduce(cai.any_ if largest else cai.all_, x, dims, keepdim)
+    return reduce(cai.reduce_max if largest else cai.reduce_min, x, dims, keepdim)
+
+
+@lowering("aten::amax.default")
 def amax(
-    cx: LoweringContext, self: ir.Value, dim: Sequence[int] | None = None, keepdim: bool = False
+    cx: LoweringContext, self: ir.Value, dim: Sequence[int] = (), keepdim: bool = False
 ) -> ir.Value:
-    return reduce(cai.reduce_max, self, dim, keepdim)
+    return _extreme(self, dim, keepdim, True)
 
 
-@lowering("aten::amin.default", "aten::min.default")
+@lowering("aten::amin.default")
 def amin(
-    cx: LoweringContext, self: ir.Value, dim: Sequence[int] | None = None, keepdim: bool = False
+    cx: LoweringContext, self: ir.Value, dim: Sequence[int] = (), keepdim: bool = False
 ) -> ir.Value:
-    return reduce(cai.reduce_min, self, dim, keepdim)
+    return _extreme(self, dim, keepdim, False)
 
 
-@lowering("aten::argmax.default")
-def argmax(
-    cx: LoweringContext, self: ir.Value, dim: int | None = None, keepdim: bool = False
-) -> ir.Value:
-    x = self
-    if dim is None:
-        x = reshape(x, [math.prod(shape_of(x))])
-        d = 0
-    else:
-        d = normalize_dim(dim, rank_of(x))
+@lowering("aten::max.default")
+def max_(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return _extreme(self, None, False, True)
+
+
+@lowering("aten::min.default")
+def min_(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    return _extreme(self, None, False, False)
+
+
+# ----------------------------------------------------------------------- argmax / argmin ---
+
+
+def _order_reversed(x: ir.Value) -> ir.Value:
+    """A copy of ``x`` whose order is reversed, without overflow (for argmin)."""
+    dtype = dtype_of(x)
+    if dtype.is_floating_point:
+        return neg_values(x)
+    if dtype == torch.bool:
+        return cast(cai.not_(x), torch.uint8)
+    all_ones = -1 if dtype.is_signed else torch.iinfo(dtype).max
+    return cai.broadcasting_bitwise_xor(x, const_like(all_ones, x))
+
+
+def arg_extreme(x: ir.Value, axis: int, largest: bool) -> ir.Value:
+    """First index of the max (min) along ``axis`` (kept as size 1), first NaN if any; int64."""
+    key = x if largest else _order_reversed(x)
+    if dtype_of(key) == torch.bool:
+        key = cast(key, torch.uint8)
+    index = cai.argmax(key, i32(axis))
+    if dtype_of(x).is_floating_point:
+        nan = cast(isnan_values(x), torch.uint8)
+        has_nan = cai.any_(isnan_values(x), i32([axis]))
+        index = cai.broadcasting_where(has_nan, cai.argmax(nan, i32(axis)), index)
+    return cast(index, torch.int64)
+
+
+def _arg_rule(largest: bool) -> Callable:
+    def rule(
+        cx: LoweringContext, self: ir.Value, dim: int | None = None, keepdim: bool = False
+    ) -> ir.Value:
+        x = self
+        if rank_of(x) == 0:
+            return constant(0, torch.int64)
+        if dim is None:
+            x = cai.reshape(x, i32([-1]))
+            axis = 0
+        else:
+            axis = normalize_dim(dim, rank_of(x))
+        out = arg_extreme(x, axis, largest)
+        if dim is None:
+            return cai.reshape(out, i32([1] * len(cx.out_shape))) if keepdim else squeeze(out, [0])
+        return out if keepdim else squeeze(out, [axis])
+
+    rule.__name__ = "argmax" if largest else "argmin"
+    return rule
+
+
+lowering("aten::argmax.default")(_arg_rule(True))
+lowering("aten::argmin.default")(_arg_rule(False))
+
+
+def _extreme_with_index(
+    cx: LoweringContext, x: ir.Value, dim: int, keepdim: bool, largest: bool
+) -> list[ir.Value]:
     if rank_of(x) == 0:
-        return constant(0, torch.int64)
-    out = cai.argmax(x, i32(d))
-    out = cast(out, torch.int64)
-    if dim is None:
-        return reshape(out, cx.out_shape)
-    return out if keepdim else squeeze(out, [d])
+        return [x, constant(0, torch.int64)]
+    axis = normalize_dim(dim, rank_of(x))
+    values = _extreme(x, [axis], True, largest)
+    index = arg_extreme(x, axis, largest)
+    if not keepdim:
+        values, index = squeeze(values, [axis]), squeeze(index, [axis])
+    return [values, index]
 
 
-@lowering("aten::var.correction")
-def var(
+@lowering("aten::max.dim")
+def max_dim(cx: LoweringContext, self: ir.Value, dim: int, keepdim: bool = False):
+    return _extreme_with_index(cx, self, dim, keepdim, True)
+
+
+@lowering("aten::min.dim")
+def min_dim(cx: LoweringContext, self: ir.Value, dim: int, keepdim: bool = False):
+    return _extreme_with_index(cx, self, dim, keepdim, False)
+
+
+# ------------------------------------------------------------------------------ variance ---
+
+
+def _count(x: ir.Value, axes: Sequence[int]) -> float | ir.Value:
+    """Number of elements reduced over ``axes`` (a 0-d value of ``x``'s dtype if dynamic)."""
+    static, dynamic = 1, []
+    for axis in axes:
+        size = dim_size(x, axis)
+        if isinstance(size, int):
+            static *= size
+        else:
+            dynamic.append(size)
+    if not dynamic:
+        return float(static)
+    count = const_like(float(static), x)
+    for size in dynamic:
+        count = cai.broadcasting_mul(count, cast(size, dtype_of(x)))
+    return count
+
+
+def variance(
+    x: ir.Value, dims: Dims, correction: float, keepdim: bool
+) -> tuple[ir.Value, ir.Value]:
+    """(variance, mean) over ``dims`` with ``correction`` (Bessel for 1), two-pass."""
+    rank = rank_of(x)
+    if rank == 0:
+        x = cai.reshape(x, i32([1]))
+        rank = 1
+    axes = normalize_dims(dims, rank)
+    mu = cai.reduce_mean(x, i32(axes))
+    centered = cai.broadcasting_sub(x, mu)
+    squares = cai.reduce_sum(cai.broadcasting_mul(centered, centered), i32(axes))
+    count = _count(x, axes)
+    if isinstance(count, float):
+        denominator = const_like(max(count - correction, 0.0), x)
+    else:
+        denominator = cai.broadcasting_maximum(
+            cai.broadcasting_sub(count, const_like(correction, x)), const_like(0.0, x)
+        )
+    var = cai.broadcasting_divide(squares, denominator)
+    if not keepdim:
+        var, mu = squeeze(var, axes), squeeze(mu, axes)
+    return var, mu
+
+
+def _correction(correction: float | None, unbiased: bool = True) -> float:
+    if correction is not None:
+        return float(correction)
+    return 1.0 if unbiased else 0.0
+
+
+def _shaped(cx: LoweringContext, value: ir.Value) -> ir.Value:
+    """``value`` reshaped to the node's (static) result shape when ranks differ (0-d input)."""
+    if len(shape_of(value)) != len(cx.out_shape) and None not in cx.out_shape:
+        return cai.reshape(value, i32(cx.out_shape)) if cx.out_shape else squeeze(value, [0])
+    return value
+
+
+def _variance_outputs(
+    cx: LoweringContext, x: ir.Value, dims: Dims, correction: float, keepdim: bool, what: str
+) -> list[ir.Value]:
+    """``what`` is ``var``, ``std``, ``var_mean`` or ``std_mean``."""
+    dtype = cx.out_dtype
+    var, mu = variance(cast(x, opmath(dtype)), dims, correction, keepdim)
+    if what.startswith("std"):
+        var = cai.sqrt(var)
+    var, mu = cast(_shaped(cx, var), dtype), cast(_shaped(cx, mu), dtype)
+    return [var, mu] if what.endswith("_mean") else [var]
+
+
+def _variance_rule(what: str) -> Callable:
+    def rule(
+        cx: LoweringContext,
+        self: ir.Value,
+        dim: Sequence[int] | None = None,
+        correction: float | None = None,
+        keepdim: bool = False,
+    ) -> list[ir.Value]:
+        return _variance_outputs(cx, self, dim, _correction(correction), keepdim, what)
+
+    rule.__name__ = what
+    return rule
+
+
+for _what in ("var", "std", "var_mean", "std_mean"):
+    lowering(f"aten::{_what}.correction")(_variance_rule(_what))
+
+
+@lowering("aten::var.dim", "aten::std.dim")
+def var_dim(
     cx: LoweringContext,
     self: ir.Value,
     dim: Sequence[int] | None = None,
-    correction: float | None = None,
+    unbiased: bool = True,
     keepdim: bool = False,
+) -> list[ir.Value]:
+    what = "std" if cx.node.target.__name__.startswith("std") else "var"
+    return _variance_outputs(cx, self, dim, _correction(None, unbiased), keepdim, what)
+
+
+# ------------------------------------------------------------------------------ any / all ---
+
+
+def _logical_reduce(
+    cx: LoweringContext, fn: Callable, x: ir.Value, dims: Dims, keepdim: bool
 ) -> ir.Value:
-    x = cast(self, cx.out_dtype)
-    rank = rank_of(x)
-    axes = normalize_dims(dim, rank)
-    shape = shape_of(x)
-    count = 1
-    for a in axes:
-        count *= shape[a]
-    mu = cai.reduce_mean(x, i32(axes))
-    centered = cai.broadcasting_sub(x, mu)
-    sq = cai.reduce_sum(cai.broadcasting_mul(centered, centered), i32(axes))
-    c = 1.0 if correction is None else correction
-    denom = max(count - c, 0)
-    out = cai.broadcasting_divide(sq, constant(float(denom), dtype_of(x)))
-    return out if keepdim else squeeze(out, axes)
+    b = to_bool(x)
+    if isinstance(dims, (list, tuple)) and len(dims) == 0:
+        return cast(b, cx.out_dtype)  # any(x, dim=()) reduces nothing
+    return cast(reduce(fn, b, dims, keepdim), cx.out_dtype)
+
+
+@lowering("aten::any.default", "aten::any.dim", "aten::any.dims")
+def any_(
+    cx: LoweringContext, self: ir.Value, dim: int | Sequence[int] | None = None, keepdim=False
+) -> ir.Value:
+    return _logical_reduce(cx, cai.any_, self, dim, keepdim)
+
+
+@lowering("aten::all.default", "aten::all.dim", "aten::all.dims")
+def all_(
+    cx: LoweringContext, self: ir.Value, dim: int | Sequence[int] | None = None, keepdim=False
+) -> ir.Value:
+    return _logical_reduce(cx, cai.all_, self, dim, keepdim)
+
+
+# ---------------------------------------------------------------------- logsumexp, norms ---
+
+
+@lowering("aten::logsumexp.default")
+def logsumexp(
+    cx: LoweringContext, self: ir.Value, dim: Sequence[int] = (), keepdim: bool = False
+) -> ir.Value:
+    """``m + log(sum(exp(x - m)))`` with ``m = amax(x)`` (0 where ``m`` is infinite)."""
+    dtype = cx.out_dtype
+    x = cast(self, opmath(dtype))
+    m = reduce(cai.reduce_max, x, dim, True)
+    m = cai.broadcasting_where(isinf_values(m), const_like(0.0, m), m)
+    total = reduce(cai.reduce_sum, cai.exp(cai.broadcasting_sub(x, m)), dim, True)
+    out = cai.broadcasting_add(cai.log(total), m)
+    if not keepdim and rank_of(x):
+        out = squeeze(out, normalize_dims(dim, rank_of(x)))
+    return cast(out, dtype)
+
+
+def vector_norm(x: ir.Value, ord: float, dims: Dims, keepdim: bool) -> ir.Value:
+    """``sum(|x| ** ord) ** (1 / ord)`` with PyTorch's special orders 0, 1, 2, ±inf."""
+    a = cai.abs_(x)
+    if ord == math.inf:
+        return reduce(cai.reduce_max, a, dims, keepdim)
+    if ord == -math.inf:
+        return reduce(cai.reduce_min, a, dims, keepdim)
+    if ord == 0:
+        nonzero = cast(cai.broadcasting_not_equal(x, const_like(0, x)), dtype_of(x))
+        return reduce(cai.reduce_sum, nonzero, dims, keepdim)
+    if ord == 1:
+        return reduce(cai.reduce_sum, a, dims, keepdim)
+    if ord == 2:
+        return cai.sqrt(reduce(cai.reduce_sum, cai.broadcasting_mul(x, x), dims, keepdim))
+    powered = cai.broadcasting_pow(a, const_like(ord, x))
+    total = reduce(cai.reduce_sum, powered, dims, keepdim)
+    return cai.broadcasting_pow(total, const_like(1.0 / ord, x))
+
+
+@lowering("aten::linalg_vector_norm.default")
+def linalg_vector_norm(
+    cx: LoweringContext,
+    self: ir.Value,
+    ord: float = 2,
+    dim: Sequence[int] | None = None,
+    keepdim: bool = False,
+    dtype: torch.dtype | None = None,
+) -> ir.Value:
+    out_dtype = cx.out_dtype
+    x = cast(self, opmath(out_dtype))
+    return cast(vector_norm(x, float(ord), dim, keepdim), out_dtype)
+
+
+@lowering("aten::dist.default")
+def dist(cx: LoweringContext, self: ir.Value, other: ir.Value, p: float = 2) -> ir.Value:
+    dtype = cx.out_dtype
+    a, b = cast(self, opmath(dtype)), cast(other, opmath(dtype))
+    return cast(vector_norm(cai.broadcasting_sub(a, b), float(p), None, False), dtype)

@@ -1,0 +1,255 @@
+"""Float math functions: exp/log families, trigonometry, erf family, atan2, hypot.
+
+Integer and bool inputs compute in the result's float dtype (``exp(int_tensor)`` is float32),
+like PyTorch.  Functions Core AI lacks are composed so that they keep their precision where
+the naive formula loses it (``log1p``/``expm1`` near 0, ``erfc`` in the tail); polynomial
+approximations run in float32 for float16/bfloat16 inputs and round once at the end.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.common import as_value, cast, dtype_of
+from coreai_torch.lowerings.elementwise import (
+    Operand,
+    const_like,
+    isinf_values,
+    neg_values,
+    signbit_values,
+)
+from coreai_torch.lowerings.registry import LoweringContext, lowering
+
+Unary = Callable[[ir.Value], ir.Value]
+
+
+def _rule(fn: Unary, *, f32: bool = False) -> Callable:
+    """A rule applying ``fn`` in the result dtype (in float32 for 16-bit floats if ``f32``)."""
+
+    def rule(cx: LoweringContext, self: ir.Value) -> ir.Value:
+        return in_dtype(fn, cast(self, cx.out_dtype), f32=f32)
+
+    rule.__name__ = fn.__name__
+    return rule
+
+
+def in_dtype(fn: Unary, x: ir.Value, *, f32: bool) -> ir.Value:
+    """``fn(x)``, computed in float32 when ``f32`` and ``x`` is float16/bfloat16."""
+    dtype = dtype_of(x)
+    if f32 and dtype in (torch.float16, torch.bfloat16):
+        return cast(fn(cast(x, torch.float32)), dtype)
+    return fn(x)
+
+
+def _add(a: ir.Value, b: float | ir.Value) -> ir.Value:
+    return cai.broadcasting_add(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
+
+
+def _mul(a: ir.Value, b: float | ir.Value) -> ir.Value:
+    return cai.broadcasting_mul(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
+
+
+def _sub(a: ir.Value, b: float | ir.Value) -> ir.Value:
+    return cai.broadcasting_sub(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
+
+
+def _div(a: ir.Value, b: float | ir.Value) -> ir.Value:
+    return cai.broadcasting_divide(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
+
+
+def _rdiv(a: float, b: ir.Value) -> ir.Value:
+    return cai.broadcasting_divide(const_like(a, b), b)
+
+
+def _less(a: ir.Value, b: float) -> ir.Value:
+    return cai.broadcasting_greater(const_like(b, a), a)
+
+
+def polynomial(x: ir.Value, coefficients: list[float]) -> ir.Value:
+    """Horner evaluation; coefficients from the highest power down."""
+    p = const_like(coefficients[0], x)
+    for c in coefficients[1:]:
+        p = _add(cai.broadcasting_mul(p, x), c)
+    return p
+
+
+# ------------------------------------------------------------------------------ composites --
+
+
+def log1p_values(x: ir.Value) -> ir.Value:
+    """``log(1 + x)``; ``2 atanh(x / (2 + x))`` near 0 where ``1 + x`` would round."""
+    small = _less(cai.abs_(x), 0.5)
+    near = _mul(cai.atanh(cai.broadcasting_divide(x, _add(x, 2.0))), 2.0)
+    return cai.broadcasting_where(small, near, cai.log(_add(x, 1.0)))
+
+
+def expm1_values(x: ir.Value) -> ir.Value:
+    """``exp(x) - 1``; ``2t / (1 - t)`` with ``t = tanh(x / 2)`` near 0."""
+    small = _less(cai.abs_(x), 0.5)
+    t = cai.tanh(_mul(x, 0.5))
+    near = cai.broadcasting_divide(_mul(t, 2.0), cai.broadcasting_sub(const_like(1.0, t), t))
+    return cai.broadcasting_where(small, near, _sub(cai.exp(x), 1.0))
+
+
+def exp2_values(x: ir.Value) -> ir.Value:
+    return cai.broadcasting_pow(const_like(2.0, x), x)
+
+
+def log2_values(x: ir.Value) -> ir.Value:
+    return _mul(cai.log(x), 1.0 / math.log(2.0))
+
+
+def log10_values(x: ir.Value) -> ir.Value:
+    return _mul(cai.log(x), 1.0 / math.log(10.0))
+
+
+# Numerical Recipes' erfc approximation (relative error < 1.2e-7 everywhere).
+_ERFC_COEFFICIENTS = [
+    0.17087277,
+    -0.82215223,
+    1.48851587,
+    -1.13520398,
+    0.27886807,
+    -0.18628806,
+    0.09678418,
+    0.37409196,
+    1.00002368,
+    -1.26551223,
+]
+
+
+def erfc_values(x: ir.Value) -> ir.Value:
+    """``1 - erf(x)``, accurate in the tail (``erfc(10) == 2.1e-45``)."""
+    z = cai.abs_(x)
+    t = _rdiv(1.0, _add(_mul(z, 0.5), 1.0))
+    exponent = cai.broadcasting_sub(polynomial(t, _ERFC_COEFFICIENTS), cai.broadcasting_mul(z, z))
+    tail = cai.broadcasting_mul(t, cai.exp(exponent))
+    tail = cai.broadcasting_where(
+        signbit_values(x), cai.broadcasting_sub(const_like(2.0, x), tail), tail
+    )
+    near = cai.broadcasting_sub(const_like(1.0, x), cai.erf(x))
+    return cai.broadcasting_where(_less(z, 0.5), near, tail)
+
+
+# M. Giles, "Approximating the erfinv function" (single precision).
+_ERFINV_CENTRAL = [
+    2.81022636e-08,
+    3.43273939e-07,
+    -3.5233877e-06,
+    -4.39150654e-06,
+    0.00021858087,
+    -0.00125372503,
+    -0.00417768164,
+    0.246640727,
+    1.50140941,
+]
+_ERFINV_TAIL = [
+    -0.000200214257,
+    0.000100950558,
+    0.00134934322,
+    -0.00367342844,
+    0.00573950773,
+    -0.0076224613,
+    0.00943887047,
+    1.00167406,
+    2.83297682,
+]
+
+
+def erfinv_values(x: ir.Value) -> ir.Value:
+    one = const_like(1.0, x)
+    w = neg_values(cai.log(cai.broadcasting_mul(_sub(one, x), _add(x, 1.0))))
+    central = polynomial(_sub(w, 2.5), _ERFINV_CENTRAL)
+    tail = polynomial(_sub(cai.sqrt(w), 3.0), _ERFINV_TAIL)
+    p = cai.broadcasting_where(_less(w, 5.0), central, tail)
+    result = cai.broadcasting_mul(p, x)
+    edge = cai.broadcasting_equal(cai.abs_(x), one)
+    return cai.broadcasting_where(edge, _mul(x, float("inf")), result)
+
+
+def atan2_values(y: ir.Value, x: ir.Value) -> ir.Value:
+    """Quadrant-correct ``atan(y / x)`` including signed zeros and infinities."""
+    pi = math.pi
+    y_negative = signbit_values(y)
+    x_negative = signbit_values(x)
+    half_turn = cai.broadcasting_where(y_negative, const_like(-pi, y), const_like(pi, y))
+    r = cai.atan(cai.broadcasting_divide(y, x))
+    r = cai.broadcasting_where(x_negative, cai.broadcasting_add(r, half_turn), r)
+    zero = const_like(0.0, x)
+    both_zero = cai.broadcasting_and(
+        cai.broadcasting_equal(y, zero), cai.broadcasting_equal(x, zero)
+    )
+    r = cai.broadcasting_where(both_zero, cai.broadcasting_where(x_negative, half_turn, y), r)
+    both_inf = cai.broadcasting_and(isinf_values(y), isinf_values(x))
+    quarter = cai.broadcasting_where(x_negative, const_like(3 * pi / 4, y), const_like(pi / 4, y))
+    quarter = cai.broadcasting_where(y_negative, neg_values(quarter), quarter)
+    return cai.broadcasting_where(both_inf, quarter, r)
+
+
+def hypot_values(a: ir.Value, b: ir.Value) -> ir.Value:
+    """``sqrt(a² + b²)`` without overflow; infinite if either is (even with NaN)."""
+    a, b = cai.abs_(a), cai.abs_(b)
+    big = cai.broadcasting_maximum(a, b)
+    small = cai.broadcasting_minimum(a, b)
+    ratio = cai.broadcasting_divide(small, big)
+    h = cai.broadcasting_mul(big, cai.sqrt(_add(cai.broadcasting_mul(ratio, ratio), 1.0)))
+    zero = const_like(0.0, a)
+    h = cai.broadcasting_where(cai.broadcasting_equal(big, zero), zero, h)
+    inf = cai.broadcasting_or(isinf_values(a), isinf_values(b))
+    return cai.broadcasting_where(inf, const_like(float("inf"), a), h)
+
+
+# --------------------------------------------------------------------------------- rules ---
+
+for _name, _fn in {
+    "exp": cai.exp,
+    "log": cai.log,
+    "sqrt": cai.sqrt,
+    "rsqrt": cai.rsqrt,
+    "sin": cai.sin,
+    "cos": cai.cos,
+    "tan": cai.tan,
+    "tanh": cai.tanh,
+    "sigmoid": cai.sigmoid,
+    "erf": cai.erf,
+    "asin": cai.asin,
+    "acos": cai.acos,
+    "atan": cai.atan,
+    "sinh": cai.sinh,
+    "cosh": cai.cosh,
+    "asinh": cai.asinh,
+    "acosh": cai.acosh,
+    "atanh": cai.atanh,
+    "exp2": exp2_values,
+    "log2": log2_values,
+    "log10": log10_values,
+    "log1p": log1p_values,
+    "expm1": expm1_values,
+}.items():
+    lowering(f"aten::{_name}.default")(_rule(_fn))
+
+lowering("aten::erfc.default")(_rule(erfc_values, f32=True))
+lowering("aten::erfinv.default")(_rule(erfinv_values, f32=True))
+
+
+def _float_operands(cx: LoweringContext, *operands: Operand) -> list[ir.Value]:
+    """Operands in the result dtype, float32 for 16-bit floats (composites lose precision)."""
+    dtype = cx.out_dtype
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    return [as_value(v, compute) for v in operands]
+
+
+@lowering("aten::atan2.default", "aten::atan2.out", "aten::arctan2.default")
+def atan2(cx: LoweringContext, self: ir.Value, other: ir.Value, out: ir.Value | None = None):
+    y, x = _float_operands(cx, self, other)
+    return cast(atan2_values(y, x), cx.out_dtype)
+
+
+@lowering("aten::hypot.default")
+def hypot(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
+    a, b = _float_operands(cx, self, other)
+    return cast(hypot_values(a, b), cx.out_dtype)
