@@ -322,6 +322,16 @@ def test_adaptive_avg_pool2d_override_is_reached_and_used(
     assert f"{window} : tensor<2xui32>" in text or window.replace(">", ", ") in text
 
 
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float16, 1e-3), (torch.bfloat16, 1e-2)])
+def test_adaptive_avg_pool2d_override_in_half_precision(dtype: torch.dtype, tol: float) -> None:
+    """The seed's coreai.cast(float, x.type.element_type) divisor follows the input dtype."""
+    x = torch.randn(1, 3, 8, 8).to(dtype)
+    converter = converter_with(
+        "aten::_adaptive_avg_pool2d.default", lower_pool_static, allow_override=True
+    )
+    assert "coreai.sum_pool_2d" in check(converter, Pool((2, 2)), (x,), atol=tol, rtol=tol)
+
+
 def test_adaptive_avg_pool2d_module_override() -> None:
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
     converter = converter_with(
