@@ -1,0 +1,341 @@
+"""Writing by index: scatter (src/value/reduce), scatter_add, scatter_reduce, index_put,
+slice_scatter, select_scatter, diagonal_scatter and masked_scatter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.common import (
+    Scalar,
+    as_value,
+    broadcast_to,
+    cast,
+    constant,
+    dtype_of,
+    i32,
+    normalize_dim,
+    rank_of,
+    reshape,
+    shape_of,
+    transpose,
+    unsqueeze,
+)
+from coreai_torch.lowerings.indexing import (
+    index_layout,
+    result_permutation,
+    stacked_indices,
+)
+from coreai_torch.lowerings.layout import (
+    highest,
+    inverse,
+    lowest,
+    slice_region,
+    static_shape,
+)
+from coreai_torch.lowerings.registry import (
+    EMPTY_INPUT_OPS,
+    EmptyTensor,
+    LoweringContext,
+    lowering,
+)
+from coreai_torch.lowerings.shape import _diagonal_table
+
+
+def _mode(name: str) -> ir.Attribute:
+    return ir.Attribute.parse(f"#coreai.scatter_mode<{name}>")
+
+
+def scatter_along(
+    x: ir.Value, axis: int, index: ir.Value, updates: ir.Value, mode: str = "update"
+) -> ir.Value:
+    """``scatter_along_axis`` where ``index``/``updates`` may be smaller than ``x`` in the
+    other dims (PyTorch's rule): only that leading corner of ``x`` is scattered into."""
+    xshape, ishape = shape_of(x), shape_of(index)
+    region = [ishape[d] if d != axis else xshape[d] for d in range(len(xshape))]
+    base = slice_region(x, region)
+    out = cai.scatter_along_axis(
+        base.type,
+        base,
+        cast(index, torch.int32),
+        slice_region(updates, ishape),
+        i32(axis),
+        _mode(mode),
+    )
+    if region == xshape:
+        return out
+    rank = len(xshape)
+    return cai.slice_update(x, i32([0] * rank), i32(region), i32([1] * rank), out)
+
+
+def _prepare(
+    cx: LoweringContext, self: ir.Value, dim: int, index: ir.Value, src: ir.Value | Scalar
+) -> tuple[ir.Value, int, ir.Value, ir.Value]:
+    """(self, axis, index, src) with 0-d operands as 1-d and ``src`` in ``self``'s dtype."""
+    dtype = dtype_of(self)
+    scalar_input = rank_of(self) == 0
+    x = reshape(self, [1]) if scalar_input else self
+    idx = reshape(index, [1]) if rank_of(index) == 0 else index
+    ishape = static_shape(cx, idx, "index")
+    if isinstance(src, ir.Value) and rank_of(src) > 0:
+        updates = cast(src, dtype)
+    else:
+        value = src if not isinstance(src, ir.Value) else reshape(src, [1] * len(ishape))
+        updates = broadcast_to(as_value(value, dtype), ishape)
+    return x, normalize_dim(dim, rank_of(x)), idx, updates
+
+
+def _finish(self: ir.Value, out: ir.Value) -> ir.Value:
+    return reshape(out, []) if rank_of(self) == 0 else out
+
+
+@lowering("aten::scatter.src", "aten::scatter.value")
+def scatter(
+    cx: LoweringContext,
+    self: ir.Value,
+    dim: int,
+    index: ir.Value,
+    src: ir.Value | None = None,
+    value: Scalar | None = None,
+) -> ir.Value:
+    x, axis, idx, updates = _prepare(cx, self, dim, index, src if src is not None else value)
+    return _finish(self, scatter_along(x, axis, idx, updates))
+
+
+_REDUCE_MODES = {"add": "add", "sum": "add", "multiply": "mul", "prod": "mul"}
+_REDUCE_MODES.update({"amax": "max", "amin": "min"})
+
+
+@lowering("aten::scatter.reduce", "aten::scatter.value_reduce")
+def scatter_reduce_legacy(
+    cx: LoweringContext,
+    self: ir.Value,
+    dim: int,
+    index: ir.Value,
+    reduce: str,
+    src: ir.Value | None = None,
+    value: Scalar | None = None,
+) -> ir.Value:
+    x, axis, idx, updates = _prepare(cx, self, dim, index, src if src is not None else value)
+    return _finish(self, scatter_along(x, axis, idx, updates, _REDUCE_MODES[reduce]))
+
+
+@lowering("aten::scatter_add.default")
+def scatter_add(
+    cx: LoweringContext, self: ir.Value, dim: int, index: ir.Value, src: ir.Value
+) -> ir.Value:
+    x, axis, idx, updates = _prepare(cx, self, dim, index, src)
+    return _finish(self, scatter_along(x, axis, idx, updates, "add"))
+
+
+def _identity(reduce: str, dtype: torch.dtype) -> Scalar:
+    if reduce in ("sum", "mean"):
+        return False if dtype == torch.bool else 0
+    if reduce == "prod":
+        return True if dtype == torch.bool else 1
+    return lowest(dtype) if reduce == "amax" else highest(dtype)
+
+
+@lowering("aten::scatter_reduce.two")
+def scatter_reduce(
+    cx: LoweringContext,
+    self: ir.Value,
+    dim: int,
+    index: ir.Value,
+    src: ir.Value,
+    reduce: str,
+    include_self: bool = True,
+) -> ir.Value:
+    x, axis, idx, updates = _prepare(cx, self, dim, index, src)
+    dtype = dtype_of(x)
+    ishape = shape_of(idx)
+    base = x
+    if not include_self:  # scattered positions start from the reduction's identity
+        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), ishape)
+        base = scatter_along(x, axis, idx, fill)
+    if reduce != "mean":
+        return _finish(self, scatter_along(base, axis, idx, updates, _REDUCE_MODES[reduce]))
+    total = scatter_along(base, axis, idx, updates, "add")
+    count_dtype = dtype if dtype.is_floating_point else torch.int32
+    ones = broadcast_to(constant(1, count_dtype), shape_of(x))
+    if not include_self:
+        ones = scatter_along(ones, axis, idx, broadcast_to(constant(0, count_dtype), ishape))
+    counts = scatter_along(ones, axis, idx, broadcast_to(constant(1, count_dtype), ishape), "add")
+    if dtype.is_floating_point:
+        return _finish(self, cai.broadcasting_divide(total, counts))
+    return _finish(self, cai.broadcasting_floor_divide(total, cast(counts, dtype)))
+
+
+# ---------------------------------------------------------------------------- index_put -----
+
+
+def _mask_put(
+    cx: LoweringContext,
+    self: ir.Value,
+    indices: Sequence[ir.Value | None],
+    values: ir.Value,
+    accumulate: bool,
+) -> ir.Value:
+    """``x[mask] = v`` with a single value: an elementwise select."""
+    shape = static_shape(cx, self)
+    (pos,) = [i for i, ix in enumerate(indices) if ix is not None]
+    mask = cast(indices[pos], torch.bool)
+    mrank = rank_of(mask)
+    mask = reshape(mask, [1] * pos + shape_of(mask) + [1] * (len(shape) - pos - mrank))
+    value = reshape(cast(values, dtype_of(self)), [])
+    new = cai.broadcasting_add(self, value) if accumulate else value
+    return broadcast_to(cai.broadcasting_where(mask, new, self), shape)
+
+
+@lowering("aten::index_put.default", "aten::_unsafe_index_put.default")
+def index_put(
+    cx: LoweringContext,
+    self: ir.Value,
+    indices: Sequence[ir.Value | None],
+    values: ir.Value,
+    accumulate: bool = False,
+) -> ir.Value:
+    present = [ix for ix in indices if ix is not None]
+    if isinstance(values, EmptyTensor):
+        return self
+    if any(dtype_of(ix) in (torch.bool, torch.uint8) for ix in present):
+        if len(present) == 1 and int(np.prod(static_shape(cx, values, "values"))) == 1:
+            return _mask_put(cx, self, indices, values, accumulate)
+        raise cx.unsupported(
+            "index_put with a boolean mask and more than one value has a data-dependent "
+            "number of updates; use torch.where(mask, values, x) instead"
+        )
+    positions, bshape, perm = index_layout(cx, self, indices)
+    if not positions:
+        return broadcast_to(cast(values, dtype_of(self)), static_shape(cx, self))
+    shape = static_shape(cx, self)
+    rank = len(shape)
+    rest = [shape[d] for d in perm[len(positions) :]]
+    # Values broadcast to the shape `self[indices]` has, then to (broadcast dims, rest).
+    gathered = bshape + rest
+    to_torch = result_permutation(positions, len(bshape), rank)
+    torch_shape = [gathered[p] for p in to_torch]
+    updates = transpose(broadcast_to(cast(values, dtype_of(self)), torch_shape), inverse(to_torch))
+    xt = transpose(self, perm)
+    if not accumulate:
+        out = cai.scatter_nd(xt, stacked_indices(indices, positions, bshape), updates)
+        return transpose(out, inverse(perm))
+    # Accumulate: flatten the indexed dims into one axis and scatter-add along it.
+    sizes = [shape[p] for p in positions]
+    flat_index = None
+    stride = 1
+    for p, size in reversed(list(zip(positions, sizes, strict=True))):
+        ix = broadcast_to(cast(indices[p], torch.int32), bshape)
+        negative = cai.broadcasting_greater(constant(0, torch.int32), ix)
+        ix = cai.broadcasting_where(
+            negative, cai.broadcasting_add(ix, constant(size, torch.int32)), ix
+        )
+        term = ix if stride == 1 else cai.broadcasting_mul(ix, constant(stride, torch.int32))
+        flat_index = term if flat_index is None else cai.broadcasting_add(flat_index, term)
+        stride *= size
+    count = int(np.prod(bshape))
+    flat_index = broadcast_to(reshape(flat_index, [count] + [1] * len(rest)), [count, *rest])
+    flat = reshape(xt, [stride, *rest])
+    out = scatter_along(flat, 0, flat_index, reshape(updates, [count, *rest]), "add")
+    return transpose(reshape(out, sizes + rest), inverse(perm))
+
+
+EMPTY_INPUT_OPS["aten::index_put.default"] = (2,)
+
+
+# ------------------------------------------------------------------------ slice updates -----
+
+
+@lowering("aten::slice_scatter.default")
+def slice_scatter(
+    cx: LoweringContext,
+    self: ir.Value,
+    src: ir.Value | EmptyTensor,
+    dim: int = 0,
+    start: int | None = None,
+    end: int | None = None,
+    step: int = 1,
+) -> ir.Value:
+    if isinstance(src, EmptyTensor):  # writing nothing
+        return self
+    shape = static_shape(cx, self)
+    rank = len(shape)
+    d = normalize_dim(dim, rank)
+    lo, hi, stride = slice(start, end, step).indices(shape[d])
+    starts, ends, strides = [0] * rank, list(shape), [1] * rank
+    starts[d], ends[d], strides[d] = lo, max(hi, lo), stride
+    update = broadcast_to(cast(src, dtype_of(self)), _slice_shape(shape, d, lo, hi, stride))
+    if shape_of(update) == shape:
+        return update
+    return cai.slice_update(self, i32(starts), i32(ends), i32(strides), update)
+
+
+EMPTY_INPUT_OPS["aten::slice_scatter.default"] = (1,)
+
+
+def _slice_shape(shape: Sequence[int], d: int, lo: int, hi: int, step: int) -> list[int]:
+    out = list(shape)
+    out[d] = len(range(lo, hi, step))
+    return out
+
+
+@lowering("aten::select_scatter.default")
+def select_scatter(
+    cx: LoweringContext, self: ir.Value, src: ir.Value, dim: int, index: int
+) -> ir.Value:
+    shape = static_shape(cx, self)
+    rank = len(shape)
+    d = normalize_dim(dim, rank)
+    i = index % shape[d]
+    starts, ends = [0] * rank, list(shape)
+    starts[d], ends[d] = i, i + 1
+    update = unsqueeze(cast(src, dtype_of(self)), [d])
+    update = broadcast_to(update, _slice_shape(shape, d, i, i + 1, 1))
+    return cai.slice_update(self, i32(starts), i32(ends), i32([1] * rank), update)
+
+
+@lowering("aten::diagonal_scatter.default")
+def diagonal_scatter(
+    cx: LoweringContext,
+    self: ir.Value,
+    src: ir.Value,
+    offset: int = 0,
+    dim1: int = 0,
+    dim2: int = 1,
+) -> ir.Value:
+    shape = static_shape(cx, self)
+    rank = len(shape)
+    a, b = normalize_dim(dim1, rank), normalize_dim(dim2, rank)
+    rest = [d for d in range(rank) if d not in (a, b)]
+    perm = [*rest, a, b]
+    lead = [shape[d] for d in rest]
+    flat = reshape(transpose(self, perm), [*lead, shape[a] * shape[b]])
+    table = _diagonal_table(shape[a], shape[b], offset)
+    if table.size == 0:
+        return self
+    index = broadcast_to(cai.constant(table.astype(np.int32)), [*lead, table.size])
+    out = scatter_along(flat, len(lead), index, cast(src, dtype_of(self)))
+    return transpose(reshape(out, [*lead, shape[a], shape[b]]), inverse(perm))
+
+
+@lowering("aten::masked_scatter.default")
+def masked_scatter(
+    cx: LoweringContext, self: ir.Value, mask: ir.Value, source: ir.Value
+) -> ir.Value:
+    """Masked positions take consecutive elements of ``source`` (row-major order)."""
+    shape = [int(d) for d in cx.out_shape]
+    total = int(np.prod(shape))
+    m = broadcast_to(cast(mask, torch.bool), shape)
+    flat_mask = reshape(m, [total])
+    # Position of each element among the masked ones: inclusive cumsum - 1 (clamped at 0).
+    running = cai.scan(cast(flat_mask, torch.int32), np.uint32(0), False, "sum")
+    position = cai.broadcasting_maximum(
+        cai.broadcasting_sub(running, constant(1, torch.int32)), constant(0, torch.int32)
+    )
+    numel = int(np.prod(static_shape(cx, source, "source")))
+    flat_source = reshape(cast(source, dtype_of(self)), [numel])
+    picked = cai.gather_nd(flat_source, unsqueeze(position, [1]))
+    return cai.broadcasting_where(m, reshape(picked, shape), broadcast_to(self, shape))

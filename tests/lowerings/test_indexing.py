@@ -1,0 +1,208 @@
+"""Indexing ops on the runtime vs eager PyTorch: advanced indexing, index_select, gather,
+embedding(_bag), masked_fill, scatter*, index_put, slice/select/diagonal/masked scatter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from coreai_torch.errors import ConversionError
+from tests.helpers import check_module
+from tests.lowerings.support import Fn, check_fn, convert_fn, rand
+
+
+def idx(*values: int) -> torch.Tensor:
+    return torch.tensor(values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+def test_advanced_indexing(dtype: torch.dtype) -> None:
+    def f(x, i, j, b):
+        return (
+            x[i],  # first dim
+            x[:, i],  # middle dim
+            x[..., j],  # last dim, negative index
+            x[i, j],  # two adjacent index tensors
+            x[i, :, j],  # non-adjacent: broadcast dims go first
+            x[:, i, j],
+            x[b, :, b.t()],  # broadcasting 2-D index tensors
+            x[:, b],  # 2-D index tensor
+            x[i, None, 1:, j],
+            x[1, i],  # int + tensor (select then index)
+            x[idx(0)[0]],  # 0-d index tensor
+        )
+
+    x = rand(3, 4, 5, dtype=dtype)
+    check_fn(f, x, idx(2, 0, -1), idx(-1, 3, 0), torch.tensor([[0, 1], [2, 0]]))
+
+
+def test_boolean_mask_index_is_rejected() -> None:
+    with pytest.raises(ConversionError, match="data-dependent"):
+        convert_fn(lambda x: x[x > 0], torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_index_select_gather(dtype: torch.dtype) -> None:
+    def f(x, i, g, s):
+        return (
+            x.index_select(0, i),
+            x.index_select(1, i.clamp(max=2)),
+            x.index_select(-1, idx(3, 3, 0)),
+            s.index_select(0, idx(0)),
+            torch.gather(x, 2, g),
+            torch.gather(x, 0, g[:2, :2, :1] % 3),  # index smaller than input in other dims
+            torch.gather(x, -1, g[:, :1]),
+            torch.take_along_dim(x, g, 2),
+        )
+
+    check_fn(
+        f,
+        rand(3, 4, 5, dtype=dtype),
+        idx(2, 0, 1, 2),
+        torch.randint(0, 5, (3, 4, 2)),
+        rand(dtype=dtype),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_embedding(dtype: torch.dtype) -> None:
+    model = nn.Embedding(20, 6, padding_idx=0).to(dtype).eval()
+    check_module(model, (torch.randint(0, 20, (2, 7)),))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag(mode: str) -> None:
+    bag = nn.EmbeddingBag(10, 3, mode=mode).eval()
+    weighted = nn.EmbeddingBag(10, 3, mode="sum").eval()
+
+    def f(ids2d, flat, offsets, w):
+        outs = [bag(ids2d), bag(flat, offsets)]
+        if mode == "sum":
+            outs.append(weighted(flat, offsets, per_sample_weights=w))
+        return outs
+
+    flat, offsets = idx(1, 2, 4, 5, 4, 3, 2, 9), idx(0, 2, 2, 5)  # one empty bag
+    mod = Fn(f)
+    mod.bag, mod.weighted = bag, weighted
+    check_module(mod, (torch.randint(0, 10, (2, 4)), flat, offsets, torch.rand(8)))
+
+
+def test_masked_fill_where() -> None:
+    def f(x, m):
+        return (
+            x.masked_fill(m, -1.0),
+            x.masked_fill(x > 0, float("-inf")),
+            x.masked_fill(m[0], torch.tensor(2.0)),
+            x.int().masked_fill(m, 7),
+            torch.where(m, x, 0.0),
+        )
+
+    check_fn(f, torch.randn(3, 4), torch.rand(3, 4) > 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_scatter(dtype: torch.dtype) -> None:
+    def f(x, i, src):
+        return (
+            x.scatter(1, i, src),
+            x.scatter(1, i[:, :2], src),  # index smaller than src and self
+            x.scatter(0, i[:2] % 3, 5),
+            x.scatter(1, i, src, reduce="add"),
+            x.scatter(1, i, src, reduce="multiply"),
+            x.scatter_add(1, i, src),
+            x.scatter_add(-1, i[:1], src),
+            torch.zeros(5, dtype=dtype).scatter(0, idx(4, 1), idx(3, 9).to(dtype)),
+        )
+
+    i = torch.tensor([[0, 1, 1], [3, 2, 3], [1, 1, 0]])  # duplicates per row, disjoint sets
+    i = torch.stack([torch.randperm(4)[:3] for _ in range(3)])
+    check_fn(f, rand(3, 4, dtype=dtype), i, rand(3, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce: str, include_self: bool) -> None:
+    def f(x, i, src, xi, srci):
+        return (
+            x.scatter_reduce(1, i, src, reduce, include_self=include_self),
+            x.scatter_reduce(0, i[:2, :2] % 3, src, reduce, include_self=include_self),
+            xi.scatter_reduce(1, i, srci, reduce, include_self=include_self),
+        )
+
+    i = torch.tensor([[0, 1, 1], [3, 3, 3], [1, 2, 0]])  # duplicate targets
+    xi, srci = torch.randint(-9, 9, (3, 4)), torch.randint(-9, 9, (3, 3))
+    check_fn(f, torch.randn(3, 4), i, torch.randn(3, 3), xi, srci)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put(accumulate: bool) -> None:
+    def f(x, i, j, v):
+        outs = []
+        for indices, values in [
+            ((i,), v[0]),  # rows
+            ((i, j), v[0, 0, 0]),  # elements, scalar broadcast
+            ((None, j), v[0, :3]),  # x[:, j] = ...
+            ((i, None, j), v[0, 0, :4]),  # non-adjacent
+            ((idx(-1),), v[0, :1]),  # negative index
+        ]:
+            outs.append(torch.ops.aten.index_put(x, indices, values, accumulate))
+        return outs
+
+    i = idx(0, 2, 0) if accumulate else idx(0, 2, 1)  # duplicates only when accumulating
+    j = idx(1, -1, 3)
+    check_fn(f, torch.randn(3, 4, 5), i, j, torch.randn(3, 4, 5))
+
+
+def test_setitem_patterns() -> None:
+    def f(x, m, i):
+        y = x.clone()
+        y[m] = 0.0  # boolean mask, one value
+        z = x.clone()
+        z[:, 1:3] = -1.0
+        w = x.clone()
+        w[i] += 1.0
+        u = x.clone()
+        u[..., 0] = x[..., 1]
+        return (
+            y,
+            z,
+            w,
+            u,
+            x.index_fill(1, idx(0, 2), 9.0),
+            x.index_copy(0, idx(2, 0), x[:2]),
+            x.index_add(0, i, x[:3]),
+        )
+
+    check_fn(f, torch.randn(3, 4), torch.rand(3, 4) > 0.5, idx(0, 2, 0))
+
+
+def test_slice_select_diagonal_scatter() -> None:
+    def f(x, s):
+        return (
+            torch.slice_scatter(x, s[:, :2], 1, 0, 4, 2),
+            torch.slice_scatter(x, s[:1], 0, -1),
+            torch.select_scatter(x, s[:, 0], 1, -1),
+            torch.select_scatter(x, s[0], 0, 1),
+            torch.diagonal_scatter(x, s[0, :3], 0),
+            torch.diagonal_scatter(x, s[0, :3], 1),
+            torch.diagonal_scatter(x, s[0, :2], -1),
+        )
+
+    check_fn(f, torch.randn(3, 4), torch.randn(3, 4))
+
+
+def test_masked_scatter() -> None:
+    def f(x, m, src):
+        return (
+            x.masked_scatter(m, src),
+            x.masked_scatter(m[0], src),
+            x.int().masked_scatter(m, src.int()),
+        )
+
+    check_fn(f, torch.randn(3, 4), torch.rand(3, 4) > 0.5, torch.randn(20))
+
+
+def test_circular_pad_via_slice_scatter() -> None:
+    check_fn(lambda x: F.pad(x, (1, 2, 2, 1), mode="circular"), torch.randn(1, 2, 4, 5))
