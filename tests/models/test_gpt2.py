@@ -1,0 +1,35 @@
+"""A 2-layer GPT-2 (Hugging Face model class from a config, random weights) matches PyTorch."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from tests.helpers import check_module
+
+
+class LogitsOnly(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+
+
+def test_gpt2_two_layers_matches_pytorch() -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, use_cache=False,
+        attn_implementation="sdpa",
+    )
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # O(1) activations, so broken attention cannot hide behind tiny weights
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.3 if "wte" in name or "wpe" in name else 0.15)
+    ids = torch.randint(0, 128, (2, 16), dtype=torch.int64)
+    ref = LogitsOnly(model)(ids)
+    assert ref.abs().max() > 1.0
+    check_module(LogitsOnly(model).eval(), (ids,), atol=1e-4, rtol=1e-4)
