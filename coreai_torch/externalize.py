@@ -405,9 +405,9 @@ class _Target:
             ):
                 raise ExternalizationError(
                     f"forward() argument '{name}' of {self.label} is a "
-                    f"{type(value).__name__} ({_short(value)}); composite op forward "
-                    "arguments must be tensors. Store scalar configuration as an instance "
-                    "attribute and list it in ExternalizeSpec.composite_attrs"
+                    f"{type(value).__name__} ({_short(value)}){_call_site()}; composite op "
+                    "forward arguments must be tensors. Store scalar configuration as an "
+                    "instance attribute and list it in ExternalizeSpec.composite_attrs"
                 )
             new_leaves = []
             for path, leaf in leaves:
@@ -422,8 +422,8 @@ class _Target:
                 elif composite_op and leaf is not None:
                     raise ExternalizationError(
                         f"forward() argument '{leaf_name}' of {self.label} is a "
-                        f"{type(leaf).__name__} ({_short(leaf)}); composite op forward "
-                        "arguments must be tensors. Store scalar configuration as an "
+                        f"{type(leaf).__name__} ({_short(leaf)}){_call_site()}; composite op "
+                        "forward arguments must be tensors. Store scalar configuration as an "
                         "instance attribute and list it in ExternalizeSpec.composite_attrs"
                     )
                 else:
@@ -444,7 +444,7 @@ class _Target:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return self.forward(*args, **kwargs)
 
-        return forward
+        return torch._dynamo.allow_in_graph(forward)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the externalized op (or the original forward inside its own export)."""
@@ -458,6 +458,19 @@ class _Target:
                 target = self.state_tensor(ref) if kind == "state" else tensors[ref]
                 target.copy_(new)
         return _fill(call.output_structure, results[:n_out])
+
+
+def _call_site() -> str:
+    """`` (called at file:line: code)`` for the innermost user frame calling a module."""
+    import os
+    import traceback
+
+    skip = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+    for frame in reversed(traceback.extract_stack()):
+        if not frame.filename.startswith(skip) and not frame.filename.startswith("<"):
+            code = f": {frame.line.strip()}" if frame.line else ""
+            return f" (called at {frame.filename}:{frame.lineno}{code})"
+    return ""
 
 
 def _short(value: Any) -> str:
@@ -535,7 +548,7 @@ class _Call:
                 )
             else:
                 new_leaves.append(leaf)
-        if len(tensors) == 1:
+        if isinstance(out, torch.Tensor):
             names = ["output"]
         mutated: list[tuple[str, Any]] = [
             ("state", name) for name in target.state_names if recorder.wrote(state[name])

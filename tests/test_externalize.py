@@ -1,0 +1,437 @@
+"""Externalization: ExternalizeSpec, composite and simple externalization, IR, state, errors."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+
+import coreai_torch
+from coreai_torch import ExternalizationError, ExternalizeSpec, TorchConverter
+from coreai_torch.composite_ops import SDPA, RMSNorm, RMSNormImpl
+from coreai_torch.runtime import Session
+from coreai_torch.verify import compare, run_entrypoint
+from tests.externalize_support import (
+    check_externalized,
+    composites,
+    convert_externalized,
+    graphs,
+)
+
+RMS_SPEC = ExternalizeSpec(RMSNormImpl, "rms_norm", ["axes", "eps"])
+SDPA_SPEC = ExternalizeSpec(SDPA, "sdpa", ["is_causal", "scale", "enable_gqa"])
+HASHED = r"_[0-9a-f]{8}"
+
+
+def _export_fn(sample):
+    return lambda m: torch.export.export(m, args=sample).run_decompositions(
+        coreai_torch.get_decomp_table()
+    )
+
+
+# ------------------------------------------------------------------ composite externalization
+
+
+class Norms(nn.Module):
+    """Three RMSNorms (two configured alike) and attention with and without a mask."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = RMSNorm(8)
+        self.b = RMSNorm(8)
+        self.c = RMSNorm(8, eps=1e-3)
+        self.attn = SDPA(scale=0.5)
+        self.causal = SDPA(is_causal=True)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        y = self.c(self.b(self.a(x)))
+        q = y.view(1, 2, 4, 4)
+        return self.attn(q, q, q, attn_mask=mask) + self.causal(q, q, q)
+
+
+def test_composite_graphs_names_attributes_instances_and_optional() -> None:
+    model = Norms().eval()
+    with torch.no_grad():
+        for norm in (model.a, model.b, model.c):
+            norm.weight.uniform_(0.5, 1.5)
+    mask = torch.rand(4, 4) > 0.3
+    mask[:, 0] = True
+    program, report = check_externalized(model, (torch.randn(4, 8), mask), [RMS_SPEC, SDPA_SPEC])
+    found = graphs(program)
+
+    rms = composites(program, "rms_norm")
+    # a and b are configured alike and share one graph; c (eps=1e-3) gets its own
+    assert sorted(g.attrs["eps"] for g in rms) == ["1.000000e-03 : f32", "9.99999974E-6 : f32"]
+    shared = next(g for g in rms if g.attrs["eps"] == "9.99999974E-6 : f32")
+    assert re.fullmatch(r"a\.norm\.rms_norm" + HASHED, shared.name), shared.name
+    other = next(g for g in rms if g is not shared)
+    assert re.fullmatch(r"c\.norm\.rms_norm" + HASHED, other.name), other.name
+    for g in rms:
+        assert g.private and g.no_inline
+        assert g.decl_inputs == g.input_names == ["input", "scale"]
+        assert g.decl_outputs == g.output_names == ["output"]
+        assert g.attrs["axes"] == "-1 : si64" and g.attrs["version"] == "1 : si64"
+
+    sdpa = {g.name.split(".")[0]: g for g in composites(program, "sdpa")}
+    assert set(sdpa) == {"attn", "causal"}
+    # the optional mask is an input only where it was passed
+    assert sdpa["attn"].decl_inputs == ["query", "key", "value", "attn_mask"]
+    assert sdpa["causal"].decl_inputs == ["query", "key", "value"]
+    assert sdpa["attn"].attrs == {
+        "enable_gqa": "false",
+        "is_causal": "false",
+        "scale": "5.000000e-01 : f32",
+        "version": "1 : si64",
+    }
+    # scale=None is left out; is_causal recorded per instance
+    assert "scale" not in sdpa["causal"].attrs and sdpa["causal"].attrs["is_causal"] == "true"
+
+    main = found["main"]
+    assert not main.private and main.op is None
+    assert main.invokes.count(shared.name) == 2 and main.invokes.count(other.name) == 1
+    assert {sdpa["attn"].name, sdpa["causal"].name} <= set(main.invokes)
+    # the body of each sdpa composite is the ATen scaled_dot_product_attention composite
+    for g in sdpa.values():
+        assert [found[c].op for c in g.invokes] == ["scaled_dot_product_attention"]
+    # composite graphs come before the graph that calls them
+    names = list(found)
+    assert all(names.index(c) < names.index("main") for c in main.invokes)
+    assert report.max_abs < 1e-5
+
+
+class Linear2(nn.Module):
+    """A module owning weights and a bias-like buffer; forward(x, extra=None)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.register_buffer("shift", torch.linspace(-1, 1, 6))
+
+    def forward(self, x: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        y = self.fc(x) + self.shift
+        return y if extra is None else y * extra
+
+
+class TwoLinear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Linear2()
+        self.second = Linear2()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x), extra=x)
+
+
+def test_composite_inputs_from_parameters_buffers_and_signature() -> None:
+    model = TwoLinear().eval()
+    program, _ = check_externalized(
+        model, (torch.randn(3, 6),), [ExternalizeSpec(Linear2, "affine")]
+    )
+    by_path = {g.name.split(".")[0]: g for g in composites(program, "affine")}
+    assert by_path["first"].decl_inputs == ["x", "fc.weight", "fc.bias", "shift"]
+    assert by_path["second"].decl_inputs == ["x", "extra", "fc.weight", "fc.bias", "shift"]
+    # the weights are operands (constants of @main), not baked into the composite
+    assert "dense_resource" not in by_path["first"].text
+    assert by_path["first"].attrs == {"version": "1 : si64"}
+
+
+def test_version_attribute_comes_from_the_instance() -> None:
+    model = RMSNorm(4).eval()
+    model.norm.version = 3
+    program, _ = check_externalized(model, (torch.randn(2, 4),), [RMS_SPEC])
+    (graph,) = composites(program, "rms_norm")
+    assert graph.attrs["version"] == "3 : si64"
+
+
+# --------------------------------------------------------------------- simple externalization
+
+
+class Counter(nn.Module):
+    """Owns weights and a buffer it increments on every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return self.fc(x) * self.calls
+
+
+class CounterModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = Counter()
+        self.norm = RMSNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.counter(x))
+
+
+def _run_steps(model: nn.Module, program, steps: list[tuple]) -> float:
+    """Run ``program`` once per step (one session: states persist) against eager ``model``."""
+    worst = 0.0
+    with Session(program) as session:
+        for args in steps:
+            actual = run_entrypoint(session, program, args)
+            with torch.no_grad():
+                expected = model(*args)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            for name, e, a in zip(["out"] * len(actual), expected, actual, strict=True):
+                error = compare(name, e, a)
+                assert error.ok, error
+                worst = max(worst, error.max_abs)
+    return worst
+
+
+def test_simple_externalization_bakes_weights_and_threads_state() -> None:
+    model = CounterModel().eval()
+    reference = copy.deepcopy(model)
+    program = convert_externalized(model, (torch.randn(2, 8),), [Counter, RMS_SPEC])
+    found = graphs(program)
+    (counter,) = (g for g in found.values() if g.name.startswith("counter_"))
+    assert re.fullmatch("counter" + HASHED, counter.name)
+    assert counter.private and counter.no_inline and counter.op is None
+    assert "composite_decl" not in counter.text
+    # weights are constants inside the graph; the mutated buffer is an input and an output
+    assert "dense_resource<counter.fc.weight>" in counter.text
+    assert counter.input_names == ["x", "calls"]
+    assert counter.output_names == ["output", "calls_out"]
+    assert "coreai.write_handle" in found["main"].text
+    program.optimize()
+    steps = [(torch.randn(2, 8),) for _ in range(3)]
+    assert _run_steps(reference, program, steps) < 1e-4
+    assert reference.counter.calls.item() == 3
+
+
+class CacheWrite(nn.Module):
+    """Writes ``new`` into row ``pos`` of the ``cache`` it is given (an argument)."""
+
+    def forward(self, new: torch.Tensor, cache: torch.Tensor, pos: torch.Tensor):
+        cache.index_copy_(1, pos.view(1), new.unsqueeze(1))
+        return {"total": cache.sum(-1), "none": None}
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = RMSNorm(4)
+        self.write = CacheWrite()
+        self.register_buffer("cache", torch.zeros(2, 3, 4))
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.write(self.norm(x), self.cache, pos)
+        return out["total"], x * 2
+
+
+class Top(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = Block()
+        self.norm = RMSNorm(4)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor):
+        total, doubled = self.block(x, pos)
+        # the same module called twice with different shapes
+        return total, self.norm(doubled), self.norm(torch.cat([x, x]))
+
+
+def test_nested_externalization_argument_mutation_and_repeated_calls() -> None:
+    model = Top().eval()
+    reference = copy.deepcopy(model)
+    sample = (torch.randn(2, 4), torch.tensor(0))
+    program = convert_externalized(model, sample, [Block, CacheWrite, RMS_SPEC])
+    found = graphs(program)
+    block = next(g for g in found.values() if g.name.startswith("block_"))
+    write = next(g for g in found.values() if g.name.startswith("block.write_"))
+    # the block graph invokes the composite norm and the cache write it contains
+    assert [found[c].op for c in block.invokes] == ["rms_norm", None]
+    assert block.invokes[1] == write.name
+    assert block.input_names == ["x", "pos", "cache"]
+    assert block.output_names == ["output_0", "output_1", "cache_out"]
+    assert write.input_names == ["new", "cache", "pos"]
+    assert write.output_names == ["output_total", "cache_out"]
+    # norm is called with (2, 4) and (4, 4) inputs: one graph per shape
+    shapes = sorted(re.search(r"tensor<(\dx4)xf32>", g.text)[1] for g in composites(program))
+    assert shapes == ["2x4", "4x4"]
+    program.optimize()
+    steps = [(torch.randn(2, 4), torch.tensor(i)) for i in range(3)]
+    assert _run_steps(reference, program, steps) < 1e-4
+
+
+def test_root_module_simple_externalization() -> None:
+    model = Counter().eval()
+    program = convert_externalized(model, (torch.randn(2, 8),), [Counter])
+    found = graphs(program)
+    (graph,) = (g for g in found.values() if g.private)
+    assert re.fullmatch("Counter" + HASHED, graph.name)
+    assert found["main"].invokes == [graph.name]
+
+
+def test_identical_instances_share_one_export(monkeypatch: pytest.MonkeyPatch) -> None:
+    exports = []
+    real_export = torch.export.export
+
+    def counting_export(*args, **kwargs):
+        exports.append(type(args[0]).__name__)
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counting_export)
+    model = nn.Sequential(*[RMSNorm(4) for _ in range(4)]).eval()
+    program = convert_externalized(model, (torch.randn(2, 4),), [RMS_SPEC])
+    (graph,) = composites(program, "rms_norm")
+    assert graphs(program)["main"].invokes == [graph.name] * 4
+    assert exports == ["Sequential", "_Callee"]  # the model, then RMSNormImpl once
+
+
+def test_dynamic_batch_dimension() -> None:
+    model = RMSNorm(8).eval()
+    batch = torch.export.Dim("batch", min=1, max=16)
+    program = convert_externalized(
+        model, (torch.randn(3, 8),), [RMS_SPEC], dynamic_shapes=({0: batch},)
+    )
+    (graph,) = composites(program, "rms_norm")
+    assert "tensor<?x8xf32>" in graph.text
+    program.optimize()
+    with Session(program) as session:
+        for n in (1, 5):
+            x = torch.randn(n, 8)
+            (actual,) = run_entrypoint(session, program, (x,))
+            assert compare("out", model(x), actual).ok
+
+
+def test_strict_export() -> None:
+    model = CounterModel().eval()
+    program = convert_externalized(model, (torch.randn(2, 8),), [RMS_SPEC], strict=True)
+    assert len(composites(program, "rms_norm")) == 1
+
+
+# ------------------------------------------------------------------------------------ errors
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
+        (lambda: ExternalizeSpec(int), TypeError, "must be an nn.Module subclass"),
+        (lambda: ExternalizeSpec(RMSNormImpl, "rms norm"), ValueError, "composite_op_name"),
+        (lambda: ExternalizeSpec(RMSNormImpl, "", None), ValueError, "composite_op_name"),
+        (lambda: ExternalizeSpec(RMSNormImpl, composite_attrs=["eps"]), ValueError, "needs"),
+        (lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", "eps"), TypeError, "list of attr"),
+        (lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", ["eps", "eps"]), ValueError, "twice"),
+    ],
+)
+def test_invalid_spec(make, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        make()
+
+
+def _stage(model: nn.Module, sample: tuple, specs) -> TorchConverter:
+    return TorchConverter().add_pytorch_module(
+        model, export_fn=_export_fn(sample), externalize_modules=specs
+    )
+
+
+@pytest.mark.parametrize(
+    ("specs", "error", "message"),
+    [
+        (RMS_SPEC, TypeError, "must be a list of ExternalizeSpec"),
+        ([RMS_SPEC, "rms_norm"], TypeError, "entries must be ExternalizeSpec"),
+        ([RMS_SPEC, ExternalizeSpec(RMSNormImpl)], ValueError, "more than once"),
+        (
+            [ExternalizeSpec(RMSNormImpl, "rms_norm", ["eps", "epsilon"])],
+            ExternalizationError,
+            r"names 'epsilon', which is not an attribute of RMSNormImpl at 'norm'.*available: "
+            r"axes, eps, version",
+        ),
+    ],
+)
+def test_invalid_externalize_modules(specs, error: type, message: str) -> None:
+    with pytest.raises(error, match=message):
+        _stage(RMSNorm(4), (torch.randn(2, 4),), specs)
+
+
+class ScalarArg(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.ones(3)
+
+    def forward(self, x: torch.Tensor, alpha: float = 1.0, bias: torch.Tensor = None):
+        return x * alpha
+
+
+class UsesScalarArg(nn.Module):
+    def __init__(self, alpha: object) -> None:
+        super().__init__()
+        self.op = ScalarArg()
+        self.alpha = alpha
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, self.alpha)
+
+
+def test_forward_arguments_must_be_tensors() -> None:
+    with pytest.raises(
+        ExternalizationError,
+        match=r"forward\(\) argument 'alpha' of ScalarArg at 'op' is a float \(0\.5\) \(called "
+        r"at .*test_externalize\.py:\d+: return self\.op\(x, self\.alpha\)\); composite op "
+        "forward arguments must be tensors",
+    ):
+        _stage(UsesScalarArg(0.5), (torch.randn(2),), [ExternalizeSpec(ScalarArg, "scaled")])
+    with pytest.raises(
+        ExternalizationError, match=r"argument 'alpha' of ScalarArg at 'op' is a list"
+    ):
+        _stage(
+            UsesScalarArg([torch.ones(2)]),
+            (torch.randn(2),),
+            [ExternalizeSpec(ScalarArg, "scaled")],
+        )
+
+
+class TensorDefault(nn.Module):
+    def forward(self, x: torch.Tensor, bias: torch.Tensor = torch.zeros(2)) -> torch.Tensor:  # noqa: B008
+        return x + bias
+
+
+def test_forward_tensor_defaults_are_rejected() -> None:
+    with pytest.raises(ExternalizationError, match=r"'bias' of TensorDefault.*tensor default"):
+        _stage(TensorDefault(), (torch.randn(2),), [ExternalizeSpec(TensorDefault, "add")])
+
+
+def test_composite_attribute_types_are_checked() -> None:
+    with pytest.raises(ExternalizationError, match=r"composite attribute 'table' .* a Tensor"):
+        _stage(UsesScalarArg(0.5), (torch.randn(2),), [ExternalizeSpec(ScalarArg, "s", ["table"])])
+    model = UsesScalarArg(0.5)
+    model.op.version = "2"
+    with pytest.raises(ExternalizationError, match=r"'version' attribute .* must be an int"):
+        _stage(model, (torch.randn(2),), [ExternalizeSpec(ScalarArg, "s")])
+
+
+def test_simple_externalization_accepts_scalar_arguments() -> None:
+    model = UsesScalarArg(0.5).eval()
+    program, _ = check_externalized(model, (torch.randn(3),), [ScalarArg])
+    assert len([g for g in graphs(program).values() if g.private]) == 1
+
+
+def test_spec_matching_nothing_warns() -> None:
+    model = RMSNorm(4).eval()
+    with pytest.warns(UserWarning, match="ExternalizeSpec for SDPA matches no module of RMSNorm"):
+        program = _stage(model, (torch.randn(2, 4),), [RMS_SPEC, SDPA_SPEC]).to_coreai()
+    assert len(composites(program, "rms_norm")) == 1
+
+
+class Unused(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = RMSNormImpl()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+
+def test_matched_but_never_called_warns() -> None:
+    with pytest.warns(UserWarning, match=r"none of the externalized modules .* was called"):
+        _stage(Unused(), (torch.randn(2),), [RMS_SPEC])
