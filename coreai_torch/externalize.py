@@ -318,14 +318,12 @@ class _Target:
         return self.param_names + self.buffer_names
 
     def state_tensors(self) -> list[torch.Tensor]:
-        return [self.module.get_parameter(n) for n in self.param_names] + [
-            self.module.get_buffer(n) for n in self.buffer_names
-        ]
+        return [self.state_tensor(n) for n in self.state_names]
 
     def state_tensor(self, name: str) -> torch.Tensor:
-        if name in self.param_names:
-            return self.module.get_parameter(name)
-        return self.module.get_buffer(name)
+        """A parameter or buffer by name (also while swapped for plain tensors)."""
+        owner, _, attr = name.rpartition(".")
+        return getattr(self.module.get_submodule(owner) if owner else self.module, attr)
 
     @property
     def fingerprint(self) -> Hashable:
@@ -432,10 +430,19 @@ class _Target:
         descriptor = (repr(structure), tuple(_meta(t) for t in tensors))
         call = self.calls.get(descriptor)
         if call is None:
-            call = _Call(self, f"{next(_KEYS)}", structure, names, tensors)
+            call = _Call(self, descriptor, structure, names, tensors)
             self.calls[descriptor] = call
-            _CALLS[call.key] = call
         return call, tensors
+
+    def counterpart(self, call: _Call) -> _Call:
+        """This instance's call matching ``call`` of an identically configured instance."""
+        found = self.calls.get(call.descriptor)
+        if found is None:
+            found = _Call(self, call.descriptor, call.structure, call.input_names, [])
+            found.metas = call.metas
+            found.record(call.output_structure, call.output_names, call.mutated)
+            self.calls[call.descriptor] = found
+        return found
 
     def wrapper(self) -> Callable[..., Any]:
         """The forward installed on the instance (with the original's signature)."""
@@ -483,6 +490,8 @@ class _SubProgram:
     """The export of one externalized call (shared by identically configured instances)."""
 
     ep: ExportedProgram
+    #: the instance that was exported (its nested externalized calls are in the program)
+    owner: _Target
     #: user input placeholder names, in tensor-slot order
     user_inputs: list[str]
 
@@ -493,13 +502,15 @@ class _Call:
     def __init__(
         self,
         target: _Target,
-        key: str,
+        descriptor: Hashable,
         structure: dict[str, Any],
         names: list[str],
         examples: list[torch.Tensor],
     ) -> None:
         self.target = target
-        self.key = key
+        self.descriptor = descriptor
+        self.key = f"{next(_KEYS)}"
+        _CALLS[self.key] = self
         self.structure = structure
         self.input_names = names
         self.metas = [
@@ -559,13 +570,17 @@ class _Call:
                 f"{target.label} mutates different tensors from one call to the next "
                 f"({self.mutated} vs {mutated})"
             )
-        self.output_structure = pytree.tree_unflatten(new_leaves, spec)
-        self.output_names = names
-        self.num_outputs = len(tensors)
-        self.mutated = mutated
-        self._recorded = True
+        self.record(pytree.tree_unflatten(new_leaves, spec), names, mutated)
         mutated_values = [state[ref] if kind == "state" else args[ref] for kind, ref in mutated]
         return [t.clone() for t in tensors] + mutated_values
+
+    def record(self, structure: Any, names: list[str], mutated: list[tuple[str, Any]]) -> None:
+        """What the forward returned (tensors replaced by slots) and what it mutated."""
+        self.output_structure = structure
+        self.output_names = names
+        self.num_outputs = len(names)
+        self.mutated = mutated
+        self._recorded = True
 
     # -- conversion ---------------------------------------------------------------------------
 
@@ -595,9 +610,7 @@ class _Call:
                     dynamic_shapes=(dynamic,) if any(dynamic) else None,
                     strict=False,
                 )
-                from coreai_torch.decomp import get_decomp_table
-
-                ep = ep.run_decompositions(get_decomp_table())
+                ep = ep.run_decompositions(plan.decomp_table())
         except ConversionError:
             raise
         except Exception as error:
@@ -611,7 +624,7 @@ class _Call:
             for spec in ep.graph_signature.input_specs
             if spec.kind == InputKind.USER_INPUT
         ]
-        program = _SubProgram(ep, user_inputs)
+        program = _SubProgram(ep, target, user_inputs)
         plan.programs[cache_key] = program
         return program
 
@@ -667,6 +680,7 @@ class _Plan:
         self.targets: list[_Target] = []
         self.programs: dict[Hashable, _SubProgram] = {}
         self._depth = 0
+        self._decomp_table: dict | None = None
         matched: dict[int, int] = {id(s): 0 for s in specs}
         for path, module in root.named_modules():
             spec = self._spec_for(module)
@@ -674,14 +688,23 @@ class _Plan:
                 continue
             matched[id(spec)] += 1
             self.targets.append(_Target(self, module, path, spec))
+        self.by_module = {id(t.module): t for t in self.targets}
         for spec in specs:
             if not matched[id(spec)]:
                 warnings.warn(
                     f"ExternalizeSpec for {spec.target_class.__qualname__} matches no module "
                     f"of {type(root).__qualname__}; nothing is externalized for it",
                     UserWarning,
-                    stacklevel=4,
+                    stacklevel=5,
                 )
+
+    def decomp_table(self) -> dict:
+        """``get_decomp_table()``, built once for the plan's exports."""
+        if self._decomp_table is None:
+            from coreai_torch.decomp import get_decomp_table
+
+            self._decomp_table = get_decomp_table()
+        return self._decomp_table
 
     def _spec_for(self, module: nn.Module) -> ExternalizeSpec | None:
         mro = type(module).__mro__
@@ -722,7 +745,7 @@ class _Plan:
                 + ", ".join(t.label for t in unused[:5])
                 + ") was called while export_fn ran; nothing is externalized",
                 UserWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
 
 
@@ -868,7 +891,8 @@ def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
                     f"externalized module {target.label} has an output of kind "
                     f"{spec_out.kind.name}, which Core AI graphs cannot represent"
                 )
-        sub_importer.lower_nodes(ep.graph.nodes, values)
+        with _building(sub.owner, target):
+            sub_importer.lower_nodes(ep.graph.nodes, values)
         if len(outputs) != call.num_outputs or set(updates) != set(call.mutated):
             raise ExternalizationError(
                 f"the export of {target.label} on its own does not match its call in the "
@@ -921,12 +945,50 @@ def _unique_names(names: list[str]) -> list[str]:
     return result
 
 
+def _remap(call: _Call) -> _Call:
+    """``call`` as made by the instance whose graph is being built.
+
+    A program exported once serves every identically configured instance; the externalized
+    calls nested in it belong to the exported instance and are redirected here to the
+    matching submodules of the instance being converted.
+    """
+    stack = getattr(_LOCAL, "owners", None)
+    if not stack:
+        return call
+    owner, target = stack[-1]
+    if owner is target:
+        return call
+    prefix = f"{owner.path}." if owner.path else ""
+    path = call.target.path
+    if path != owner.path and not path.startswith(prefix):
+        return call
+    relative = path[len(prefix) :] if path != owner.path else ""
+    module = target.module.get_submodule(relative) if relative else target.module
+    counterpart = target.plan.by_module.get(id(module))
+    if counterpart is None or type(counterpart.module) is not type(call.target.module):
+        raise ExternalizationError(
+            f"internal error: no counterpart of {call.target.label} in {target.label}"
+        )
+    return counterpart.counterpart(call)
+
+
+@contextmanager
+def _building(owner: _Target, target: _Target) -> Iterator[None]:
+    if not hasattr(_LOCAL, "owners"):
+        _LOCAL.owners = []
+    _LOCAL.owners.append((owner, target))
+    try:
+        yield
+    finally:
+        _LOCAL.owners.pop()
+
+
 def _lower_externalized(
     values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location
 ) -> list[ir.Value]:
     """Lowering of ``coreai_torch::externalized``: invoke the call's private graph."""
     operand_nodes, key = node.args
-    call = _call_for_key(key)
+    call = _remap(_call_for_key(key))
     importer = getattr(values_map, "importer", None)
     if importer is None:
         raise ConversionError("externalized modules can only be lowered by TorchConverter")

@@ -435,3 +435,50 @@ class Unused(nn.Module):
 def test_matched_but_never_called_warns() -> None:
     with pytest.warns(UserWarning, match=r"none of the externalized modules .* was called"):
         _stage(Unused(), (torch.randn(2),), [RMS_SPEC])
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+class Outer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Inner()
+        self.norm = RMSNorm(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.inner(x)) + x
+
+
+def test_shared_export_keeps_each_instances_nested_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    exports = []
+    real_export = torch.export.export
+
+    def counting_export(*args, **kwargs):
+        exports.append(type(args[0]).__name__)
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counting_export)
+    model = nn.Sequential(Outer(), Outer()).eval()
+    program, _ = check_externalized(model, (torch.randn(2, 8),), [Outer, Inner, RMS_SPEC])
+    # Outer, Inner and RMSNormImpl are exported once each for the two identical layers ...
+    assert exports == ["Sequential", "_Callee", "_Callee", "_Callee"]
+    found = graphs(program)
+    # (symbol names start with "_" where the module path starts with a digit)
+    outers = [g for g in found.values() if re.fullmatch(r"_\d" + HASHED, g.name)]
+    inners = [g for g in found.values() if re.fullmatch(r"_\d\.inner" + HASHED, g.name)]
+    # ... but each layer's graphs hold its own weights
+    assert len(outers) == len(inners) == 2
+    assert {re.search(r'dense_resource<"(\d)\.inner\.fc\.weight">', g.text)[1] for g in inners} == {
+        "0",
+        "1",
+    }
+    assert sorted(found["main"].invokes) == sorted(g.name for g in outers)
