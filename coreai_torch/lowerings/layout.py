@@ -128,6 +128,22 @@ def flatten_window_gather(x: ir.Value, spatial: int, table: np.ndarray, fill: fl
     return take(flat, len(lead), index)
 
 
+def contract_axis(x: ir.Value, axis: int, weights: np.ndarray) -> ir.Value:
+    """``out[.., i, ..] = sum_j weights[i, j] * x[.., j, ..]`` along ``axis`` (a matmul).
+
+    The axis is brought next to last with a transpose rather than a reshape: Core AI's
+    pre-compilation rewrite folds a reshape feeding a matmul wrongly when sizes coincide.
+    """
+    rank = rank_of(x)
+    w = cast(cai.constant(np.ascontiguousarray(weights, dtype=np.float32)), dtype_of(x))
+    if axis == rank - 1:
+        return cai.broadcasting_batch_matmul(x, transpose(w, [1, 0]))
+    perm = [d for d in range(rank) if d != axis]
+    perm.insert(rank - 2, axis)
+    out = cai.broadcasting_batch_matmul(w, transpose(x, perm))
+    return transpose(out, inverse(perm))
+
+
 def move_axes_last(x: ir.Value, axes: Sequence[int]) -> tuple[ir.Value, list[int]]:
     """``x`` with ``axes`` moved to the end (in the given order); returns the permutation."""
     rank = rank_of(x)

@@ -1,0 +1,81 @@
+"""Padding: constant_pad_nd (negative pads crop), reflection_pad{1,2,3}d and
+replication_pad{1,2,3}d (Core AI ``pad`` modes)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.common import Scalar, constant, dtype_of, shape_of
+from coreai_torch.lowerings.layout import slice_axis, static_shape
+from coreai_torch.lowerings.registry import LoweringContext, lowering
+
+
+def pad_amounts(rank: int, pad: Sequence[int]) -> list[tuple[int, int]]:
+    """PyTorch's last-dim-first ``pad`` list as (before, after) per dim, dim 0 first."""
+    pairs = [(0, 0)] * rank
+    for i in range(len(pad) // 2):
+        pairs[rank - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    return pairs
+
+
+def pad_dims(
+    x: ir.Value, pairs: Sequence[tuple[int, int]], value: Scalar = 0, mode: str = "constant"
+) -> ir.Value:
+    """Pad (or crop, for negative amounts) every dim by its (before, after) pair."""
+    shape = [int(d) for d in shape_of(x)]
+    for axis, (before, after) in enumerate(pairs):  # crop first
+        if before < 0 or after < 0:
+            start, end = max(0, -before), shape[axis] - max(0, -after)
+            x = slice_axis(x, axis, start, end)
+            shape[axis] = end - start
+    flat = [max(0, a) for pair in pairs for a in pair]
+    if not any(flat):
+        return x
+    fill = constant(value, dtype_of(x))
+    return cai.pad(x, np.array(flat, np.uint32), fill, padding_mode=mode)
+
+
+@lowering("aten::constant_pad_nd.default")
+def constant_pad_nd(
+    cx: LoweringContext, self: ir.Value, pad: Sequence[int], value: Scalar = 0
+) -> ir.Value:
+    shape = static_shape(cx, self)
+    return pad_dims(self, pad_amounts(len(shape), pad), value)
+
+
+def _mode_pad(cx: LoweringContext, self: ir.Value, padding: Sequence[int], mode: str):
+    shape = static_shape(cx, self)
+    pairs = pad_amounts(len(shape), padding)
+    if any(b < 0 or a < 0 for b, a in pairs):
+        raise cx.unsupported(f"negative {mode} padding")
+    if mode == "reflect":
+        for (b, a), n in zip(pairs, shape, strict=True):
+            if max(b, a) >= n and (b or a):
+                raise cx.unsupported("reflection padding must be smaller than the input size")
+    return pad_dims(self, pairs, 0, mode)
+
+
+@lowering(
+    "aten::reflection_pad1d.default",
+    "aten::reflection_pad2d.default",
+    "aten::reflection_pad3d.default",
+)
+def reflection_pad(cx: LoweringContext, self: ir.Value, padding: Sequence[int]) -> ir.Value:
+    return _mode_pad(cx, self, padding, "reflect")
+
+
+@lowering(
+    "aten::replication_pad1d.default",
+    "aten::replication_pad2d.default",
+    "aten::replication_pad3d.default",
+)
+def replication_pad(cx: LoweringContext, self: ir.Value, padding: Sequence[int]) -> ir.Value:
+    return _mode_pad(cx, self, padding, "replicate")
+
+
+@lowering("aten::_pad_circular.default")
+def pad_circular(cx: LoweringContext, self: ir.Value, pad: Sequence[int]) -> ir.Value:
+    return _mode_pad(cx, self, pad, "circular")
