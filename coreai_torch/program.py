@@ -10,6 +10,7 @@ from typing import Self
 
 from coreai_torch._mlir import ca, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
+from coreai_torch.safe_rewrite import protect_from_misfolds
 from coreai_torch.signature import ProgramSignature
 
 
@@ -62,11 +63,14 @@ class AIProgram(ca.AIProgram):
     def optimize(self) -> Self:
         """Run Core AI's pre-compilation rewrite (constant folding, CSE, DCE, canonicalisation).
 
-        Idempotent and numerics-preserving; modifies the program in place and returns it.
+        Idempotent and numerics-preserving (patterns the rewrite would fold wrongly are put
+        into an equivalent form first, see :mod:`coreai_torch.safe_rewrite`); modifies the
+        program in place and returns it.
         """
         module = self.mlir_module
         try:
             with module.context:
+                protect_from_misfolds(module)
                 run_pre_compilation_rewrite(module=module)
         except RuntimeError as error:
             raise VerificationError(f"optimize() failed: {error}") from error

@@ -1,0 +1,110 @@
+"""Guards that keep Core AI's pre-compilation rewrite numerics-preserving.
+
+The rewrite (``run_pre_compilation_rewrite``, run by ``AIProgram.optimize()``) folds
+``(conv(x) - C1) * C2`` with constants ``C1``/``C2`` into ``conv'(x) + C1 * C2`` — the sign of
+the folded shift is wrong (it should be ``- C1 * C2``).  The same happens for ``(conv(x) - C1) /
+C2``, ``C2 * (conv(x) - C1)`` and a scalar ``C1``.  The additive form ``(conv(x) + C) * C2`` is
+folded correctly, so before the rewrite runs, :func:`protect_from_misfolds` turns every
+floating-point ``A - C`` with a constant ``C`` that feeds a multiplication or division into the
+exactly equivalent ``A + (-1 * C)`` (``a - c`` and ``a + (-c)`` agree bit for bit in IEEE
+arithmetic, signed zeros and NaN included).  The rewrite then folds ``-1 * C`` itself.
+"""
+
+from __future__ import annotations
+
+from coreai_torch import dtypes
+from coreai_torch._mlir import cai, ir
+
+_SUB_OPS = frozenset({"coreai.decomposable.broadcasting_sub", "coreai.sub"})
+_SCALING_OPS = frozenset(
+    {
+        "coreai.decomposable.broadcasting_mul",
+        "coreai.mul",
+        "coreai.decomposable.broadcasting_divide",
+        "coreai.divide",
+    }
+)
+
+
+def _owner(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
+class _ConstantAnalysis:
+    """Which values are computed from constants only (no graph argument, no region)."""
+
+    def __init__(self) -> None:
+        self._memo: dict[int, bool] = {}
+
+    def __call__(self, value: ir.Value) -> bool:
+        op = _owner(value)
+        if op is None:
+            return False
+        key = hash(op)
+        if key not in self._memo:
+            self._memo[key] = False  # cycles cannot happen in SSA, but be safe
+            self._memo[key] = op.name == "coreai.constant" or (
+                len(op.regions) == 0
+                and len(op.operands) > 0
+                and all(self(operand) for operand in op.operands)
+            )
+        return self._memo[key]
+
+
+def _is_float(value: ir.Value) -> bool:
+    if not ir.ShapedType.isinstance(value.type):
+        return False
+    element = ir.ShapedType(value.type).element_type
+    return any(
+        kind.isinstance(element) for kind in (ir.F16Type, ir.BF16Type, ir.F32Type, ir.F64Type)
+    )
+
+
+def _feeds_scaling(op: ir.Operation) -> bool:
+    return any(use.owner.name in _SCALING_OPS for use in op.result.uses)
+
+
+def _minus_one(like: ir.Value) -> ir.Value:
+    from coreai_torch.lowerings.common import constant
+
+    element = ir.ShapedType(like.type).element_type
+    return constant(-1.0, dtypes.to_torch(element))
+
+
+def protect_from_misfolds(module: ir.Module) -> int:
+    """Rewrite ``A - C`` (float, ``C`` constant, feeding a mul/div) into ``A + (-1 * C)``.
+
+    Returns the number of rewritten ops.
+    """
+    candidates: list[ir.Operation] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if op.name in _SUB_OPS:
+            candidates.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    is_constant = _ConstantAnalysis()
+    rewritten = 0
+    with module.context:
+        for op in candidates:
+            lhs, rhs = op.operands[0], op.operands[1]
+            if not (_is_float(op.result) and is_constant(rhs) and not is_constant(lhs)):
+                continue
+            if not _feeds_scaling(op):
+                continue
+            with ir.InsertionPoint(op), op.location:
+                minus_one = _minus_one(rhs)
+                negated = cai.broadcasting_mul(rhs, minus_one)
+                added = cai.broadcasting_add(lhs, negated)
+            if added.type != op.result.type:  # keep the program's types exactly as they were
+                for value in (added, negated, minus_one):
+                    _owner(value).erase()
+                continue
+            op.result.replace_all_uses_with(added)
+            op.erase()
+            rewritten += 1
+    return rewritten

@@ -1,0 +1,116 @@
+"""``AIProgram.optimize()`` preserves numerics where Core AI's rewrite would mis-fold.
+
+The pre-compilation rewrite folds ``(conv(x) - C1) * C2`` (constants C1, C2, bias-free
+convolution) into ``conv'(x) + C1 * C2`` — a sign flip of the shift.  ``optimize()`` guards
+against it (``coreai_torch.safe_rewrite``); these tests cover the whole family found by
+experiment: ``/ C2``, ``C2 * (...)``, scalar C1, constant expressions, chains, grouped and
+strided 2-d and 3-d convolutions, and the forms that were always right (linear, ``C1 - conv``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from coreai_torch import TorchConverter
+from coreai_torch._mlir import run_pre_compilation_rewrite
+from coreai_torch.safe_rewrite import protect_from_misfolds
+from coreai_torch.verify import export_decomposed, verify
+from tests.helpers import check_module
+
+
+class Shifted(nn.Module):
+    """Every pattern of the family on one layer output (one conversion per layer)."""
+
+    def __init__(self, layer: nn.Module, channels: int, rank: int) -> None:
+        super().__init__()
+        self.layer = layer
+        shape = (1, channels) + (1,) * (rank - 2) if rank > 2 else (channels,)
+        self.register_buffer("c", torch.randn(shape))
+        self.register_buffer("s", torch.rand(shape) + 0.5)
+        self.register_buffer("c2", torch.randn(shape))
+        self.register_buffer("s2", torch.rand(shape) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y, c, s = self.layer(x), self.c, self.s
+        return (
+            (y - c) * s,  # the reported case
+            (y - c) / s,
+            s * (y - c),
+            (c - y) * s,
+            (y - 0.5) * s,  # scalar C1
+            (y - c * 2) * (s + 1),  # constant expressions
+            (y * s - c) * self.s2,
+            ((y - c) * s - self.c2) * self.s2,
+            torch.relu(y - c) * s,
+        )
+
+
+LAYERS = {
+    "conv2d": (lambda: nn.Conv2d(2, 3, 3, bias=False), 3, (1, 2, 6, 6)),
+    "conv2d_stride_pad": (lambda: nn.Conv2d(2, 3, 3, 2, 1, bias=False), 3, (1, 2, 6, 6)),
+    "conv2d_grouped": (lambda: nn.Conv2d(2, 4, 3, groups=2, bias=False), 4, (1, 2, 6, 6)),
+    "conv2d_bias": (lambda: nn.Conv2d(2, 3, 3), 3, (1, 2, 6, 6)),
+    "conv3d": (lambda: nn.Conv3d(2, 3, 3, bias=False), 3, (1, 2, 4, 4, 4)),
+    "conv1d": (lambda: nn.Conv1d(2, 3, 3, bias=False), 3, (1, 2, 8)),
+    "conv_transpose2d": (lambda: nn.ConvTranspose2d(2, 3, 3, bias=False), 3, (1, 2, 5, 5)),
+    "linear": (lambda: nn.Linear(4, 3, bias=False), 3, (2, 4)),
+}
+
+
+@pytest.mark.parametrize("layer", list(LAYERS))
+def test_optimize_keeps_shift_and_scale_patterns_exact(layer: str) -> None:
+    make, channels, shape = LAYERS[layer]
+    x = torch.randn(shape)
+    model = Shifted(make(), channels, len(shape) if "conv" in layer else 2).eval()
+    check_module(model, (x,), atol=1e-4, rtol=1e-4)  # converts, optimizes (twice is the same)
+
+
+class ConvShift(nn.Module):
+    """A user model doing ``(conv(x) - c) * s``, as in a hand-written batch norm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1, bias=False)
+        self.register_buffer("c", torch.tensor([-0.5, 0.25, 1.0]).reshape(1, 3, 1, 1))
+        self.register_buffer("s", torch.tensor([1.5, 0.5, 2.0]).reshape(1, 3, 1, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.conv(x) - self.c) * self.s
+
+
+def test_conv_minus_constant_times_constant_after_optimize_twice() -> None:
+    model, x = ConvShift().eval(), torch.randn(1, 2, 5, 5)
+    program = TorchConverter().add_exported_program(export_decomposed(model, (x,))).to_coreai()
+    program.optimize().optimize()
+    report = verify(model, (x,), program=program)
+    assert report.ok, str(report)
+    text = str(program)
+    assert "broadcasting_sub" not in text  # the shift is folded into an add
+    assert text.count("coreai.conv2d") == 1
+
+
+def test_guard_only_touches_float_subtractions_of_constants_feeding_a_scale() -> None:
+    class Mixed(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor, i: torch.Tensor) -> tuple:
+            return (x - y) * 2.0, (x - 1.0) + y, (i - 3) * 2, (2.0 - x) * 3.0
+
+    args = (torch.randn(3), torch.randn(3), torch.arange(3))
+    program = TorchConverter().add_exported_program(export_decomposed(Mixed(), args)).to_coreai()
+    assert protect_from_misfolds(program.mlir_module) == 0
+    program.verify()
+
+
+def test_raw_core_ai_rewrite_still_misfolds() -> None:
+    """Documents the upstream bug the guard exists for: if this starts failing, coreai-core
+    fixed the rewrite and ``coreai_torch.safe_rewrite`` can be retired."""
+    model, x = ConvShift().eval(), torch.randn(1, 2, 5, 5)
+    program = TorchConverter().add_exported_program(export_decomposed(model, (x,))).to_coreai()
+    module = program.mlir_module
+    with module.context:
+        run_pre_compilation_rewrite(module=module)
+    report = verify(model, (x,), program=program)
+    assert not report.ok
+    assert np.isfinite(report.max_abs) and report.max_abs > 0.1
