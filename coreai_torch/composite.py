@@ -128,11 +128,13 @@ def generate_composite_decl(
             "letters, digits, '_', '.' and ':'"
         )
     try:
-        ir.Context.current  # noqa: B018
+        context = ir.Context.current
     except ValueError:
+        context = None
+    if context is None:
         raise RuntimeError(
             "generate_composite_decl needs an active MLIR context (call it inside a lowering)"
-        ) from None
+        )
     decl = ir.DictAttr.get(
         {
             "input_names": ir.ArrayAttr.get(

@@ -46,17 +46,22 @@ def attention_values(
     scale: float | None,
     enable_gqa: bool,
 ) -> ir.Value:
-    """softmax(q k^T * scale + mask) v, with PyTorch's SDPA semantics."""
+    """softmax(q k^T * scale + mask) v, with PyTorch's SDPA semantics.
+
+    Batch dimensions broadcast (``q`` and ``k``/``v`` may differ in rank); rows that the mask
+    hides completely give zeros, as in PyTorch (not NaN).
+    """
     dtype = dtype_of(q)
     q_shape, k_shape = shape_of(q), shape_of(k)
-    rank = rank_of(q)
-    if enable_gqa and rank >= 3 and q_shape[-3] != k_shape[-3]:
+    if enable_gqa and min(len(q_shape), len(k_shape)) >= 3 and q_shape[-3] != k_shape[-3]:
         groups = q_shape[-3] // k_shape[-3]
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
     scale = scale if scale is not None else 1.0 / math.sqrt(q_shape[-1])
-    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
-    scores = cai.broadcasting_batch_matmul(q, transpose(k, perm))
+    k_rank = len(k_shape)
+    k_t = transpose(k, [*range(k_rank - 2), k_rank - 1, k_rank - 2])
+    scores = cai.broadcasting_batch_matmul(q, k_t)
     scores = cai.broadcasting_mul(scores, constant(scale, dtype))
+    last = np.int32(rank_of(scores) - 1)
     lq, lk = q_shape[-2], k_shape[-2]
     if is_causal:
         allowed = np.tril(np.ones((lq, lk), dtype=bool))
@@ -68,7 +73,12 @@ def attention_values(
             scores = cai.broadcasting_add(scores, neg)
         else:
             scores = cai.broadcasting_add(scores, cast(mask, dtype))
-    probs = cai.softmax(scores, np.int32(rank - 1))
+    probs = cai.softmax(scores, last)
+    if mask is not None:  # a fully masked row: softmax gives NaN, PyTorch gives zeros
+        hidden = cai.broadcasting_equal(
+            cai.reduce_max(scores, np.array([last], np.int32)), constant(float("-inf"), dtype)
+        )
+        probs = cai.broadcasting_where(hidden, constant(0.0, dtype), probs)
     return cai.broadcasting_batch_matmul(probs, v)
 
 
@@ -87,7 +97,11 @@ def scaled_dot_product_attention(
     """The ``scaled_dot_product_attention`` composite op (attributes ``is_causal``,
     ``scale`` (left out when ``None``), ``enable_gqa``)."""
     if dropout_p != 0.0:
-        raise cx.unsupported("dropout in attention (export the model in eval mode)")
+        raise cx.unsupported(
+            f"dropout_p={dropout_p}: attention dropout is random and Core AI programs are "
+            "deterministic; pass dropout_p=0.0 for inference (e.g. `dropout_p=self.dropout if "
+            "self.training else 0.0`) and export the model in eval mode"
+        )
     q_shape, k_shape = shape_of(query), shape_of(key)
     if None in q_shape[-2:] + k_shape[-2:] and is_causal:
         raise cx.unsupported("causal attention with dynamic sequence lengths")

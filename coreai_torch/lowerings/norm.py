@@ -44,14 +44,19 @@ def _channel_affine(
     )
 
 
-def normalize(x: ir.Value, axes: list[int], eps: float) -> ir.Value:
-    """``(x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance)."""
+def moments(x: ir.Value, axes: list[int], eps: float) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``(normalized, mean, rstd)`` over ``axes`` (biased variance; reduced dims kept)."""
     dtype = dtype_of(x)
     mean = cai.reduce_mean(x, i32(axes))
     centered = cai.broadcasting_sub(x, mean)
     var = cai.reduce_mean(cai.broadcasting_mul(centered, centered), i32(axes))
-    inv = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
-    return cai.broadcasting_mul(centered, inv)
+    rstd = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
+    return cai.broadcasting_mul(centered, rstd), mean, rstd
+
+
+def normalize(x: ir.Value, axes: list[int], eps: float) -> ir.Value:
+    """``(x - mean) / sqrt(var + eps)`` over ``axes`` (biased variance)."""
+    return moments(x, axes, eps)[0]
 
 
 def _affine(y: ir.Value, weight: ir.Value | None, bias: ir.Value | None) -> ir.Value:
@@ -131,10 +136,42 @@ def native_layer_norm(
     bias: ir.Value | None,
     eps: float,
 ) -> list[ir.Value | None]:
-    for user in cx.node.users:
-        if user.args[1] != 0:
-            raise cx.unsupported("native_layer_norm's mean/rstd outputs are not supported")
-    return [_layer_norm(input, weight, bias, normalized_shape, eps), None, None]
+    """``layer_norm`` plus its ``mean`` and ``rstd`` (inline: not a composite op)."""
+    rank = rank_of(input)
+    axes = list(range(rank - len(normalized_shape), rank))
+    y, mean, rstd = moments(input, axes, eps)
+    _, mean_val, rstd_val = cx.out
+    return [
+        _affine(y, weight, bias),
+        cast(mean, mean_val.dtype),
+        cast(rstd, rstd_val.dtype),
+    ]
+
+
+@lowering("aten::native_group_norm.default")
+def native_group_norm(
+    cx: LoweringContext,
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    N: int,
+    C: int,
+    HxW: int,
+    group: int,
+    eps: float,
+) -> list[ir.Value]:
+    """``group_norm`` plus its ``(N, group)`` mean and rstd (inline: not a composite op)."""
+    shape = shape_of(input)
+    if None in shape:
+        raise cx.unsupported("native_group_norm with dynamic shapes is not supported yet")
+    grouped = reshape(input, [shape[0], group, math.prod(shape[1:]) // group])
+    y, mean, rstd = moments(grouped, [2], eps)
+    _, mean_val, rstd_val = cx.out
+    return [
+        _channel_affine(reshape(y, shape), weight, bias, len(shape)),
+        cast(reshape(mean, [shape[0], group]), mean_val.dtype),
+        cast(reshape(rstd, [shape[0], group]), rstd_val.dtype),
+    ]
 
 
 def _group_norm(

@@ -1,0 +1,305 @@
+"""ATen-derived composite ops (layer/group/instance norm, pixel_shuffle, SDPA) and
+``generate_composite_decl`` / ``emit_composite`` for user lowerings."""
+
+from __future__ import annotations
+
+import coreai.authoring as ca  # before the dialect import (coreai-core's import order)
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from coreai._compiler import ir
+from coreai._compiler.dialects import coreai
+
+from coreai_torch import TorchConverter, UnsupportedOpError, generate_composite_decl
+from coreai_torch._utils import get_operands
+from coreai_torch.composite import emit_composite
+from coreai_torch.verify import export_decomposed, verify
+from tests.externalize_support import composites, graphs
+from tests.helpers import check_module, convert
+
+assert ca  # imported for its side effect (import order)
+
+
+class Norms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.ln_same = nn.LayerNorm(8)
+        self.ln_plain = nn.LayerNorm([3, 8], elementwise_affine=False, eps=1e-3)
+        self.gn = nn.GroupNorm(2, 4)
+        self.inorm = nn.InstanceNorm2d(4, affine=True)
+        self.inorm_running = nn.InstanceNorm2d(4, track_running_stats=True)
+
+    def forward(self, x: torch.Tensor, img: torch.Tensor):
+        return (
+            self.ln_same(self.ln(x)),
+            self.ln_plain(x),
+            self.gn(img),
+            self.inorm(img),
+            self.inorm_running(img),
+            F.pixel_shuffle(img, 2),
+            F.pixel_shuffle(torch.cat([img, img], 1).unsqueeze(0), 2),  # 5-D input
+        )
+
+
+def test_norms_and_pixel_shuffle_are_composites() -> None:
+    model = Norms().eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.uniform_(0.5, 1.5)
+        model.inorm_running.running_mean.uniform_(-1, 1)
+        model.inorm_running.running_var.uniform_(0.5, 2)
+    sample = (torch.randn(2, 3, 8), torch.randn(2, 4, 6, 6))
+    program = convert(model, sample)
+    found = graphs(program)
+    ln = composites(program, "layer_norm")
+    assert len(ln) == 2  # ln and ln_same are identical: one graph
+    affine = next(g for g in ln if len(g.decl_inputs) == 3)
+    assert affine.name.startswith("ln.layer_norm_") and affine.private and affine.no_inline
+    assert affine.decl_inputs == ["input", "weight", "bias"]
+    assert affine.attrs == {
+        "eps": "9.99999974E-6 : f32",
+        "normalized_shape": "[8 : si64]",
+        "version": "1 : si64",
+    }
+    plain = next(g for g in ln if g is not affine)
+    assert plain.decl_inputs == ["input"] and plain.attrs["normalized_shape"] == (
+        "[3 : si64, 8 : si64]"
+    )
+    (gn,) = composites(program, "group_norm")
+    assert gn.attrs == {
+        "eps": "9.99999974E-6 : f32",
+        "num_groups": "2 : si64",
+        "version": "1 : si64",
+    }
+    instance = {g.attrs["use_input_stats"]: g for g in composites(program, "instance_norm")}
+    assert instance["true"].decl_inputs == ["input", "weight", "bias"]
+    assert instance["true"].attrs["momentum"] == "1.000000e-01 : f32"
+    # in eval mode with tracked statistics the running stats are inputs
+    assert instance["false"].decl_inputs == ["input", "running_mean", "running_var"]
+    ps = composites(program, "pixel_shuffle")
+    assert {g.attrs["upscale_factor"] for g in ps} == {"2 : si64"} and len(ps) == 2
+    assert all(g.decl_inputs == ["input"] and g.decl_outputs == ["output"] for g in ps)
+    assert len(found["main"].invokes) == 8
+    program.optimize()
+    report = verify(model, sample, program=program)
+    assert report.ok, report
+    assert report.max_abs < 1e-5
+
+
+class Attention(nn.Module):
+    def forward(self, q, k, v, k3, v3, kv, bool_mask, float_mask):
+        return (
+            F.scaled_dot_product_attention(q, k, v, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask),  # one row hidden
+            F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, scale=0.2),
+            F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True),
+            F.scaled_dot_product_attention(q[0], k3, v3),  # (3-D) query, broadcasting batch
+            F.scaled_dot_product_attention(q[0, 0], k, v),  # 2-D query against 4-D keys
+        )
+
+
+def test_sdpa_composite_variants() -> None:
+    q, k, v = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 6, 8), torch.randn(2, 4, 6, 8)
+    kv = torch.randn(2, 2, 6, 8)
+    bool_mask = torch.rand(5, 6) > 0.5
+    bool_mask[2] = False
+    bool_mask[[0, 1, 3, 4], 0] = True
+    float_mask = torch.randn(1, 4, 5, 6)
+    float_mask[..., 1, :] = float("-inf")
+    sample = (q, k, v, k[0], v[0], kv, bool_mask, float_mask)
+    program = convert(Attention().eval(), sample)
+    found = composites(program, "scaled_dot_product_attention")
+    assert len(found) == 6
+    by_inputs = {}
+    for g in found:
+        by_inputs.setdefault(len(g.decl_inputs), []).append(g)
+    assert len(by_inputs[4]) == 2
+    assert all(g.decl_inputs[3] == "attn_mask" for g in by_inputs[4])
+    gqa = next(g for g in found if g.attrs["enable_gqa"] == "true")
+    assert "tensor<2x2x6x8xf32>" in gqa.text
+    assert {g.attrs.get("scale") for g in found} == {None, "2.000000e-01 : f32"}
+    program.optimize()
+    report = verify(Attention().eval(), sample, program=program)
+    assert report.ok, report
+
+
+def test_native_norms_return_mean_and_rstd() -> None:
+    class Native(nn.Module):
+        def forward(self, x, img, w, b):
+            out, mean, rstd = torch.ops.aten.native_layer_norm(x, [8], w, b, 1e-5)
+            g_out, g_mean, g_rstd = torch.ops.aten.native_group_norm(
+                img, b[:4], None, 2, 4, 9, 2, 1e-5
+            )
+            return out, mean, rstd, g_out, g_mean, g_rstd
+
+    sample = (torch.randn(2, 3, 8), torch.randn(2, 4, 3, 3), torch.randn(8), torch.randn(8))
+    check_module(Native().eval(), sample)
+
+
+def test_attention_dropout_is_rejected() -> None:
+    class Dropout(nn.Module):
+        def forward(self, q):
+            return F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)
+
+    with pytest.raises(UnsupportedOpError, match=r"dropout_p=0\.1: attention dropout is random"):
+        convert(Dropout(), (torch.randn(1, 2, 3, 4),))
+
+
+def test_a_user_override_replaces_the_composite() -> None:
+    model = nn.LayerNorm(8).eval()
+    ep = export_decomposed(model, (torch.randn(2, 8),))
+    converter = TorchConverter()
+
+    @converter.register_torch_lowering("aten::layer_norm.default", allow_override=True)
+    def plain_layer_norm(values_map, node, loc):
+        x, w, b = get_operands(values_map, node, [0, 2, 3], loc)
+        mean = coreai.reduce_mean(x, [-1], loc=loc)
+        centered = coreai.broadcasting_sub(x, mean, loc=loc)
+        var = coreai.reduce_mean(coreai.broadcasting_mul(centered, centered), [-1])
+        inv = coreai.rsqrt(coreai.broadcasting_add(var, 1e-5))
+        return coreai.broadcasting_add(
+            coreai.broadcasting_mul(coreai.broadcasting_mul(centered, inv), w), b
+        )
+
+    program = converter.add_exported_program(ep).to_coreai()
+    assert not composites(program) and list(graphs(program)) == ["main"]
+    assert verify(model, (torch.randn(2, 8),), program=program.optimize()).ok
+
+
+# --------------------------------------------------------- user lowerings emitting composites
+
+
+@torch.library.custom_op("composite_test::scaled_tanh", mutates_args=())
+def scaled_tanh(x: torch.Tensor, scale: torch.Tensor, alpha: float) -> torch.Tensor:
+    return torch.tanh(x * alpha) * scale
+
+
+@scaled_tanh.register_fake
+def _(x, scale, alpha):
+    return torch.empty_like(x)
+
+
+class UsesScaledTanh(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.rand(6) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return scaled_tanh(scaled_tanh(x, self.scale, 0.5), self.scale, 2.0)
+
+
+def _tanh_body(alpha: float):
+    def body(x: ir.Value, scale: ir.Value) -> ir.Value:
+        return coreai.broadcasting_mul(coreai.tanh(coreai.broadcasting_mul(x, alpha)), scale)
+
+    return body
+
+
+def test_user_lowering_emits_its_own_composite_op() -> None:
+    model = UsesScaledTanh().eval()
+    sample = (torch.randn(3, 6),)
+    converter = TorchConverter()
+
+    @converter.register_torch_lowering("composite_test::scaled_tanh.default")
+    def lower(values_map, node, loc):
+        x, scale = get_operands(values_map, node, [0, 1], loc)
+        alpha = node.args[2]
+        (y,) = emit_composite(
+            "scaled_tanh",
+            [x, scale],
+            _tanh_body(alpha),
+            input_names=["input", "scale"],
+            op_attrs={"alpha": alpha},
+        )
+        return y
+
+    program = converter.add_exported_program(export_decomposed(model, sample)).to_coreai()
+    found = composites(program, "scaled_tanh")
+    assert sorted(g.attrs["alpha"] for g in found) == ["2.000000e+00 : f32", "5.000000e-01 : f32"]
+    assert all(
+        g.decl_inputs == ["input", "scale"] and g.attrs["version"] == "1 : si64" for g in found
+    )
+    assert verify(model, sample, program=program.optimize()).ok
+
+
+def test_user_lowering_builds_a_composite_graph_with_generate_composite_decl() -> None:
+    model = UsesScaledTanh().eval()
+    sample = (torch.randn(3, 6),)
+    converter = TorchConverter()
+    built: dict[float, str] = {}
+
+    @converter.register_torch_lowering("composite_test::scaled_tanh.default")
+    def lower(values_map, node, loc):
+        x, scale = get_operands(values_map, node, [0, 1], loc)
+        alpha = node.args[2]
+        if alpha not in built:
+            decl = generate_composite_decl(
+                "scaled_tanh", ["input", "scale"], ["output"], {"alpha": alpha, "version": 2}
+            )
+            # insert the graph in front of the graph being built (@main)
+            current = ir.InsertionPoint.current.block.owner
+            name = f"scaled_tanh_{len(built)}"
+            with ir.InsertionPoint(current), loc:
+                graph = coreai.GraphOp(
+                    name,
+                    [x.type, scale.type],
+                    [x.type],
+                    ["input", "scale"],
+                    ["output"],
+                    private=True,
+                    no_inline=True,
+                    composite_decl=decl,
+                )
+                with graph.block:
+                    coreai.output([_tanh_body(alpha)(*graph.arguments)])
+            built[alpha] = name
+        return coreai.invoke([x.type], built[alpha], [x, scale], loc=loc)[0]
+
+    program = converter.add_exported_program(export_decomposed(model, sample)).to_coreai()
+    found = composites(program, "scaled_tanh")
+    assert {g.name for g in found} == {"scaled_tanh_0", "scaled_tanh_1"}
+    assert all(g.attrs["version"] == "2 : si64" for g in found)
+    assert verify(model, sample, program=program.optimize()).ok
+
+
+def test_generate_composite_decl_values_and_errors() -> None:
+    from coreai_torch._mlir import new_context
+
+    with new_context(), ir.Location.unknown():
+        decl = generate_composite_decl(
+            "my_op",
+            ["a"],
+            ["b"],
+            {
+                "flag": True,
+                "count": 3,
+                "eps": 0.5,
+                "mode": "fast",
+                "dims": (1, -1),
+                "dtype": torch.float16,
+                "skipped": None,
+            },
+        )
+        text = str(decl)
+        assert text.startswith('#coreai.composite_declaration<"my_op" = {input_names = ["a"]')
+        for part in (
+            "count = 3 : si64",
+            "dims = [1 : si64, -1 : si64]",
+            "dtype = f16",
+            "eps = 5.000000e-01 : f32",
+            "flag = true",
+            'mode = "fast"',
+            "version = 1 : si64",
+        ):
+            assert part in text, text
+        assert "skipped" not in text
+        with pytest.raises(ValueError, match="composite op name"):
+            generate_composite_decl("bad name", ["a"], ["b"])
+        with pytest.raises(TypeError, match="attribute 'bad' has type object"):
+            generate_composite_decl("op", ["a"], ["b"], {"bad": object()})
+        with pytest.raises(TypeError, match="input_names must be a list"):
+            generate_composite_decl("op", "a", ["b"])
+    with pytest.raises(RuntimeError, match="needs an active MLIR context"):
+        generate_composite_decl("op", ["a"], ["b"])
