@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch.fx
 import torch.nn as nn
 from torch.export import ExportedProgram
 
@@ -14,11 +15,18 @@ from coreai_torch import _mlir
 from coreai_torch._mlir import ir
 from coreai_torch.decomp import check_decomposed
 from coreai_torch.errors import ConversionError, InvalidSignatureError
-from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder
+from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder, lowering_key
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
-from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
+from coreai_torch.hazards import check_runtime_hazards
+from coreai_torch.lowerings.registry import (
+    LoweringFn,
+    LoweringTable,
+    check_user_lowering_name,
+    user_lowering_names,
+)
 from coreai_torch.metal import TorchMetalKernel, check_kernels_registered, register_kernels
 from coreai_torch.program import AIProgram, _verify
+from coreai_torch.progress import resolve as resolve_progress
 from coreai_torch.signature import ProgramSignature, analyze_signature
 
 
@@ -66,6 +74,10 @@ class TorchConverter:
         self._kernels: dict[str, TorchMetalKernel] = {}
         #: timings of the last to_coreai() call
         self.last_stats = ConversionStats()
+        #: progress of to_coreai(): None (follow ``coreai_torch.progress`` blocks and the
+        #: COREAI_TORCH_PROGRESS variable), True (a progress bar), False, or a listener /
+        #: ``callback(entrypoint, done, total)``
+        self.progress: Any = None
 
     # -- staging ------------------------------------------------------------------------------
 
@@ -229,6 +241,14 @@ class TorchConverter:
         register_kernels(self, kernels)
         return self
 
+    def is_supported(self, node: torch.fx.Node) -> bool:
+        """Whether this converter has a lowering for ``node`` (structural nodes always pass).
+
+        A lowering may still reject particular arguments while converting.
+        """
+        key = lowering_key(node)
+        return key is None or key in self._lowerings
+
     @property
     def lowerings(self) -> LoweringTable:
         """This converter's lowering table (its own registrations in front of the built-ins)."""
@@ -252,21 +272,25 @@ class TorchConverter:
         context = _mlir.new_context()
         diagnostics = Diagnostics(context)
         stats = ConversionStats()
+        progress = resolve_progress(self.progress)
         try:
             with context, ir.Location.unknown():
                 module = ir.Module.create()
-                builder = ProgramBuilder(context, module, diagnostics)
+                builder = ProgramBuilder(context, module, diagnostics, progress=progress)
                 for name in names:
                     staged = self._staged[name]
                     start = time.perf_counter()
                     self._import(builder, staged)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()
-                _verify_with_sources(module, builder)
+                _verify_with_sources(module, builder, self._lowerings)
+                check_runtime_hazards(module, builder.nodes)
                 stats.verify_seconds = time.perf_counter() - start
                 stats.weight_bytes = builder.weights.total_bytes
         finally:
             diagnostics.detach()
+            if progress is not None:
+                progress.close()
         self.last_stats = stats
         program = AIProgram._from_mlir_module(module)
         program.signatures = {name: self._staged[name].signature for name in names}
@@ -283,22 +307,36 @@ class TorchConverter:
         ).run()
 
 
-def _verify_with_sources(module: ir.Module, builder: ProgramBuilder) -> None:
+def _verify_with_sources(
+    module: ir.Module, builder: ProgramBuilder, lowerings: LoweringTable | None = None
+) -> None:
     """Verify; on failure name the FX node and the user's source line of each bad op."""
     try:
-        _verify(module, "")
+        _verify(module, "after conversion")
     except ConversionError as error:
+        from coreai_torch.importer import lowering_key
         from coreai_torch.locations import describe, names_in_location
 
         text = str(error)
-        nodes = []
+        nodes, own = [], []
         for name in names_in_location(text):
             node = builder.nodes.get(name)
             if node is not None:
                 nodes.append(f"  - {describe(node)}")
+                key = lowering_key(node)
+                if key and lowerings is not None and key in user_lowering_names(lowerings):
+                    own.append(key)
         if nodes:
             text += "\nproduced by:\n" + "\n".join(nodes)
-        raise type(error)(
-            text + "\nA lowering produced invalid Core AI IR (for a built-in lowering this is a "
-            "coreai-torch bug; please report it)."
-        ) from error
+        if own:
+            fix = (
+                f"\nThe lowering registered with register_torch_lowering({own[0]!r}) built "
+                "this invalid op: fix the operands it passes (types, ranks, index dtypes) as "
+                "the verifier message says, then call to_coreai() again."
+            )
+        else:
+            fix = (
+                "\nA lowering produced invalid Core AI IR (for a built-in lowering this is a "
+                "coreai-torch bug; please report it)."
+            )
+        raise type(error)(text + fix) from error

@@ -81,6 +81,8 @@ class ProgramBuilder:
     nodes: dict[str, torch.fx.Node] = field(default_factory=dict)
     #: names of the public graphs built so far
     graph_names: list[str] = field(default_factory=list)
+    #: receives per-node progress of each entry point (``coreai_torch.progress``), or None
+    progress: Any = None
 
 
 # ------------------------------------------------------------------------------ analysis ----
@@ -277,7 +279,13 @@ class GraphImporter:
                             tensor, sig.weight_targets.get(name, name)
                         )
 
-            output_node = self.lower_nodes(self.ep.graph.nodes, values)
+            progress = self.builder.progress
+            if progress is not None:
+                total = sum(1 for n in self.ep.graph.nodes if n.op == "call_function")
+                progress.start(self.name, total)
+            output_node = self.lower_nodes(self.ep.graph.nodes, values, progress)
+            if progress is not None:
+                progress.finish(self.name)
 
             outputs: list[tuple[str, ir.Value]] = []
             for out in sig.outputs:
@@ -290,10 +298,13 @@ class GraphImporter:
             graph.outputs_spec = outputs
         self.builder.graph_names.append(self.name)
 
-    def lower_nodes(self, nodes: Iterable[torch.fx.Node], values: ValueMap) -> torch.fx.Node | None:
+    def lower_nodes(
+        self, nodes: Iterable[torch.fx.Node], values: ValueMap, progress: Any = None
+    ) -> torch.fx.Node | None:
         """Lower call_function nodes in order into the current insertion point.
 
-        Placeholders must already be in ``values``.  Returns the output node.
+        Placeholders must already be in ``values``.  Returns the output node.  ``progress``
+        (a ``coreai_torch.progress.ConversionProgress``) hears of every lowered node.
         """
         output = None
         for node in nodes:
@@ -311,6 +322,8 @@ class GraphImporter:
                 continue  # sub-graphs and constants are fetched by the rules that use them
             elif node.op == "call_function":
                 self.lower_node(node, values)
+                if progress is not None:
+                    progress.advance(self.name)
             else:
                 raise ConversionError(f"{describe(node)}: FX op '{node.op}' is not supported")
         return output

@@ -197,3 +197,20 @@ def verify(
             for n, e, a in zip(names, expected, actual, strict=True)
         ]
     )
+
+
+def find_divergence(
+    model_or_ep: nn.Module | ExportedProgram,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """The first FX node whose converted value diverges from PyTorch (a
+    ``coreai_torch.debugging.Divergence``), or None when the outputs match.
+
+    Bisects over prefixes of the graph; ``options``: ``converter`` (whose lowerings to use),
+    ``atol``, ``rtol``, ``optimize``, ``log``.  See :mod:`coreai_torch.debugging`.
+    """
+    from coreai_torch.debugging import find_divergence as find
+
+    return find(model_or_ep, args, kwargs, **options)

@@ -1,0 +1,185 @@
+"""Progress of long conversions: FX nodes lowered / total, per entry point.
+
+Off by default (and then free).  Turn it on for one ``to_coreai()`` call, a block of code, a
+converter, or the whole process::
+
+    with coreai_torch.progress.progress_bar():         # a rich progress bar on stderr
+        program = converter.to_coreai()
+
+    with coreai_torch.progress.track(lambda entrypoint, done, total: ...):
+        program = converter.to_coreai()                # your own callback
+
+    converter.progress = True                          # this converter, always
+    COREAI_TORCH_PROGRESS=1 python convert.py          # every conversion of the process
+
+The ``coreai-torch convert`` command shows the bar whenever stderr is a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+#: Set to ``1`` to show a progress bar for every conversion of the process.
+ENV_VAR = "COREAI_TORCH_PROGRESS"
+
+ProgressCallback = Callable[[str, int, int], None]
+
+
+class ConversionProgress:
+    """Receives the progress events of ``to_coreai()``; subclass it to report elsewhere.
+
+    ``start`` is called once per entry point with its number of FX ``call_function`` nodes,
+    ``advance`` after each of them is lowered, ``finish`` when the entry point is done and
+    ``close`` at the end of the ``to_coreai()`` call (also when it fails).
+    """
+
+    def start(self, entrypoint: str, total: int) -> None:
+        """An entry point with ``total`` nodes begins."""
+
+    def advance(self, entrypoint: str) -> None:
+        """One more node of ``entrypoint`` is lowered."""
+
+    def finish(self, entrypoint: str) -> None:
+        """Every node of ``entrypoint`` is lowered."""
+
+    def close(self) -> None:
+        """The ``to_coreai()`` call is over."""
+
+
+class CallbackProgress(ConversionProgress):
+    """Calls ``callback(entrypoint, done, total)`` at most every ``interval`` seconds (and
+    always at the start and the end of each entry point)."""
+
+    def __init__(self, callback: ProgressCallback, interval: float = 0.1) -> None:
+        self.callback = callback
+        self.interval = interval
+        self._done = 0
+        self._total = 0
+        self._last = 0.0
+
+    def start(self, entrypoint: str, total: int) -> None:
+        self._done, self._total, self._last = 0, total, time.perf_counter()
+        self.callback(entrypoint, 0, total)
+
+    def advance(self, entrypoint: str) -> None:
+        self._done += 1
+        now = time.perf_counter()
+        if now - self._last >= self.interval:
+            self._last = now
+            self.callback(entrypoint, self._done, self._total)
+
+    def finish(self, entrypoint: str) -> None:
+        self.callback(entrypoint, self._total, self._total)
+
+
+class RichProgress(CallbackProgress):
+    """A ``rich`` progress bar (one line per entry point) on ``stderr``."""
+
+    def __init__(self, *, transient: bool = False, console: Any = None) -> None:
+        super().__init__(self._update, interval=0.05)
+        self._transient = transient
+        self._console = console
+        self._bar: Any = None
+        self._tasks: dict[str, Any] = {}
+
+    def _start_bar(self) -> Any:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        console = self._console or Console(stderr=True)
+        self._bar = Progress(
+            TextColumn("lowering [bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("nodes"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=self._transient,
+        )
+        self._bar.start()
+        return self._bar
+
+    def _update(self, entrypoint: str, done: int, total: int) -> None:
+        bar = self._bar or self._start_bar()
+        task = self._tasks.get(entrypoint)
+        if task is None:
+            task = self._tasks[entrypoint] = bar.add_task(entrypoint, total=total)
+        bar.update(task, completed=done, total=total)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+            self._tasks.clear()
+
+
+_ACTIVE: contextvars.ContextVar[ConversionProgress | None] = contextvars.ContextVar(
+    "coreai_torch_progress", default=None
+)
+
+
+@contextlib.contextmanager
+def reporting(listener: ConversionProgress) -> Iterator[ConversionProgress]:
+    """Send the progress of every conversion inside the block to ``listener``."""
+    token = _ACTIVE.set(listener)
+    try:
+        yield listener
+    finally:
+        _ACTIVE.reset(token)
+
+
+def progress_bar(*, transient: bool = False) -> contextlib.AbstractContextManager:
+    """Show a rich progress bar on stderr for every conversion inside the block."""
+    return reporting(RichProgress(transient=transient))
+
+
+def track(callback: ProgressCallback) -> contextlib.AbstractContextManager:
+    """Call ``callback(entrypoint, done, total)`` while conversions inside the block run."""
+    return reporting(CallbackProgress(callback))
+
+
+def resolve(
+    setting: bool | ConversionProgress | ProgressCallback | None,
+) -> ConversionProgress | None:
+    """The listener for one ``to_coreai()`` call, or None when progress is off.
+
+    ``setting`` is the converter's ``progress`` attribute: ``None`` defers to an enclosing
+    :func:`reporting` block and then to the ``COREAI_TORCH_PROGRESS`` environment variable,
+    ``False`` turns progress off, ``True`` shows a bar, a listener or callback receives it.
+    """
+    if setting is None:
+        active = _ACTIVE.get()
+        if active is not None:
+            return active
+        if os.environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on"):
+            return RichProgress()
+        return None
+    if setting is False:
+        return None
+    if setting is True:
+        return RichProgress()
+    if isinstance(setting, ConversionProgress):
+        return setting
+    if callable(setting):
+        return CallbackProgress(setting)
+    raise TypeError(
+        "TorchConverter.progress must be None, True, False, a ConversionProgress or a "
+        f"callback(entrypoint, done, total), got {type(setting).__name__}"
+    )
+
+
+def stderr_is_terminal() -> bool:
+    """Whether a live progress bar makes sense (stderr is a terminal)."""
+    return sys.stderr.isatty()
