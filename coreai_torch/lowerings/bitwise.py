@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import as_value, dtype_of
-from coreai_torch.lowerings.elementwise import Operand, const_like, gt
+from coreai_torch.lowerings.common import dtype_of
+from coreai_torch.lowerings.elementwise import Operand, const_like, gt, operand
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
@@ -22,7 +22,7 @@ def _operands(cx: LoweringContext, a: Operand, b: Operand) -> tuple[ir.Value, ir
     dtype = cx.out_dtype
     if dtype.is_floating_point:
         raise cx.unsupported(f"bitwise ops are not defined for {dtype}")
-    return as_value(a, dtype), as_value(b, dtype)
+    return operand(a, dtype), operand(b, dtype)
 
 
 def _bitwise(fn: Callable[[ir.Value, ir.Value], ir.Value]) -> Callable:

@@ -29,13 +29,13 @@ from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     Scalar,
-    as_value,
     cast,
     constant,
     dtype_of,
     result_dtype,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
+from coreai_torch.lowerings.shape import _wrap_integer as wrap_integer
 
 Operand = ir.Value | Scalar
 
@@ -44,6 +44,17 @@ Operand = ir.Value | Scalar
 
 def is_value(x: object) -> bool:
     return isinstance(x, ir.Value)
+
+
+def operand(x: Operand, dtype: torch.dtype) -> ir.Value:
+    """``x`` converted to ``dtype`` like PyTorch converts operands: integers wrap around
+    (``uint8_tensor + (-3)`` adds 253), where Core AI's cast would saturate."""
+    if isinstance(x, ir.Value):
+        return cast(wrap_integer(x, dtype), dtype)
+    if isinstance(x, int) and not isinstance(x, bool) and dtypes.is_integer(dtype):
+        info = torch.iinfo(dtype)
+        x = (x - info.min) % (info.max - info.min + 1) + info.min
+    return constant(x, dtype)
 
 
 def const_like(value: Scalar, like: ir.Value) -> ir.Value:
@@ -89,7 +100,7 @@ def numeric(x: ir.Value) -> ir.Value:
 def select(cond: ir.Value, a: Operand, b: Operand, like: ir.Value) -> ir.Value:
     """``where(cond, a, b)`` with scalars converted to ``like``'s dtype."""
     dtype = dtype_of(like)
-    return cai.broadcasting_where(cond, as_value(a, dtype), as_value(b, dtype))
+    return cai.broadcasting_where(cond, operand(a, dtype), operand(b, dtype))
 
 
 def gt(a: ir.Value, b: ir.Value) -> ir.Value:
@@ -312,7 +323,7 @@ def _operands(
     cx: LoweringContext, a: Operand, b: Operand, dtype: torch.dtype | None = None
 ) -> tuple[ir.Value, ir.Value]:
     dtype = dtype or cx.out_dtype
-    return as_value(a, dtype), as_value(b, dtype)
+    return operand(a, dtype), operand(b, dtype)
 
 
 def _scaled(cx: LoweringContext, other: Operand, alpha: Scalar) -> Operand:
@@ -320,7 +331,7 @@ def _scaled(cx: LoweringContext, other: Operand, alpha: Scalar) -> Operand:
         return other
     if not is_value(other):
         return other * alpha
-    return cai.broadcasting_mul(as_value(other, cx.out_dtype), constant(alpha, cx.out_dtype))
+    return cai.broadcasting_mul(operand(other, cx.out_dtype), constant(alpha, cx.out_dtype))
 
 
 @lowering("aten::add.Tensor", "aten::add.Scalar")
@@ -487,7 +498,7 @@ def pow_(cx: LoweringContext, self: Operand, exponent: Operand) -> ir.Value:
     if dtype == torch.bool:
         a, b = _operands(cx, self, exponent)
         return cai.broadcasting_or(a, cai.not_(b))  # x ** False == 1, x ** True == x
-    base = as_value(self, dtype)
+    base = operand(self, dtype)
     if not is_value(exponent):
         if exponent == 0:
             return full_like(base, 1)
@@ -496,7 +507,7 @@ def pow_(cx: LoweringContext, self: Operand, exponent: Operand) -> ir.Value:
             return special
         if not dtype.is_floating_point and exponent < 0:
             raise cx.unsupported("integers to negative integer powers are not allowed")
-    exp = as_value(exponent, dtype)
+    exp = operand(exponent, dtype)
     if not dtype.is_floating_point:
         return _int_pow(base, exp)
     return cai.broadcasting_pow(base, exp)
@@ -594,14 +605,14 @@ def clamp_values(x: ir.Value, lo: Operand | None, hi: Operand | None) -> ir.Valu
     dtype = dtype_of(x)
     if dtype == torch.bool:
         if lo is not None:
-            x = cai.broadcasting_or(x, as_value(lo, dtype))
+            x = cai.broadcasting_or(x, operand(lo, dtype))
         if hi is not None:
-            x = cai.broadcasting_and(x, as_value(hi, dtype))
+            x = cai.broadcasting_and(x, operand(hi, dtype))
         return x
     if lo is not None:
-        x = cai.broadcasting_maximum(x, as_value(lo, dtype))
+        x = cai.broadcasting_maximum(x, operand(lo, dtype))
     if hi is not None:
-        x = cai.broadcasting_minimum(x, as_value(hi, dtype))
+        x = cai.broadcasting_minimum(x, operand(hi, dtype))
     return x
 
 
@@ -628,7 +639,7 @@ def clamp_max(cx: LoweringContext, self: ir.Value, max: Operand) -> ir.Value:
 def _compared(a: Operand, b: Operand) -> tuple[ir.Value, ir.Value]:
     """Both operands in PyTorch's promoted dtype."""
     dtype = result_dtype(a, b)
-    return as_value(a, dtype), as_value(b, dtype)
+    return operand(a, dtype), operand(b, dtype)
 
 
 def _comparison(fn: Callable[[ir.Value, ir.Value], ir.Value]) -> Callable:
@@ -735,4 +746,4 @@ lowering("aten::logical_xor.default")(_logical(cai.broadcasting_xor))
 )
 def where(cx: LoweringContext, condition: ir.Value, self: Operand, other: Operand) -> ir.Value:
     dtype = cx.out_dtype
-    return cai.broadcasting_where(to_bool(condition), as_value(self, dtype), as_value(other, dtype))
+    return cai.broadcasting_where(to_bool(condition), operand(self, dtype), operand(other, dtype))

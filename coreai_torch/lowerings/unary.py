@@ -14,12 +14,13 @@ from collections.abc import Callable
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import as_value, cast, dtype_of
+from coreai_torch.lowerings.common import cast, dtype_of
 from coreai_torch.lowerings.elementwise import (
     Operand,
     const_like,
     isinf_values,
     neg_values,
+    operand,
     signbit_values,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
@@ -240,7 +241,7 @@ def _float_operands(cx: LoweringContext, *operands: Operand) -> list[ir.Value]:
     """Operands in the result dtype, float32 for 16-bit floats (composites lose precision)."""
     dtype = cx.out_dtype
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-    return [as_value(v, compute) for v in operands]
+    return [operand(v, compute) for v in operands]
 
 
 @lowering("aten::atan2.default", "aten::atan2.out", "aten::arctan2.default")

@@ -1,0 +1,234 @@
+"""Reductions, cumulative ops and sorting on the Core AI runtime vs eager PyTorch: dims
+(negative, several, all, keepdim), 0-d and rank-6 inputs, int/bool dtypes (int64 results),
+NaN propagation and NaN indices, ties, and float16/bfloat16 accumulation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from tests.lowerings.support import check_fn
+from tests.lowerings.values import NAN, bools, floats, ints
+
+
+def _with_nans(x: torch.Tensor) -> torch.Tensor:
+    """One NaN in some slices along dim 1, none in others (NaN indices are well defined)."""
+    x = x.clone()
+    x[0, 1, 2] = NAN
+    x[1, 3, 0] = NAN
+    return x
+
+
+def operands() -> list[torch.Tensor]:
+    """float32 (3, 5, 4), int64, int32, bool, uint8, float32 with NaN, rank 6, 0-d."""
+    return [
+        floats(3, 5, 4),
+        ints(3, 5, 4),
+        ints(3, 5, 4, dtype=torch.int32),
+        bools(3, 5, 4),
+        ints(3, 5, 4, dtype=torch.uint8),
+        _with_nans(floats(3, 5, 4)),
+        floats(2, 1, 2, 3, 1, 2),
+        floats(),
+    ]
+
+
+FLOAT, INT64, INT32, BOOL, UINT8, NANS, RANK6, SCALAR = range(8)
+
+# name -> (op, operand indices)
+REDUCTIONS: dict[str, tuple[Callable[[Any], Any], list[int]]] = {
+    "sum": (lambda x: x.sum(), [FLOAT, INT64, INT32, BOOL, UINT8, RANK6, SCALAR]),
+    "sum_dims": (lambda x: x.sum((0, -1)), [FLOAT, INT64, INT32, BOOL, UINT8, RANK6]),
+    "sum_keepdim": (lambda x: x.sum(1, keepdim=True), [FLOAT, INT32, BOOL, RANK6]),
+    "sum_dtype": (lambda x: x.sum(-1, dtype=torch.float32), [FLOAT, INT64, BOOL]),
+    "mean": (lambda x: x.mean(), [FLOAT, RANK6, SCALAR, NANS]),
+    "mean_dims": (lambda x: x.mean((-2, 0), keepdim=True), [FLOAT, RANK6, NANS]),
+    "mean_int_dtype": (lambda x: x.mean(1, dtype=torch.float32), [INT64, INT32]),
+    "prod": (lambda x: x.prod(), [FLOAT, INT32, BOOL, SCALAR]),
+    "prod_dim": (lambda x: x.prod(1), [FLOAT, INT64, BOOL, UINT8, RANK6]),
+    "amax": (lambda x: x.amax(1), [FLOAT, INT64, INT32, BOOL, UINT8, NANS, RANK6]),
+    "amin": (lambda x: x.amin((0, 2), keepdim=True), [FLOAT, INT64, BOOL, UINT8, NANS]),
+    "max": (lambda x: x.max(), [FLOAT, INT64, BOOL, NANS, SCALAR]),
+    "min": (lambda x: x.min(), [FLOAT, INT32, BOOL, NANS, SCALAR]),
+    "max_dim": (lambda x: x.max(1), [FLOAT, INT64, INT32, BOOL, UINT8, NANS, RANK6]),
+    "min_dim": (lambda x: x.min(-1, keepdim=True), [FLOAT, INT64, BOOL, NANS, SCALAR]),
+    "argmax": (lambda x: x.argmax(1), [FLOAT, INT64, INT32, UINT8, NANS, RANK6]),
+    "argmax_all": (lambda x: x.argmax(), [FLOAT, INT64, NANS, SCALAR]),
+    "argmax_keepdim": (lambda x: x.argmax(keepdim=True), [FLOAT, INT32]),
+    "argmin": (lambda x: x.argmin(-1, keepdim=True), [FLOAT, INT64, INT32, UINT8, NANS]),
+    "argmin_all": (lambda x: x.argmin(), [FLOAT, INT64, NANS, SCALAR]),
+    "var": (lambda x: x.var(), [FLOAT, RANK6, NANS]),
+    "var_dim": (lambda x: x.var(1, keepdim=True), [FLOAT, RANK6]),
+    "var_unbiased_false": (lambda x: x.var((0, 2), unbiased=False), [FLOAT]),
+    "var_correction": (lambda x: x.var(1, correction=2), [FLOAT]),
+    "std": (lambda x: x.std(-1), [FLOAT, RANK6]),
+    "std_correction0": (lambda x: x.std(correction=0), [FLOAT, SCALAR]),
+    "var_mean": (lambda x: torch.var_mean(x, 1), [FLOAT, RANK6]),
+    "std_mean": (lambda x: torch.std_mean(x, (0, 2), keepdim=True), [FLOAT]),
+    "any": (lambda x: x.any(), [FLOAT, INT64, BOOL, UINT8, SCALAR]),
+    "any_dim": (lambda x: x.any(1), [FLOAT, INT32, BOOL, UINT8, NANS]),
+    "all": (lambda x: x.all(), [FLOAT, INT64, BOOL, UINT8]),
+    "all_dims": (lambda x: torch.all(x, dim=(0, -1)), [FLOAT, BOOL, UINT8]),
+    "count_nonzero": (lambda x: torch.count_nonzero(x, 1), [FLOAT, INT64, BOOL]),
+    "logsumexp": (lambda x: torch.logsumexp(x, 1), [FLOAT, RANK6, NANS]),
+    "logsumexp_dims": (lambda x: torch.logsumexp(x, (0, 2), keepdim=True), [FLOAT]),
+    "norm": (lambda x: x.norm(), [FLOAT, RANK6]),
+    "vector_norm_1": (lambda x: torch.linalg.vector_norm(x, 1, 1), [FLOAT]),
+    "vector_norm_inf": (lambda x: torch.linalg.vector_norm(x, float("inf"), (0, 1)), [FLOAT]),
+    "vector_norm_neg_inf": (lambda x: torch.linalg.vector_norm(x, -float("inf")), [FLOAT]),
+    "vector_norm_3": (lambda x: torch.linalg.vector_norm(x, 3, -1, keepdim=True), [FLOAT]),
+    "vector_norm_0": (lambda x: torch.linalg.vector_norm(x, 0, 2), [FLOAT]),
+    "dist": (lambda x: torch.dist(x, x.flip(0), 3), [FLOAT]),
+    "aminmax": (lambda x: torch.aminmax(x, dim=1), [FLOAT, INT64]),
+    "nansum": (torch.nansum, [FLOAT, NANS]),
+    "nanmean": (lambda x: torch.nanmean(x, 1), [NANS]),
+}
+
+
+@pytest.mark.parametrize("name", list(REDUCTIONS))
+def test_reduction(name: str) -> None:
+    op, which = REDUCTIONS[name]
+    xs = operands()
+    check_fn(lambda *args: tuple(op(x) for x in args), *[xs[i] for i in which])
+
+
+def test_argmax_ties_and_nan_positions() -> None:
+    """Ties give the first index; the first NaN wins over everything (incl. inf)."""
+    x = torch.tensor(
+        [
+            [1.0, 3.0, 3.0, 0.0],
+            [NAN, 1.0, NAN, float("inf")],
+            [-float("inf"), -float("inf"), 2.0, 2.0],
+            [0.0, -0.0, 0.0, -0.0],
+        ]
+    )
+    i = torch.tensor([[2, 7, 7, 1], [-(2**63), 2**63 - 1, 5, -(2**63)]])
+
+    def f(x, i):
+        return x.argmax(1), x.argmin(1), x.max(1), x.min(1), i.argmin(1), i.argmax(1), i.min(1)
+
+    check_fn(f, x, i)
+
+
+# ------------------------------------------------------------------------- cumulative ------
+
+CUMULATIVE: dict[str, tuple[Callable[[Any], Any], list[int]]] = {
+    "cumsum": (lambda x: x.cumsum(1), [FLOAT, INT64, INT32, BOOL, UINT8, RANK6]),
+    "cumsum_neg_dim": (lambda x: x.cumsum(-1, dtype=torch.float32), [FLOAT, INT64, SCALAR]),
+    "cumprod": (lambda x: x.cumprod(0), [FLOAT, INT64, BOOL, SCALAR]),
+    "cummax": (lambda x: torch.cummax(x, -2), [FLOAT, INT64, INT32, BOOL, NANS]),
+    "cummin": (lambda x: torch.cummin(x, -1), [FLOAT, INT64, UINT8, NANS, RANK6, SCALAR]),
+    "logcumsumexp": (lambda x: torch.logcumsumexp(x, -1), [FLOAT, RANK6, SCALAR]),
+}
+
+
+@pytest.mark.parametrize("name", list(CUMULATIVE))
+def test_cumulative(name: str) -> None:
+    op, which = CUMULATIVE[name]
+    xs = operands()
+    check_fn(lambda *args: tuple(op(x) for x in args), *[xs[i] for i in which])
+
+
+def test_cummax_ties_and_nans() -> None:
+    """Ties move the index to the latest position; after a NaN only later NaNs move it."""
+    x = torch.tensor([[1.0, 3.0, 3.0, NAN, 5.0, NAN, 0.0], [2.0, 2.0, 1.0, 2.0, 0.0, 0.0, 4.0]])
+    check_fn(lambda x: (torch.cummax(x, 1), torch.cummin(x, 1)), x)
+
+
+# ---------------------------------------------------------------------------- sorting ------
+
+
+def _distinct(*shape: int) -> torch.Tensor:
+    """Values without ties (sort indices are then unique)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.randperm(n).float() - n / 2).reshape(shape)
+
+
+SORTING: dict[str, Callable[..., Any]] = {
+    "sort": lambda x, t, i, b: (x.sort(1), t.sort(-1), i.sort(0), b.sort(1)),
+    "sort_descending": lambda x, t, i, b: (
+        x.sort(0, descending=True),
+        t.sort(1, descending=True),
+        i.sort(-1, descending=True),
+        b.sort(0, descending=True),
+    ),
+    "sort_stable": lambda x, t, i, b: (
+        torch.sort(t, dim=1, stable=True),
+        torch.sort(i, stable=True),
+    ),
+    "argsort": lambda x, t, i, b: (x.argsort(1), t.argsort(-1, descending=True), i.argsort(0)),
+    "msort": lambda x, t, i, b: (torch.msort(x), torch.msort(i)),
+    "topk": lambda x, t, i, b: (x.topk(2, 1), x.topk(3, 0, largest=False), x.topk(1)),
+    "kthvalue": lambda x, t, i, b: (torch.kthvalue(x, 2, 1), torch.kthvalue(x, 1, 0, True)),
+    "median": lambda x, t, i, b: (x.median(), x.median(1), i.median(-1), i.median()),
+    "nanmedian": lambda x, t, i, b: (torch.nanmedian(x), torch.nanmedian(x, 1, keepdim=True)),
+}
+
+
+@pytest.mark.parametrize("name", list(SORTING))
+def test_sorting(name: str) -> None:
+    ties = torch.randint(0, 3, (4, 6)).float()
+    check_fn(SORTING[name], _distinct(3, 5, 4), ties, ints(3, 5, 4), bools(3, 6))
+
+
+def test_sorting_with_nans() -> None:
+    """NaN sorts as the largest value: last ascending, first descending; median is NaN."""
+    x = torch.tensor(
+        [[1.0, NAN, 3.0, -1.0, NAN, 0.0], [2.0, 1.0, -float("inf"), float("inf"), 0.5, NAN]]
+    )
+
+    def f(x):
+        return (
+            x.sort(1),
+            x.sort(1, descending=True),
+            x.topk(2, 1, largest=False),
+            x.median(1),
+            torch.nanmedian(x, 1),
+            torch.kthvalue(x, 2, 1),
+        )
+
+    check_fn(f, x)
+
+
+def test_bucketize_and_searchsorted() -> None:
+    boundaries = torch.tensor([-1.0, 0.0, 0.5, 2.0])
+    rows = torch.tensor([[-1.0, 0.0, 1.0], [0.0, 2.0, 4.0]])
+
+    def f(x, i, v, q):
+        return (
+            torch.bucketize(x, boundaries),
+            torch.bucketize(x, boundaries, right=True),
+            torch.bucketize(i, boundaries, out_int32=True),
+            torch.searchsorted(boundaries, x),
+            torch.searchsorted(boundaries, x, side="right"),
+            torch.searchsorted(rows, v),
+            torch.searchsorted(rows, q, right=True),
+        )
+
+    x = torch.tensor([[-2.0, -1.0, 0.0, 0.25], [0.5, 1.0, 2.0, NAN]])
+    v = torch.tensor([[-5.0, 0.0, 0.5], [1.0, 3.0, 5.0]])
+    check_fn(f, x, ints(3, 4), v, torch.tensor([[0.0], [2.0]]))
+
+
+# -------------------------------------------------------------------- 16-bit accumulation --
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_accumulation(dtype: torch.dtype) -> None:
+    """Sums/means/variances/cumsums of 4096 values accumulate in float32 like PyTorch."""
+    tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}[dtype]
+    x = torch.full((2, 4096), 0.1).to(dtype)
+    r = (floats(4, 64) * 3).to(dtype)
+
+    def f(x, r):
+        return (
+            x.sum(1), x.mean(1), x.cumsum(1), r.var(1), r.std(0), torch.logsumexp(r, 1),
+            r.norm(dim=1), r.amax(0), r.argmax(1), r.sort(1)[0], r.cumprod(1), r.prod(0),
+        )  # fmt: skip
+
+    check_fn(f, x, r, atol=tol, rtol=tol)
