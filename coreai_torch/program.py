@@ -55,8 +55,10 @@ class AIProgram(ca.AIProgram):
         for op in self.mlir_module.body.operations:
             if op.operation.name == "coreai.graph":
                 attrs = op.operation.attributes
-                if "sym_visibility" in attrs and str(attrs["sym_visibility"]) == '"private"':
-                    continue
+                if "priv" in attrs or (
+                    "sym_visibility" in attrs and str(attrs["sym_visibility"]) == '"private"'
+                ):
+                    continue  # private graphs (e.g. composite ops) are not runtime functions
                 names.append(ir.StringAttr(attrs["sym_name"]).value)
         return names
 

@@ -326,3 +326,65 @@ def test_default_specs_name_real_attributes(spec: ExternalizeSpec) -> None:
     assert re.fullmatch(r"[a-z_]+", spec.composite_op_name)
     assert spec.target_class.__doc__ and "forward(" in spec.target_class.__doc__
     assert math.isfinite(getattr(instance, "version", 1))
+
+
+class CachedAttention(nn.Module):
+    """Single-token decode with a KV cache kept in buffers (state), composite RoPE and SDPA."""
+
+    def __init__(self, dim: int = 16, heads: int = 2, max_len: int = 8) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.norm = RMSNorm(dim)
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.rope = RoPE()
+        self.sdpa = SDPA()
+        self.register_buffer("k_cache", torch.zeros(1, heads, max_len, self.head_dim))
+        self.register_buffer("v_cache", torch.zeros(1, heads, max_len, self.head_dim))
+        cos, sin = rope_cos_sin(max_len, self.head_dim)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(self.norm(x)).view(1, 1, 3, self.heads, self.head_dim).unbind(2)
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        q = self.rope(q.transpose(1, 2), cos, sin)
+        k = self.rope(k.transpose(1, 2), cos, sin)
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v.transpose(1, 2))
+        mask = (torch.arange(self.k_cache.shape[2]) <= pos).view(1, -1)
+        y = self.sdpa(q, self.k_cache, self.v_cache, attn_mask=mask)
+        return x + y.transpose(1, 2).reshape(1, 1, -1)
+
+
+def test_kv_cache_decode_with_composites_keeps_state() -> None:
+    from coreai_torch.runtime import Session
+    from coreai_torch.verify import compare, run_entrypoint
+
+    model = CachedAttention().eval()
+    reference = copy.deepcopy(model)
+    sample = (torch.randn(1, 1, 16), torch.tensor([0]))
+    from tests.externalize_support import convert_externalized
+
+    program = convert_externalized(model, sample, specs_for(RMSNormImpl, RoPE, SDPA))
+    assert {g.op for g in composites(program)} == {
+        "rms_norm",
+        "rope",
+        "sdpa",
+        "scaled_dot_product_attention",
+    }
+    assert [s.name for s in program.signatures["main"].states] == ["b_k_cache", "b_v_cache"]
+    program.optimize()
+    worst = 0.0
+    with Session(program) as session:
+        for step in range(4):
+            x = torch.randn(1, 1, 16)
+            pos = torch.tensor([step])
+            (actual,) = run_entrypoint(session, program, (x, pos))
+            with torch.no_grad():
+                expected = reference(x, pos)
+            error = compare("out", expected, actual)
+            assert error.ok, (step, error)
+            worst = max(worst, error.max_abs)
+        cache = session.state_values()["b_k_cache"]
+    assert torch.allclose(torch.from_numpy(cache), reference.k_cache, atol=1e-5)
+    assert worst < 1e-4

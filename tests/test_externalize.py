@@ -482,3 +482,27 @@ def test_shared_export_keeps_each_instances_nested_weights(
         "1",
     }
     assert sorted(found["main"].invokes) == sorted(g.name for g in outers)
+
+
+def test_entry_points_share_identical_composite_graphs() -> None:
+    model = CounterModel().eval()
+    converter = TorchConverter()
+    for name, rows in (("first", 2), ("second", 2), ("long", 5)):
+        sample = (torch.randn(rows, 8),)
+        converter.add_pytorch_module(
+            model, _export_fn(sample), externalize_modules=[RMS_SPEC], entrypoint_name=name
+        )
+    program = converter.to_coreai()
+    found = graphs(program)
+    rms = composites(program, "rms_norm")
+    assert len(rms) == 2  # (2, 8) shared by "first" and "second", (5, 8) for "long"
+    assert found["first"].invokes == found["second"].invokes
+    assert found["first"].invokes != found["long"].invokes
+    assert program.function_names == ["first", "second", "long"]
+    program.optimize()
+    with Session(program) as session:
+        for name, rows in (("first", 2), ("long", 5)):
+            x = torch.randn(rows, 8)
+            (actual,) = run_entrypoint(session, program, (x,), entrypoint=name)
+            with torch.no_grad():
+                assert compare(name, copy.deepcopy(model)(x), actual).ok
