@@ -15,15 +15,10 @@ from coreai_torch import _mlir
 from coreai_torch._mlir import ir
 from coreai_torch.decomp import check_decomposed
 from coreai_torch.errors import ConversionError, InvalidSignatureError
+from coreai_torch.hazards import check_runtime_hazards
 from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder, lowering_key
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
-from coreai_torch.hazards import check_runtime_hazards
-from coreai_torch.lowerings.registry import (
-    LoweringFn,
-    LoweringTable,
-    check_user_lowering_name,
-    user_lowering_names,
-)
+from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
 from coreai_torch.metal import TorchMetalKernel, check_kernels_registered, register_kernels
 from coreai_torch.program import AIProgram, _verify
 from coreai_torch.progress import resolve as resolve_progress
@@ -324,7 +319,8 @@ def _verify_with_sources(
             if node is not None:
                 nodes.append(f"  - {describe(node)}")
                 key = lowering_key(node)
-                if key and lowerings is not None and key in user_lowering_names(lowerings):
+                registered = lowerings.own_names() if lowerings is not None else []
+                if key and (key in registered or key.rsplit(".", 1)[0] in registered):
                     own.append(key)
         if nodes:
             text += "\nproduced by:\n" + "\n".join(nodes)
