@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -40,3 +41,8 @@ def rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if dtype.is_floating_point:
         return torch.randn(shape).to(dtype)
     return torch.randint(-5, 10, shape).to(dtype)
+
+
+def fast_first(*values: Any) -> list[Any]:
+    """Parameters where only the first runs in the fast suite (the rest are ``slow``)."""
+    return [values[0], *(pytest.param(v, marks=pytest.mark.slow) for v in values[1:])]

@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tests.helpers import check_module
-from tests.lowerings.support import Fn, check_fn
+from tests.lowerings.support import Fn, check_fn, fast_first
 
 CONV2D = [
     dict(kernel_size=3),
@@ -21,7 +21,7 @@ CONV2D = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("dtype", fast_first(torch.float32, torch.float16))
 def test_conv2d(dtype: torch.dtype) -> None:
     convs = nn.ModuleList(nn.Conv2d(4, 4, **kw) for kw in CONV2D).to(dtype).eval()
     tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
@@ -32,16 +32,10 @@ def test_conv2d(dtype: torch.dtype) -> None:
     )
 
 
-def test_conv1d_3d() -> None:
+def test_conv1d_3d_transposed() -> None:
     c1 = nn.Conv1d(3, 4, 3, stride=2, padding=2, dilation=2)
     c1g = nn.Conv1d(4, 4, 2, groups=2)
     c3 = nn.Conv3d(2, 3, (2, 3, 3), stride=(1, 2, 1), padding=1)
-    mod = Fn(lambda a, b: (c1(a), c1g(c1(a)), c3(b), c1(a[0])))
-    mod.c1, mod.c1g, mod.c3 = c1, c1g, c3
-    check_module(mod.eval(), (torch.randn(2, 3, 9), torch.randn(1, 2, 4, 6, 5)))
-
-
-def test_conv_transpose() -> None:
     t1 = nn.ConvTranspose1d(3, 2, 3, stride=2, padding=1, output_padding=1)
     t2 = nn.ConvTranspose2d(
         4,
@@ -54,11 +48,10 @@ def test_conv_transpose() -> None:
         dilation=(1, 2),
     )
     t3 = nn.ConvTranspose3d(2, 2, 2, stride=2)
-    mod = Fn(lambda a, b, c: (t1(a), t2(b), t3(c)))
-    mod.t1, mod.t2, mod.t3 = t1, t2, t3
-    check_module(
-        mod.eval(), (torch.randn(2, 3, 5), torch.randn(1, 4, 5, 4), torch.randn(1, 2, 3, 2, 3))
-    )
+    mod = Fn(lambda a, b, c, d: (c1(a), c1g(c1(a)), c3(b), c1(a[0]), t1(a), t2(c), t3(d)))
+    mod.convs = nn.ModuleList([c1, c1g, c3, t1, t2, t3])
+    args = (torch.randn(2, 3, 9), torch.randn(1, 2, 4, 6, 5), torch.randn(1, 4, 5, 4))
+    check_module(mod.eval(), (*args, torch.randn(1, 2, 3, 2, 3)))
 
 
 MAXPOOL = [
@@ -70,7 +63,7 @@ MAXPOOL = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("dtype", fast_first(torch.float32, torch.int64))
 def test_max_pool2d(dtype: torch.dtype) -> None:
     def f(x):
         outs = [F.max_pool2d(x, **kw) for kw in MAXPOOL] + [F.max_pool2d(x[0], 2)]
@@ -84,7 +77,7 @@ def test_max_pool2d(dtype: torch.dtype) -> None:
     check_fn(f, x.to(dtype))
 
 
-def test_max_pool_indices() -> None:
+def test_max_pool_indices_and_3d() -> None:
     def f(x, x3):
         outs = []
         for kw in MAXPOOL:
@@ -93,20 +86,14 @@ def test_max_pool_indices() -> None:
         outs += F.max_pool3d(x3, 2, ceil_mode=True, return_indices=True)
         v, i = F.max_pool2d(x, 2, return_indices=True)
         outs.append(F.max_unpool2d(v, i, 2))
+        outs += [
+            F.max_pool3d(x3, 2),
+            F.max_pool3d(x3, 3, 2, 1),
+            F.max_pool3d(x3, (1, 2, 3), ceil_mode=True),
+        ]
         return outs
 
-    check_fn(f, torch.randn(1, 2, 7, 6), torch.randn(1, 1, 3, 4, 5))
-
-
-def test_max_pool3d() -> None:
-    def f(x):
-        return (
-            F.max_pool3d(x, 2),
-            F.max_pool3d(x, 3, 2, 1),
-            F.max_pool3d(x, (1, 2, 3), ceil_mode=True),
-        )
-
-    check_fn(f, torch.randn(1, 2, 5, 6, 7))
+    check_fn(f, torch.randn(1, 2, 7, 6), torch.randn(1, 2, 5, 6, 7))
 
 
 AVGPOOL = [

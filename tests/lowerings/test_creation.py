@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.lowerings.support import check_fn
+from tests.lowerings.support import check_fn, fast_first
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool, torch.float16])
+@pytest.mark.parametrize("dtype", fast_first(torch.float32, torch.int64, torch.bool, torch.float16))
 def test_full_zeros_ones(dtype: torch.dtype) -> None:
     def f(x):
         return (

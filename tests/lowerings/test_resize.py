@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.lowerings.support import check_fn
+from tests.lowerings.support import check_fn, fast_first
 
 
 def _interpolations(mode: str, x: torch.Tensor, **kw: object) -> list[torch.Tensor]:
@@ -22,28 +22,24 @@ def _interpolations(mode: str, x: torch.Tensor, **kw: object) -> list[torch.Tens
     ]
 
 
-@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
-def test_nearest(mode: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype", fast_first(torch.float32, torch.int64))
+def test_nearest(dtype: torch.dtype) -> None:
     def f(x1, x2, x3):
-        return [y for x in (x1, x2, x3) for y in _interpolations(mode, x)]
-
-    def make(*shape: int) -> torch.Tensor:
-        return torch.randint(-50, 50, shape).to(dtype)
+        return [
+            y
+            for mode in ("nearest", "nearest-exact")
+            for x in (x1, x2, x3)
+            for y in _interpolations(mode, x)
+        ]
 
     if dtype.is_floating_point:
         check_fn(f, torch.randn(1, 2, 6), torch.randn(1, 2, 4, 6), torch.randn(1, 1, 4, 4, 6))
-    else:  # PyTorch has no integer nearest kernels for 1-D/3-D; 2-D only
-        check_fn(
-            lambda x: (
-                _interpolations(mode, x.float())
-                + [F.interpolate(x.to(torch.uint8), scale_factor=2)]
-            ),
-            make(1, 2, 4, 6),
-        )
+    else:  # PyTorch has integer nearest kernels for uint8 2-D only
+        x = torch.randint(0, 200, (1, 2, 4, 6)).to(torch.uint8)
+        check_fn(lambda x: [F.interpolate(x, scale_factor=2), F.interpolate(x, size=(3, 5))], x)
 
 
-@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("align_corners", fast_first(False, True))
 def test_linear_modes(align_corners: bool) -> None:
     def f(x1, x2, x3):
         out = _interpolations("linear", x1, align_corners=align_corners)
@@ -54,6 +50,7 @@ def test_linear_modes(align_corners: bool) -> None:
     check_fn(f, torch.randn(1, 2, 6), torch.randn(2, 2, 4, 6), torch.randn(1, 1, 4, 4, 6))
 
 
+@pytest.mark.slow
 def test_bilinear_float16() -> None:
     check_fn(
         lambda x: _interpolations("bilinear", x),
@@ -63,7 +60,7 @@ def test_bilinear_float16() -> None:
     )
 
 
-@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("align_corners", fast_first(False, True))
 def test_bicubic_antialias_area(align_corners: bool) -> None:
     def f(x):
         out = _interpolations("bicubic", x, align_corners=align_corners)
@@ -86,13 +83,15 @@ def test_bicubic_antialias_area(align_corners: bool) -> None:
     check_fn(f, torch.randn(1, 2, 8, 7))
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
-@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
-@pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sample(mode: str, padding_mode: str, align_corners: bool) -> None:
+@pytest.mark.parametrize("align_corners", fast_first(False, True))
+def test_grid_sample(align_corners: bool) -> None:
     def f(x, g, x3, g3):
-        kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-        return F.grid_sample(x, g, **kw), F.grid_sample(x3, g3, **kw)
+        outs = []
+        for mode in ("bilinear", "nearest"):
+            for padding_mode in ("zeros", "border", "reflection"):
+                kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+                outs += [F.grid_sample(x, g, **kw), F.grid_sample(x3, g3, **kw)]
+        return outs
 
     grid = torch.rand(2, 3, 5, 2) * 2.6 - 1.3  # some points outside [-1, 1]
     grid3 = torch.rand(1, 2, 3, 2, 3) * 2.6 - 1.3
