@@ -243,6 +243,32 @@ def _reflect(v: ir.Value, size: int, align: bool) -> ir.Value:
     return _clip(out, size)
 
 
+def _cubic_weights(t: ir.Value) -> list[ir.Value]:
+    """PyTorch's cubic convolution coefficients (A = -0.75) for taps -1, 0, 1, 2."""
+    dtype = dtype_of(t)
+    a = -0.75
+
+    def c(v: float) -> ir.Value:
+        return constant(v, dtype)
+
+    def near(x: ir.Value) -> ir.Value:  # ((A + 2) x - (A + 3)) x^2 + 1
+        inner = cai.broadcasting_sub(cai.broadcasting_mul(x, c(a + 2)), c(a + 3))
+        return cai.broadcasting_add(cai.broadcasting_mul(inner, cai.broadcasting_mul(x, x)), c(1))
+
+    def far(x: ir.Value) -> ir.Value:  # ((A x - 5A) x + 8A) x - 4A
+        inner = cai.broadcasting_sub(cai.broadcasting_mul(x, c(a)), c(5 * a))
+        inner = cai.broadcasting_add(cai.broadcasting_mul(inner, x), c(8 * a))
+        return cai.broadcasting_sub(cai.broadcasting_mul(inner, x), c(4 * a))
+
+    one_minus = cai.broadcasting_sub(c(1), t)
+    return [
+        far(cai.broadcasting_add(t, c(1))),
+        near(t),
+        near(one_minus),
+        far(cai.broadcasting_add(one_minus, c(1))),
+    ]
+
+
 def _grid_sample(
     cx: LoweringContext,
     input: ir.Value,
@@ -257,21 +283,26 @@ def _grid_sample(
     n = in_shape[0]
     sizes = in_shape[2:]  # (D,) H, W
     out_sp = g_shape[1:-1]
-    if interpolation_mode not in (0, 1):
-        raise cx.unsupported("bicubic grid sampling is not supported")
+    if interpolation_mode not in (0, 1, 2):
+        raise cx.unsupported(f"grid sampling mode {interpolation_mode}")
     dtype = dtype_of(input)
     g = cast(grid, dtype)
+
+    def pad_coordinate(v: ir.Value, size: int) -> ir.Value:
+        if padding_mode == 1:
+            return _clip(v, size)
+        if padding_mode == 2:
+            return _reflect(v, size, align_corners)
+        return v
+
     coords = []  # per spatial dim, in input order (grid's last axis is x, y[, z])
     for a in range(k):
         comp = k - 1 - a
         start, end = [0] * (k + 1) + [comp], [*g_shape[:-1], comp + 1]
         gi = cai.slice_(g, i32(start), i32(end), i32([1] * (k + 2)))
         ci = _unnormalize(reshape(gi, [n, *out_sp]), sizes[a], align_corners)
-        if padding_mode == 1:
-            ci = _clip(ci, sizes[a])
-        elif padding_mode == 2:
-            ci = _reflect(ci, sizes[a], align_corners)
-        coords.append(ci)
+        # Bicubic pads each tap's coordinate instead of the sampling point.
+        coords.append(ci if interpolation_mode == 2 else pad_coordinate(ci, sizes[a]))
     # Channels last so one gather_nd picks a C-vector per (n, *spatial) index.
     x = transpose(input, [0, *range(2, 2 + k), 1])
     batch = broadcast_to(
@@ -295,19 +326,29 @@ def _grid_sample(
 
     if interpolation_mode == 1:  # nearest (round half to even, like nearbyint)
         out = sample([cai.round_(p) for p in coords])
-    else:
-        lows = [_floor(p) for p in coords]
-        fracs = [cai.broadcasting_sub(p, lo) for p, lo in zip(coords, lows, strict=True)]
-        out = None
-        for corner in itertools.product((0, 1), repeat=k):
-            points, weight = [], None
-            for a, bit in enumerate(corner):
-                p = lows[a] if not bit else cai.broadcasting_add(lows[a], constant(1.0, dtype))
-                w = fracs[a] if bit else cai.broadcasting_sub(constant(1.0, dtype), fracs[a])
-                points.append(p)
-                weight = w if weight is None else cai.broadcasting_mul(weight, w)
-            term = cai.broadcasting_mul(sample(points), reshape(weight, [n, *out_sp, 1]))
-            out = term if out is None else cai.broadcasting_add(out, term)
+        return transpose(out, [0, k + 1, *range(1, k + 1)])
+    # Separable taps per dim: (coordinate, weight) pairs.
+    taps = []
+    for a, p in enumerate(coords):
+        low = _floor(p)
+        t = cai.broadcasting_sub(p, low)
+        if interpolation_mode == 0:
+            offsets, weights = (0, 1), [cai.broadcasting_sub(constant(1.0, dtype), t), t]
+        else:
+            offsets, weights = (-1, 0, 1, 2), _cubic_weights(t)
+        points = [
+            low if o == 0 else cai.broadcasting_add(low, constant(float(o), dtype)) for o in offsets
+        ]
+        if interpolation_mode == 2:
+            points = [pad_coordinate(q, sizes[a]) for q in points]
+        taps.append(list(zip(points, weights, strict=True)))
+    out = None
+    for combo in itertools.product(*taps):
+        weight = combo[0][1]
+        for _, w in combo[1:]:
+            weight = cai.broadcasting_mul(weight, w)
+        term = cai.broadcasting_mul(sample([q for q, _ in combo]), reshape(weight, [n, *out_sp, 1]))
+        out = term if out is None else cai.broadcasting_add(out, term)
     return transpose(out, [0, k + 1, *range(1, k + 1)])
 
 
