@@ -134,25 +134,6 @@ _KEYS = itertools.count()
 _LOCAL = threading.local()
 
 
-def _bypassed() -> set[int]:
-    if not hasattr(_LOCAL, "bypass"):
-        _LOCAL.bypass = set()
-    return _LOCAL.bypass
-
-
-@contextmanager
-def _bypass(module: nn.Module) -> Iterator[None]:
-    """Within this block ``module``'s wrapper runs the original forward."""
-    ids = _bypassed()
-    added = id(module) not in ids
-    ids.add(id(module))
-    try:
-        yield
-    finally:
-        if added:
-            ids.discard(id(module))
-
-
 def _call_for_key(key: str) -> _Call:
     call = _CALLS.get(key)
     if call is None:
@@ -454,9 +435,7 @@ class _Target:
         return torch._dynamo.allow_in_graph(forward)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Call the externalized op (or the original forward inside its own export)."""
-        if id(self.module) in _bypassed():
-            return self.original_forward(*args, **kwargs)
+        """Call the externalized op in place of the original forward (hooks stay outside)."""
         call, tensors = self.bind(args, kwargs)
         results = externalized([*tensors, *self.state_tensors()], call.key)
         n_out = call.num_outputs
@@ -541,8 +520,8 @@ class _Call:
         }
         call_args, call_kwargs = self.rebuild(args)
         recorder = _WriteRecorder()
-        with _bypass(target.module), _reparametrize_module(target.module, state), recorder:
-            out = target.module(*call_args, **call_kwargs)
+        with _reparametrize_module(target.module, state), recorder:
+            out = target.original_forward(*call_args, **call_kwargs)
         leaves, spec = pytree.tree_flatten_with_path(out)
         tensors: list[torch.Tensor] = []
         names: list[str] = []
@@ -618,7 +597,7 @@ class _Call:
                 f"exporting externalized module {target.label} on its own failed: "
                 f"{type(error).__name__}: {error}"
             ) from error
-        _rebase_module_paths(ep, target.path)
+        _rebase_module_paths(ep, target)
         user_inputs = [
             spec.arg.name
             for spec in ep.graph_signature.input_specs
@@ -644,27 +623,26 @@ class _Callee(nn.Module):
     def forward(self, tensors: list[torch.Tensor]) -> Any:
         call = self._call[0]
         args, kwargs = call.rebuild(tensors)
-        with _bypass(self.target):
-            return self.target(*args, **kwargs)
+        return call.target.original_forward(*args, **kwargs)
 
 
-def _rebase_module_paths(ep: ExportedProgram, path: str) -> None:
-    """Module paths in the sub-program's metadata: ``target.x`` -> ``<path>.x``."""
+def _rebase_module_paths(ep: ExportedProgram, target: _Target) -> None:
+    """Module paths in the sub-program's metadata: ``target.x`` -> ``<path>.x``, and the
+    target's own ops under ``<path>`` (so names and error messages point into the model)."""
     from coreai_torch.locations import _clean_module_path
 
+    module = type(target.module)
+    own = (target.path, f"{module.__module__}.{module.__qualname__}")
     for node in ep.graph.nodes:
         stack = node.meta.get("nn_module_stack")
-        if not stack:
+        if node.op != "call_function" or stack is None:
             continue
-        rebased = {}
+        rebased = {"L__externalized__": own} if target.path else {}
         for key, (p, cls) in stack.items():
             clean = _clean_module_path(str(p))
             if clean == "target" or clean.startswith("target."):
                 rest = clean[len("target") :].lstrip(".")
-                clean = ".".join(x for x in (path, rest) if x)
-                if not clean:
-                    continue
-            rebased[key] = (clean, cls)
+                rebased[key] = (".".join(x for x in (target.path, rest) if x), cls)
         node.meta["nn_module_stack"] = rebased
 
 

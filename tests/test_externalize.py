@@ -138,12 +138,17 @@ def test_composite_inputs_from_parameters_buffers_and_signature() -> None:
     assert by_path["first"].attrs == {"version": "1 : si64"}
 
 
-def test_version_attribute_comes_from_the_instance() -> None:
+def test_version_attribute_and_hooks() -> None:
     model = RMSNorm(4).eval()
     model.norm.version = 3
+    # hooks of an externalized module run once, around the composite op
+    model.norm.register_forward_pre_hook(lambda module, args: (args[0] * 3, *args[1:]))
+    model.norm.register_forward_hook(lambda module, args, out: out + 1)
     program, _ = check_externalized(model, (torch.randn(2, 4),), [RMS_SPEC])
     (graph,) = composites(program, "rms_norm")
     assert graph.attrs["version"] == "3 : si64"
+    # the hooks are not inside the composite but around its invocation in @main
+    assert "3.000000e+00" not in graph.text and "3.000000e+00" in graphs(program)["main"].text
 
 
 # --------------------------------------------------------------------- simple externalization
