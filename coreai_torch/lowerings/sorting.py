@@ -14,6 +14,7 @@ import torch
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     INT32_MAX,
+    Size,
     cast,
     constant,
     dim_size,
@@ -21,7 +22,10 @@ from coreai_torch.lowerings.common import (
     i32,
     normalize_dim,
     rank_of,
+    refine,
     result_dtype,
+    shape_of,
+    shape_vector,
     squeeze,
     unsqueeze,
 )
@@ -31,6 +35,7 @@ from coreai_torch.lowerings.elementwise import (
     ge,
     gt,
     isnan_values,
+    operand,
 )
 from coreai_torch.lowerings.reduction import arg_extreme
 from coreai_torch.lowerings.registry import LoweringContext, lowering
@@ -51,12 +56,16 @@ def take(x: ir.Value, order: ir.Value, axis: int) -> ir.Value:
     return cai.gather_along_axis(x, order, i32(axis))
 
 
-def slice_axis(x: ir.Value, axis: int, start: int, stop: int) -> ir.Value:
+def slice_axis(x: ir.Value, axis: int, start: Size, stop: Size, size: int) -> ir.Value:
+    """``x[..., start:stop, ...]`` (``size`` elements) along ``axis``; bounds may be 0-d
+    runtime values and the other dimensions dynamic."""
     rank = rank_of(x)
-    begin = [0] * rank
-    end = [INT32_MAX] * rank
+    begin: list[Size] = [0] * rank
+    end: list[Size] = [INT32_MAX] * rank
     begin[axis], end[axis] = start, stop
-    return cai.slice_(x, i32(begin), i32(end), i32([1] * rank))
+    out = cai.slice_(x, shape_vector(begin), shape_vector(end), i32([1] * rank))
+    shape = shape_of(x)
+    return refine(out, shape[:axis] + [size] + shape[axis + 1 :])
 
 
 def _sorted(x: ir.Value, dim: int, descending: bool) -> list[ir.Value]:
@@ -109,15 +118,16 @@ def topk(
     if rank_of(x) == 0:
         return [x, constant(0, torch.int64)]
     axis = normalize_dim(dim, rank_of(x))
-    order = slice_axis(sort_indices(x, axis, largest), axis, 0, k)
+    order = slice_axis(sort_indices(x, axis, largest), axis, 0, k, k)
     return [take(x, order, axis), cast(order, torch.int64)]
 
 
 def _select_sorted(x: ir.Value, axis: int, index: ir.Value | int, keepdim: bool) -> list[ir.Value]:
     """Value and input index of the ``index``-th smallest element along ``axis``."""
     order = sort_indices(x, axis, False)
-    if isinstance(index, int):
-        picked = slice_axis(order, axis, index, index + 1)
+    if isinstance(index, int) or rank_of(index) == 0:
+        stop = index + 1 if isinstance(index, int) else cai.add(index, const_like(1, index))
+        picked = slice_axis(order, axis, index, stop, size=1)
     else:
         picked = take(order, index, axis)
     values, indices = take(x, picked, axis), cast(picked, torch.int64)
@@ -139,10 +149,13 @@ def kthvalue(
 def _median(x: ir.Value, axis: int, keepdim: bool, ignore_nan: bool) -> list[ir.Value]:
     """Lower median along ``axis``; NaN wins unless ``ignore_nan``."""
     size = dim_size(x, axis)
-    if not isinstance(size, int):
-        raise NotImplementedError("median along a dynamic dimension")
+    if isinstance(size, int):
+        half: Size = (size - 1) // 2
+    else:
+        one = const_like(1, size)
+        half = cai.floor_divide(cai.sub(size, one), cai.add(one, one))
     if not dtype_of(x).is_floating_point:
-        return _select_sorted(x, axis, (size - 1) // 2, keepdim)
+        return _select_sorted(x, axis, half, keepdim)
     nan = isnan_values(x)
     if ignore_nan:
         count = cai.reduce_sum(cast(cai.not_(nan), torch.int32), i32([axis]))
@@ -151,12 +164,10 @@ def _median(x: ir.Value, axis: int, keepdim: bool, ignore_nan: bool) -> list[ir.
         )
         # All NaN: PyTorch picks the middle of the whole (NaN) slice.
         middle = cai.broadcasting_where(
-            cai.broadcasting_equal(count, const_like(0, count)),
-            const_like((size - 1) // 2, middle),
-            middle,
+            cai.broadcasting_equal(count, const_like(0, count)), operand(half, torch.int32), middle
         )
         return _select_sorted(x, axis, middle, keepdim)
-    values, indices = _select_sorted(x, axis, (size - 1) // 2, True)
+    values, indices = _select_sorted(x, axis, half, True)
     has_nan = cai.any_(nan, i32([axis]))
     values = cai.broadcasting_where(has_nan, const_like(float("nan"), x), values)
     indices = cai.broadcasting_where(has_nan, arg_extreme(x, axis, True), indices)

@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from tests.lowerings.support import check_fn
+from coreai_torch import TorchConverter
+from coreai_torch.verify import export_decomposed
+from tests.helpers import check_runs
+from tests.lowerings.support import Fn, check_fn
 from tests.lowerings.values import NAN, bools, floats, ints
 
 
@@ -232,3 +235,44 @@ def test_low_precision_accumulation(dtype: torch.dtype) -> None:
         )  # fmt: skip
 
     check_fn(f, x, r, atol=tol, rtol=tol)
+
+
+# --------------------------------------------------------------------------- dynamic shapes
+
+
+def test_dynamic_shapes_three_sizes() -> None:
+    """One program with dynamic batch and length, run at three sizes."""
+
+    def f(x, i):
+        return (
+            x + 1, x * i, i // 2, i % 3, x // 0.7, x.exp(), i.exp(), x.sign(), x.floor(),
+            torch.where(x > 0, x, 0.0), x.clamp(-0.5, 0.5), torch.isnan(x), i << 2, i >> 1,
+            x.sum(1), x.mean(0), x.var(1), x.std(), x.prod(0), x.amax(), x.any(1), i.sum(),
+            x.argmax(1), x.argmin(), x.max(1), torch.logsumexp(x, 1), x.norm(dim=1),
+            x.cumsum(1), torch.cummax(x, 1), i.cumsum(0), torch.cummin(i, 1),
+            x.sort(1), x.topk(2, 1), x.median(), torch.kthvalue(x, 2, 1), x.median(1),
+            torch.nanmedian(x, 0), torch.bucketize(x, torch.tensor([0.0, 1.0])),
+        )  # fmt: skip
+
+    model = Fn(f).eval()
+    batch = torch.export.Dim("batch", min=2, max=64)
+    length = torch.export.Dim("length", min=3, max=64)
+    x, i = floats(3, 5), ints(3, 5)
+    dims = {0: batch, 1: length}
+    ep = export_decomposed(model, (x, i), dynamic_shapes=((dims, dims),))
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    program.optimize()
+    runs = [(x, i), (floats(2, 7), ints(2, 7)), (floats(6, 3), ints(6, 3))]
+    check_runs(model, program, runs)
+
+
+def test_rank_8() -> None:
+    x = floats(2, 1, 2, 1, 2, 1, 2, 3)
+
+    def f(x):
+        return (
+            x.sum((1, 3, -1)), x.amax(-3), x.argmax(4), x.var(7), x.cumsum(6),
+            x.sort(0), x.topk(1, 7), x + x.transpose(0, 2), x.any(2), x.max(4),
+        )  # fmt: skip
+
+    check_fn(f, x)
