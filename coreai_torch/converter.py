@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 from coreai_torch import _mlir
 from coreai_torch._mlir import ir
 from coreai_torch.decomp import check_decomposed
+from coreai_torch.dtype_checks import check_complex
 from coreai_torch.errors import ConversionError, InvalidSignatureError
 from coreai_torch.hazards import check_runtime_hazards
 from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder, lowering_key
@@ -275,6 +276,7 @@ class TorchConverter:
                 for name in names:
                     staged = self._staged[name]
                     start = time.perf_counter()
+                    check_complex(staged.exported_program, self._lowerings, name)
                     self._import(builder, staged)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()

@@ -6,7 +6,9 @@ documented there) with an ``optimize()`` method and a readable ``str()``.
 
 from __future__ import annotations
 
-from typing import Self
+import os
+from pathlib import Path
+from typing import Any, Self
 
 from coreai_torch._mlir import ca, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
@@ -78,6 +80,44 @@ class AIProgram(ca.AIProgram):
             raise VerificationError(f"optimize() failed: {error}") from error
         _verify(module, "after optimize()")
         return self
+
+    def save_asset(
+        self, path: str | os.PathLike[str], metadata: Any = None, **kwargs: Any
+    ) -> ca.AIModelAsset:
+        """Save the program as a Core AI asset directory ``path`` (``*.aimodel``).
+
+        Like coreai-core's ``save_asset`` (it also accepts ``str`` paths), but refuses to
+        replace a file or a directory that is not a Core AI asset, and turns file-system
+        failures into errors that name the path.
+        """
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"save_asset expects a path (str or pathlib.Path) ending in '.aimodel', got "
+                f"{type(path).__name__} {path!r}"
+            )
+        target = Path(path)
+        if target.suffix != ".aimodel":
+            raise ValueError(
+                f"save_asset path must end in '.aimodel' (Core AI assets are directories named "
+                f"*.aimodel), got '{target}'; use e.g. '{target.with_suffix('.aimodel')}'"
+            )
+        replaceable = target.is_dir() and (
+            not any(target.iterdir()) or ca.AIModelAsset.is_valid(target)
+        )
+        if target.exists() and not replaceable:
+            kind = "directory" if target.is_dir() else "file"
+            raise FileExistsError(
+                f"save_asset: '{target}' exists and is a {kind}, not a Core AI asset; refusing "
+                "to replace it. Remove it or choose another path."
+            )
+        try:
+            return super().save_asset(target, metadata, **kwargs)
+        except OSError as error:
+            raise type(error)(
+                error.errno,
+                f"save_asset could not write '{target}': {error.strerror or error}. Choose a "
+                "path in a writable directory",
+            ) from error
 
     def verify(self) -> None:
         """Raise :class:`VerificationError` if the program is not valid Core AI IR."""
