@@ -26,6 +26,20 @@ SDPA_SPEC = ExternalizeSpec(SDPA, "sdpa", ["is_causal", "scale", "enable_gqa"])
 HASHED = r"_[0-9a-f]{8}"
 
 
+@pytest.fixture
+def exports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The class names of the modules torch.export.export is called on, in order."""
+    log: list[str] = []
+    real_export = torch.export.export
+
+    def counting_export(*args, **kwargs):
+        log.append(type(args[0]).__name__)
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counting_export)
+    return log
+
+
 def _export_fn(sample):
     return lambda m: torch.export.export(m, args=sample).run_decompositions(
         coreai_torch.get_decomp_table()
@@ -277,15 +291,7 @@ def test_root_module_simple_externalization() -> None:
     assert found["main"].invokes == [graph.name]
 
 
-def test_identical_instances_share_one_export(monkeypatch: pytest.MonkeyPatch) -> None:
-    exports = []
-    real_export = torch.export.export
-
-    def counting_export(*args, **kwargs):
-        exports.append(type(args[0]).__name__)
-        return real_export(*args, **kwargs)
-
-    monkeypatch.setattr(torch.export, "export", counting_export)
+def test_identical_instances_share_one_export(exports: list[str]) -> None:
     model = nn.Sequential(*[RMSNorm(4) for _ in range(4)]).eval()
     program = convert_externalized(model, (torch.randn(2, 4),), [RMS_SPEC])
     (graph,) = composites(program, "rms_norm")
@@ -461,17 +467,7 @@ class Outer(nn.Module):
         return self.norm(self.inner(x)) + x
 
 
-def test_shared_export_keeps_each_instances_nested_weights(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    exports = []
-    real_export = torch.export.export
-
-    def counting_export(*args, **kwargs):
-        exports.append(type(args[0]).__name__)
-        return real_export(*args, **kwargs)
-
-    monkeypatch.setattr(torch.export, "export", counting_export)
+def test_shared_export_keeps_each_instances_nested_weights(exports: list[str]) -> None:
     model = nn.Sequential(Outer(), Outer()).eval()
     program, _ = check_externalized(model, (torch.randn(2, 8),), [Outer, Inner, RMS_SPEC])
     # Outer, Inner and RMSNormImpl are exported once each for the two identical layers ...
