@@ -14,13 +14,16 @@ Core AI has no argmin; it is ``argmax`` of an order-reversed copy (``-x`` for fl
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
+    Scalar,
     cast,
     constant,
     dim_size,
@@ -32,6 +35,7 @@ from coreai_torch.lowerings.common import (
     shape_of,
     squeeze,
 )
+from coreai_torch.lowerings.creation import filled
 from coreai_torch.lowerings.elementwise import (
     const_like,
     isinf_values,
@@ -40,7 +44,12 @@ from coreai_torch.lowerings.elementwise import (
     opmath,
     to_bool,
 )
-from coreai_torch.lowerings.registry import LoweringContext, lowering
+from coreai_torch.lowerings.registry import (
+    EMPTY_INPUT_OPS,
+    EmptyTensor,
+    LoweringContext,
+    lowering,
+)
 
 Dims = Sequence[int] | int | None
 
@@ -58,6 +67,30 @@ def reduce(fn: Callable[..., ir.Value], x: ir.Value, dims: Dims, keepdim: bool) 
     return out if keepdim else squeeze(out, axes)
 
 
+def reduction(*names: str, empty: Scalar | tuple[Scalar, ...]) -> Callable[[Callable], Callable]:
+    """``lowering(*names)`` for a rule whose ``self`` may be a zero-element tensor.
+
+    Such inputs never reach the runtime (it aborts on them): the result of reducing nothing
+    is the constant ``empty`` (0 for sums, NaN for means, ...; a tuple for several results).
+    """
+
+    def decorate(rule: Callable) -> Callable:
+        @functools.wraps(rule)
+        def checked(cx: LoweringContext, self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(self, EmptyTensor):
+                return rule(cx, self, *args, **kwargs)
+            results = cx.out if isinstance(cx.out, (list, tuple)) else [cx.out]
+            values = empty if isinstance(empty, tuple) else (empty,)
+            return [filled(list(r.shape), v, r.dtype) for r, v in zip(results, values, strict=True)]
+
+        for name in names:
+            EMPTY_INPUT_OPS[name] = (0,)
+        lowering(*names)(checked)
+        return rule
+
+    return decorate
+
+
 def _accumulating(
     fn: Callable[..., ir.Value], cx: LoweringContext, x: ir.Value, dims: Dims, keepdim: bool
 ) -> ir.Value:
@@ -67,7 +100,7 @@ def _accumulating(
     return cast(out, dtype)
 
 
-@lowering("aten::sum.dim_IntList", "aten::sum.default")
+@reduction("aten::sum.dim_IntList", "aten::sum.default", empty=0)
 def sum_(
     cx: LoweringContext,
     self: ir.Value,
@@ -78,7 +111,7 @@ def sum_(
     return _accumulating(cai.reduce_sum, cx, self, dim, keepdim)
 
 
-@lowering("aten::mean.dim", "aten::mean.default")
+@reduction("aten::mean.dim", "aten::mean.default", empty=math.nan)
 def mean(
     cx: LoweringContext,
     self: ir.Value,
@@ -89,7 +122,7 @@ def mean(
     return _accumulating(cai.reduce_mean, cx, self, dim, keepdim)
 
 
-@lowering("aten::prod.dim_int", "aten::prod.default")
+@reduction("aten::prod.dim_int", "aten::prod.default", empty=1)
 def prod(
     cx: LoweringContext,
     self: ir.Value,
@@ -290,10 +323,11 @@ def _variance_rule(what: str) -> Callable:
 
 
 for _what in ("var", "std", "var_mean", "std_mean"):
-    lowering(f"aten::{_what}.correction")(_variance_rule(_what))
+    _nan = (math.nan, math.nan) if _what.endswith("_mean") else math.nan
+    reduction(f"aten::{_what}.correction", empty=_nan)(_variance_rule(_what))
 
 
-@lowering("aten::var.dim", "aten::std.dim")
+@reduction("aten::var.dim", "aten::std.dim", empty=math.nan)
 def var_dim(
     cx: LoweringContext,
     self: ir.Value,
@@ -317,14 +351,14 @@ def _logical_reduce(
     return cast(reduce(fn, b, dims, keepdim), cx.out_dtype)
 
 
-@lowering("aten::any.default", "aten::any.dim", "aten::any.dims")
+@reduction("aten::any.default", "aten::any.dim", "aten::any.dims", empty=False)
 def any_(
     cx: LoweringContext, self: ir.Value, dim: int | Sequence[int] | None = None, keepdim=False
 ) -> ir.Value:
     return _logical_reduce(cx, cai.any_, self, dim, keepdim)
 
 
-@lowering("aten::all.default", "aten::all.dim", "aten::all.dims")
+@reduction("aten::all.default", "aten::all.dim", "aten::all.dims", empty=True)
 def all_(
     cx: LoweringContext, self: ir.Value, dim: int | Sequence[int] | None = None, keepdim=False
 ) -> ir.Value:
@@ -334,7 +368,7 @@ def all_(
 # ---------------------------------------------------------------------- logsumexp, norms ---
 
 
-@lowering("aten::logsumexp.default")
+@reduction("aten::logsumexp.default", empty=-math.inf)
 def logsumexp(
     cx: LoweringContext, self: ir.Value, dim: Sequence[int] = (), keepdim: bool = False
 ) -> ir.Value:
@@ -369,7 +403,7 @@ def vector_norm(x: ir.Value, ord: float, dims: Dims, keepdim: bool) -> ir.Value:
     return cai.broadcasting_pow(total, const_like(1.0 / ord, x))
 
 
-@lowering("aten::linalg_vector_norm.default")
+@reduction("aten::linalg_vector_norm.default", empty=0.0)
 def linalg_vector_norm(
     cx: LoweringContext,
     self: ir.Value,

@@ -276,3 +276,18 @@ def test_rank_8() -> None:
         )  # fmt: skip
 
     check_fn(f, x)
+
+
+def test_reductions_of_empty_slices() -> None:
+    """Reducing zero elements is resolved at conversion time (the runtime aborts on empty
+    tensors): 0 for sums, 1 for products, NaN for means/variances, -inf for logsumexp."""
+
+    def f(x, i):
+        e = x[:, :0]
+        return (
+            e.sum(1), e.prod(1), e.mean(1), (e > 0).any(1), (e > 0).all(-1), e.var(1),
+            torch.logsumexp(e, 1), e.norm(dim=1), x[:0].sum(0), i[:, 2:2].sum(1), e.sum(),
+            torch.var_mean(e, 1), e.std(1), e.sum(1, keepdim=True) + x,
+        )  # fmt: skip
+
+    check_fn(f, floats(3, 4), ints(3, 4))
