@@ -199,8 +199,8 @@ def index_put(
     accumulate: bool = False,
 ) -> ir.Value:
     present = [ix for ix in indices if ix is not None]
-    if isinstance(values, EmptyTensor):
-        return self
+    if isinstance(values, EmptyTensor) or any(isinstance(ix, EmptyTensor) for ix in present):
+        return self  # no positions to write
     if any(dtype_of(ix) in (torch.bool, torch.uint8) for ix in present):
         if len(present) == 1 and int(np.prod(static_shape(cx, values, "values"))) == 1:
             return _mask_put(cx, self, indices, values, accumulate)
@@ -243,7 +243,7 @@ def index_put(
     return transpose(reshape(out, sizes + rest), inverse(perm))
 
 
-EMPTY_INPUT_OPS["aten::index_put.default"] = (2,)
+EMPTY_INPUT_OPS["aten::index_put.default"] = (1, 2)
 
 
 # ------------------------------------------------------------------------ slice updates -----

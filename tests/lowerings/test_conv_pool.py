@@ -153,3 +153,28 @@ def test_pool_sweep(kw: dict, size: tuple[int, int]) -> None:
         )
 
     check_fn(f, torch.randn(1, 2, *size))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision(dtype: torch.dtype) -> None:
+    def f(x, g):
+        w = torch.ones(2, 2, 3, 3, dtype=x.dtype) * 0.1
+        return (
+            F.conv2d(x, w, padding=1),
+            F.conv_transpose2d(x, w, stride=2),
+            F.max_pool2d(x, 2),
+            F.avg_pool2d(x, 3, 2, 1),
+            F.adaptive_avg_pool2d(x, (3, 5)),
+            F.interpolate(x, scale_factor=2, mode="bilinear"),
+            F.interpolate(x, scale_factor=2, mode="bicubic"),
+            F.interpolate(x, scale_factor=2),
+            F.pad(x, (1, 1, 1, 1), mode="reflect"),
+            F.grid_sample(x, g, align_corners=False),
+            x[:, :, torch.tensor([0, 2])],
+            x.scatter_add(3, torch.zeros(1, 2, 4, 2, dtype=torch.long), x[..., :2]),
+        )
+
+    check_fn(
+        f, torch.randn(1, 2, 4, 6).to(dtype), torch.rand(1, 3, 3, 2).to(dtype), atol=3e-2, rtol=3e-2
+    )

@@ -175,6 +175,7 @@ def test_setitem_patterns() -> None:
             x.index_fill(1, idx(0, 2), 9.0),
             x.index_copy(0, idx(2, 0), x[:2]),
             x.index_add(0, i, x[:3]),
+            torch.ops.aten.index_put(x, (i[:0],), torch.tensor(5.0)),  # no positions
         )
 
     check_fn(f, torch.randn(3, 4), torch.rand(3, 4) > 0.5, idx(0, 2, 0))
