@@ -5,7 +5,8 @@ program = coreai_torch.TorchConverter().add_exported_program(ep).to_coreai()
 program.optimize().save_asset(Path("model.aimodel"))
 """
 
-from coreai_torch import composite_ops, errors
+from coreai_torch import composite_ops, errors, progress
+from coreai_torch.analysis import analyze
 from coreai_torch.composite import generate_composite_decl
 from coreai_torch.converter import TorchConverter
 from coreai_torch.decomp import get_decomp_table
@@ -41,8 +42,10 @@ __all__ = [
     "UnsupportedOpError",
     "UnsupportedPlatformError",
     "VerificationError",
+    "analyze",
     "composite_ops",
     "errors",
     "generate_composite_decl",
     "get_decomp_table",
+    "progress",
 ]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +66,8 @@ class Divergence:
     inputs: list[OutputError] = field(default_factory=list)
     #: number of prefix programs converted and run to find it
     probes: int = 0
+    #: for a multi-result op: which of its results diverges
+    result: int | None = None
 
     @property
     def name(self) -> str:
@@ -95,13 +96,15 @@ class Divergence:
             "problem": self.error.problem,
             "inputs": [{"node": e.name, "max_abs": e.max_abs} for e in self.inputs],
             "probes": self.probes,
+            "result": self.result,
         }
 
     def __str__(self) -> str:
         e = self.error
         lines = [
             f"first diverging node: {describe(self.node)}",
-            f"  value {e.dtype} {e.shape}: max|err| {e.max_abs:.3e}, max rel {e.max_rel:.3e}"
+            f"  {'value' if self.result is None else f'result {self.result}'} "
+            f"{e.dtype} {e.shape}: max|err| {e.max_abs:.3e}, max rel {e.max_rel:.3e}"
             + (f" ({e.problem})" if e.problem else ""),
         ]
         if self.inputs:
@@ -186,7 +189,8 @@ class _Search:
             mid = (lo + hi) // 2
             errors = self.probe(mid)
             if all(e.ok for e in errors.values()):
-                lo, lo_errors = mid, errors
+                lo = mid
+                lo_errors.update(errors)  # every value checked by a matching probe is right
             else:
                 hi, hi_errors = mid, errors
         node = self.nodes[hi]
@@ -194,10 +198,11 @@ class _Search:
         if culprit is None or culprit.ok:  # e.g. a multi-result op: blame the first bad value
             culprit = next(e for e in hi_errors.values() if not e.ok)
             node = next(n for n in self.nodes if n.name == culprit.name)
+        result = None
         if node.target is operator.getitem:
-            node = node.args[0]
+            node, result = node.args
         inputs = [lo_errors[a.name] for a in node.all_input_nodes if a.name in lo_errors]
-        return Divergence(node, culprit, inputs, self.probes)
+        return Divergence(node, culprit, inputs, self.probes, result)
 
     def probe(self, k: int) -> dict[str, OutputError]:
         """Convert ``nodes[:k+1]`` with the frontier as outputs, run it, compare."""
@@ -254,8 +259,7 @@ def _probeable(node: torch.fx.Node) -> bool:
     return (
         isinstance(val, torch.Tensor)
         and val.dtype in _RUNTIME_DTYPES
-        and all(isinstance(d, int) for d in val.shape)
-        and math.prod(val.shape) > 0
+        and not any(isinstance(d, int) and d == 0 for d in val.shape)
     )
 
 
@@ -266,7 +270,7 @@ def _flat_user_args(
     kwargs = dict(kwargs or {})
     in_spec = ep.call_spec.in_spec
     if kwargs and in_spec is not None and in_spec.num_children == 2:
-        order = in_spec.children_specs[1].context or []
+        order = in_spec.child(1).context or []
         kwargs = {k: kwargs[k] for k in order if k in kwargs} | kwargs
     return pytree.tree_leaves((tuple(args), kwargs))
 
@@ -340,13 +344,18 @@ def prefix_program(ep: ExportedProgram, outputs: Sequence[torch.fx.Node]) -> Exp
             OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(env[n].name), None) for n in outputs
         ],
     )
+    call_graph = copy.deepcopy(ep.module_call_graph)
+    root = next((entry for entry in call_graph if entry.fqn == ""), None)
+    if root is not None and root.signature is not None:  # ``.module()`` returns the new outputs
+        root.signature.outputs = [TensorArgument(env[n].name) for n in outputs]
+        root.signature.out_spec = pytree.tree_flatten(tuple(range(len(outputs))))[1]
     return ExportedProgram(
         root=module,
         graph=module.graph,
         graph_signature=signature,
         state_dict=ep.state_dict,
         range_constraints=ep.range_constraints,
-        module_call_graph=copy.deepcopy(ep.module_call_graph),
+        module_call_graph=call_graph,
         constants=ep.constants,
         verifiers=ep.verifiers,
     )

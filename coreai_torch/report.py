@@ -72,8 +72,10 @@ class EntryPointReport:
     inputs: list[TensorInfo] = field(default_factory=list)
     outputs: list[TensorInfo] = field(default_factory=list)
     states: list[TensorInfo] = field(default_factory=list)
-    #: FX ops (qualified name -> nodes)
+    #: FX ops (qualified name -> nodes; structural nodes like getitem are not listed)
     ops: Counter[str] = field(default_factory=Counter)
+    #: FX call_function nodes of the graph (sub-graphs not included), as the progress counts
+    fx_nodes: int = 0
     #: composite op name -> calls in this entry point's graph
     composites: Counter[str] = field(default_factory=Counter)
     #: Core AI ops of the graph (composite bodies not included), constants apart
@@ -87,7 +89,7 @@ class EntryPointReport:
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
             "states": [t.to_dict() for t in self.states],
-            "fx_nodes": sum(self.ops.values()),
+            "fx_nodes": self.fx_nodes,
             "ops": dict(self.ops.most_common()),
             "composites": dict(self.composites.most_common()),
             "coreai_ops": self.coreai_ops,
@@ -96,9 +98,8 @@ class EntryPointReport:
         }
 
     def lines(self) -> list[str]:
-        nodes = sum(self.ops.values())
         lines = [
-            f"entry point '{self.name}': {nodes} FX nodes ({len(self.ops)} ops) -> "
+            f"entry point '{self.name}': {self.fx_nodes} FX nodes, {len(self.ops)} ops -> "
             f"{self.coreai_ops} Core AI ops + {self.coreai_constants} constants, "
             f"lowered in {self.seconds:.3f} s"
         ]
@@ -153,8 +154,9 @@ class ConversionReport:
     entrypoints: list[EntryPointReport] = field(default_factory=list)
     #: bytes of the weights stored as resources (shared weights counted once)
     weight_bytes: int = 0
-    #: number of weight tensors (parameters, buffers, constants) of the staged programs
+    #: number and bytes of the weight tensors (parameters, buffers, constants) of the programs
     weight_tensors: int = 0
+    weight_total_bytes: int = 0
     #: phase -> seconds, in the order the phases ran (export, to_coreai, optimize, save, ...)
     timings: dict[str, float] = field(default_factory=dict)
     source: str = ""
@@ -197,6 +199,7 @@ class ConversionReport:
             entrypoints=entrypoints,
             weight_bytes=stats.weight_bytes,
             weight_tensors=len(weights),
+            weight_total_bytes=sum(t.numel() * t.element_size() for t in weights.values()),
             timings=phases,
             source=source,
             asset=str(asset_path) if asset_path else "",
@@ -210,6 +213,7 @@ class ConversionReport:
             "entrypoints": [e.to_dict() for e in self.entrypoints],
             "weight_bytes": self.weight_bytes,
             "weight_tensors": self.weight_tensors,
+            "weight_total_bytes": self.weight_total_bytes,
             "timings": dict(self.timings),
             "asset": self.asset,
             "asset_bytes": self.asset_bytes,
@@ -224,8 +228,8 @@ class ConversionReport:
         for entry in self.entrypoints:
             lines += entry.lines()
         lines.append(
-            f"weights    {_human_bytes(self.weight_bytes)} in resources "
-            f"({self.weight_tensors} tensors)"
+            f"weights    {self.weight_tensors} tensors, {_human_bytes(self.weight_total_bytes)} "
+            f"({_human_bytes(self.weight_bytes)} as zero-copy resources)"
         )
         if self.timings:
             lines.append(
@@ -262,6 +266,7 @@ def _entrypoint(
 ) -> EntryPointReport:
     nodes = {n.name: n for n in ep.graph.nodes}
     entry = EntryPointReport(name, ops=op_histogram(ep))
+    entry.fx_nodes = sum(1 for n in ep.graph.nodes if n.op == "call_function")
     entry.inputs = [_info(i.name, nodes[i.node].meta.get("val")) for i in signature.inputs]
     entry.states = [_info(s.name, nodes[s.node].meta.get("val")) for s in signature.states]
     for out in signature.outputs:
