@@ -303,3 +303,25 @@ def test_generate_composite_decl_values_and_errors() -> None:
             generate_composite_decl("op", "a", ["b"])
     with pytest.raises(RuntimeError, match="needs an active MLIR context"):
         generate_composite_decl("op", ["a"], ["b"])
+
+
+def test_causal_attention_with_dynamic_lengths() -> None:
+    class Causal(nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    from coreai_torch.runtime import Session
+    from coreai_torch.verify import compare, run_entrypoint
+
+    lq, lk = torch.export.Dim("lq", min=2, max=32), torch.export.Dim("lk", min=2, max=32)
+    sample = (torch.randn(1, 2, 5, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8))
+    ep = export_decomposed(Causal(), sample, dynamic_shapes=({2: lq}, {2: lk}, {2: lk}))
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    (graph,) = composites(program, "scaled_dot_product_attention")
+    assert "coreai.range" in graph.text  # the causal mask is built at run time
+    program.optimize()
+    with Session(program) as session:
+        for n, m in ((3, 5), (6, 4), (7, 7)):
+            args = (torch.randn(1, 2, n, 8), torch.randn(1, 2, m, 8), torch.randn(1, 2, m, 8))
+            (actual,) = run_entrypoint(session, program, args)
+            assert compare("out", Causal()(*args), actual).ok, (n, m)

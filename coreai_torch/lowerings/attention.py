@@ -37,6 +37,28 @@ def repeat_kv(x: ir.Value, groups: int) -> ir.Value:
     return reshape(expanded, [*shape[:-3], shape[-3] * groups, *shape[-2:]])
 
 
+def _length(x: ir.Value, axis: int) -> ir.Value:
+    """Size of ``x`` along ``axis`` as a 0-d ``si32`` value (static sizes fold)."""
+    rank = rank_of(x)
+    axis %= rank
+    size = cai.slice_(cai.get_shape(x), [axis], [axis + 1], [1])
+    return cai.shrink_dims(cai.cast(size, np.int32), [0])
+
+
+def _causal_bias(q: ir.Value, k: ir.Value, dtype: torch.dtype) -> ir.Value:
+    """``(L, S)`` additive mask: 0 where ``column <= row`` (PyTorch's top-left causal
+    alignment), ``-inf`` elsewhere; built at run time when a length is dynamic."""
+    lq, lk = shape_of(q)[-2], shape_of(k)[-2]
+    if lq is not None and lk is not None:
+        allowed = np.tril(np.ones((lq, lk), dtype=bool))
+        return cast(cai.constant(np.where(allowed, 0.0, -np.inf).astype(np.float32)), dtype)
+    zero, one = np.int32(0), np.int32(1)
+    rows = cai.expand_dims(cai.range_(zero, _length(q, -2), one), [1])
+    cols = cai.expand_dims(cai.range_(zero, _length(k, -2), one), [0])
+    hidden = cai.broadcasting_greater(cols, rows)
+    return cai.broadcasting_where(hidden, constant(float("-inf"), dtype), constant(0.0, dtype))
+
+
 def attention_values(
     q: ir.Value,
     k: ir.Value,
@@ -62,11 +84,8 @@ def attention_values(
     scores = cai.broadcasting_batch_matmul(q, k_t)
     scores = cai.broadcasting_mul(scores, constant(scale, dtype))
     last = np.int32(rank_of(scores) - 1)
-    lq, lk = q_shape[-2], k_shape[-2]
     if is_causal:
-        allowed = np.tril(np.ones((lq, lk), dtype=bool))
-        bias = np.where(allowed, 0.0, -np.inf).astype(np.float32)
-        scores = cai.broadcasting_add(scores, cast(cai.constant(bias), dtype))
+        scores = cai.broadcasting_add(scores, _causal_bias(q, k, dtype))
     if mask is not None:
         if dtype_of(mask) == torch.bool:
             neg = cai.broadcasting_where(mask, constant(0.0, dtype), constant(float("-inf"), dtype))
@@ -103,8 +122,6 @@ def scaled_dot_product_attention(
             "self.training else 0.0`) and export the model in eval mode"
         )
     q_shape, k_shape = shape_of(query), shape_of(key)
-    if None in q_shape[-2:] + k_shape[-2:] and is_causal:
-        raise cx.unsupported("causal attention with dynamic sequence lengths")
     if enable_gqa and len(q_shape) >= 3 and None in (q_shape[-3], k_shape[-3]):
         raise cx.unsupported("grouped-query attention with a dynamic number of heads")
     return aten_composite(
