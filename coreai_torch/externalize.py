@@ -43,7 +43,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from coreai_torch import composite, dtypes
 from coreai_torch._mlir import ir
-from coreai_torch.errors import ConversionError, ExternalizationError
+from coreai_torch.errors import ConversionError, ExternalizationError, UnsupportedOpError
 
 # ----------------------------------------------------------------------------------- spec ---
 
@@ -789,7 +789,11 @@ def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
     label = target.path or type(target.module).__name__
     missing = find_unsupported(ep, importer.lowerings)
     if missing:
-        raise unsupported_op_error(missing, f"externalized module {target.label}")
+        error = unsupported_op_error(missing, "")
+        raise UnsupportedOpError(
+            str(error).replace("entry point ''", f"externalized module {target.label}", 1),
+            ops=error.ops,
+        )
     zero = find_zero_size(ep)
     if zero:
         raise ExternalizationError(

@@ -5,21 +5,26 @@ from __future__ import annotations
 import copy
 import re
 
+import coreai.authoring as ca  # before the dialect import (coreai-core's import order)
 import pytest
 import torch
 import torch.nn as nn
+from coreai._compiler.dialects import coreai
 
 import coreai_torch
-from coreai_torch import ExternalizationError, ExternalizeSpec, TorchConverter
+from coreai_torch import ExternalizationError, ExternalizeSpec, TorchConverter, UnsupportedOpError
+from coreai_torch._utils import get_operands
 from coreai_torch.composite_ops import SDPA, RMSNorm, RMSNormImpl
 from coreai_torch.runtime import Session
-from coreai_torch.verify import compare, run_entrypoint
+from coreai_torch.verify import compare, run_entrypoint, verify
 from tests.externalize_support import (
     check_externalized,
     composites,
     convert_externalized,
     graphs,
 )
+
+assert ca  # imported for its side effect (import order)
 
 RMS_SPEC = ExternalizeSpec(RMSNormImpl, "rms_norm", ["axes", "eps"])
 SDPA_SPEC = ExternalizeSpec(SDPA, "sdpa", ["is_causal", "scale", "enable_gqa"])
@@ -507,3 +512,39 @@ def test_entry_points_share_identical_composite_graphs() -> None:
             (actual,) = run_entrypoint(session, program, (x,), entrypoint=name)
             with torch.no_grad():
                 assert compare(name, copy.deepcopy(model)(x), actual).ok
+
+
+@torch.library.custom_op("externalize_test::double", mutates_args=())
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@double.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Doubler(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return double(x) + 1
+
+
+def test_ops_inside_externalized_modules_use_the_converters_lowerings() -> None:
+    model = nn.Sequential(Doubler()).eval()
+    sample = (torch.randn(3),)
+    with pytest.raises(
+        UnsupportedOpError,
+        match=r"(?s)externalized module Doubler at '0': 1 op\(s\) have no Core AI lowering.*"
+        r"externalize_test::double\.default .*test_externalize\.py:\d+ in forward",
+    ):
+        _stage(model, sample, [ExternalizeSpec(Doubler, "doubler")]).to_coreai()
+    converter = _stage(model, sample, [ExternalizeSpec(Doubler, "doubler")])
+
+    @converter.register_torch_lowering("externalize_test::double.default")
+    def lower_double(values_map, node, loc):
+        (x,) = get_operands(values_map, node, [0], loc)
+        return coreai.broadcasting_add(x, x, loc=loc)
+
+    program = converter.to_coreai()
+    assert len(composites(program, "doubler")) == 1
+    assert verify(model, sample, program=program.optimize()).ok
