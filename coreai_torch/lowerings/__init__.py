@@ -14,6 +14,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     reduction,
     shape,
     sorting,
+    special,
     unary,
 )
 from coreai_torch.lowerings.registry import (

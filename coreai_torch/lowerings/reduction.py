@@ -34,6 +34,7 @@ from coreai_torch.lowerings.common import (
     rank_of,
     shape_of,
     squeeze,
+    unsqueeze,
 )
 from coreai_torch.lowerings.creation import filled
 from coreai_torch.lowerings.elementwise import (
@@ -422,3 +423,34 @@ def dist(cx: LoweringContext, self: ir.Value, other: ir.Value, p: float = 2) -> 
     dtype = cx.out_dtype
     a, b = cast(self, opmath(dtype)), cast(other, opmath(dtype))
     return cast(vector_norm(cai.broadcasting_sub(a, b), float(p), None, False), dtype)
+
+
+@lowering("aten::_cdist_forward.default")
+def cdist(
+    cx: LoweringContext,
+    x1: ir.Value,
+    x2: ir.Value,
+    p: float,
+    compute_mode: int | None = None,
+) -> ir.Value:
+    """p-norm distances between the rows of ``x1`` (..., P, M) and ``x2`` (..., R, M), from
+    the broadcast differences (exact, unlike ATen's matmul shortcut for large inputs)."""
+    dtype = cx.out_dtype
+    a, b = cast(x1, opmath(dtype)), cast(x2, opmath(dtype))
+    rank = rank_of(a)
+    diff = cai.broadcasting_sub(unsqueeze(a, [rank - 1]), unsqueeze(b, [rank - 2]))
+    return cast(vector_norm(diff, float(p), [-1], False), dtype)
+
+
+@lowering("aten::_pdist_forward.default")
+def pdist(cx: LoweringContext, self: ir.Value, p: float = 2) -> ir.Value:
+    """Distances between all pairs of rows i < j of ``self`` (N, M), in row-major order."""
+    n = shape_of(self)[0]
+    if n is None:
+        raise cx.unsupported("pdist over a dynamic number of rows")
+    dtype = cx.out_dtype
+    x = cast(self, opmath(dtype))
+    diff = cai.broadcasting_sub(unsqueeze(x, [1]), unsqueeze(x, [0]))
+    full = cai.reshape(vector_norm(diff, float(p), [-1], False), i32([n * n]))
+    pairs = [i * n + j for i in range(n) for j in range(i + 1, n)]
+    return cast(cai.gather_along_axis(full, i32(pairs), i32(0)), dtype)

@@ -9,11 +9,13 @@ leaves that order unspecified).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     INT32_MAX,
+    Scalar,
     Size,
     cast,
     constant,
@@ -29,13 +31,17 @@ from coreai_torch.lowerings.common import (
     squeeze,
     unsqueeze,
 )
+from coreai_torch.lowerings.cumulative import positions
 from coreai_torch.lowerings.elementwise import (
     Operand,
     const_like,
+    floor_values,
     ge,
     gt,
     isnan_values,
+    le,
     operand,
+    opmath,
 )
 from coreai_torch.lowerings.reduction import arg_extreme
 from coreai_torch.lowerings.registry import LoweringContext, lowering
@@ -245,3 +251,62 @@ def searchsorted(
         sequence = take(sequence, cast(sorter, torch.int32), rank_of(sequence) - 1)
     values = _as_tensor(self, sequence)
     return _count_below(sequence, values, right or side == "right", out_int32)
+
+
+# ------------------------------------------------------------------------ histc, mode ------
+
+
+@lowering("aten::histc.default")
+def histc(
+    cx: LoweringContext, self: ir.Value, bins: int = 100, min: Scalar = 0, max: Scalar = 0
+) -> ir.Value:
+    """Counts of ``bins`` equal-width bins over [min, max] (the data's range when
+    min == max), ignoring values outside it and NaN, with ATen's bin arithmetic."""
+    x = cai.reshape(cast(self, opmath(cx.out_dtype)), i32([-1]))
+    if min == max:
+        lo = squeeze(cai.reduce_min(x, i32([0])), [0])
+        hi = squeeze(cai.reduce_max(x, i32([0])), [0])
+        same = cai.broadcasting_equal(lo, hi)
+        lo = cai.broadcasting_where(same, cai.broadcasting_sub(lo, const_like(1.0, lo)), lo)
+        hi = cai.broadcasting_where(same, cai.broadcasting_add(hi, const_like(1.0, hi)), hi)
+    else:
+        lo, hi = const_like(min, x), const_like(max, x)
+    inside = cai.broadcasting_and(ge(x, lo), le(x, hi))
+    scaled = cai.broadcasting_mul(cai.broadcasting_sub(x, lo), const_like(float(bins), x))
+    position = floor_values(cai.broadcasting_divide(scaled, cai.broadcasting_sub(hi, lo)))
+    position = cai.broadcasting_minimum(position, const_like(float(bins - 1), x))
+    edges = cai.constant(np.arange(bins, dtype=np.float32))
+    hits = cai.broadcasting_and(
+        cai.broadcasting_equal(unsqueeze(position, [1]), cast(edges, dtype_of(x))),
+        unsqueeze(inside, [1]),
+    )
+    counts = squeeze(cai.reduce_sum(cast(hits, dtype_of(x)), i32([0])), [0])
+    return cast(counts, cx.out_dtype)
+
+
+@lowering("aten::mode.default")
+def mode(
+    cx: LoweringContext, self: ir.Value, dim: int = -1, keepdim: bool = False
+) -> list[ir.Value]:
+    """Most frequent value along ``dim`` (the smallest of equally frequent ones) and the
+    index of its last occurrence, by counting pairwise equalities."""
+    x = self
+    if rank_of(x) == 0:
+        return [x, constant(0, torch.int64)]
+    axis = normalize_dim(dim, rank_of(x))
+    key = cast(x, torch.uint8) if dtype_of(x) == torch.bool else x
+    equal = cai.broadcasting_equal(unsqueeze(key, [axis + 1]), unsqueeze(key, [axis]))
+    counts = squeeze(cai.reduce_sum(cast(equal, torch.int32), i32([axis + 1])), [axis + 1])
+    best = cai.broadcasting_equal(counts, cai.reduce_max(counts, i32([axis])))
+    dtype = dtype_of(key)
+    largest = float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max
+    value = cai.reduce_min(cai.broadcasting_where(best, key, const_like(largest, key)), i32([axis]))
+    where_value = cai.broadcasting_equal(key, value)
+    index = cai.reduce_max(
+        cai.broadcasting_where(where_value, positions(key, axis), constant(-1, torch.int64)),
+        i32([axis]),
+    )
+    value = cast(value, dtype_of(x))
+    if not keepdim:
+        value, index = squeeze(value, [axis]), squeeze(index, [axis])
+    return [value, index]

@@ -109,7 +109,7 @@ def log10_values(x: ir.Value) -> ir.Value:
 
 
 # Numerical Recipes' erfc approximation (relative error < 1.2e-7 everywhere).
-_ERFC_COEFFICIENTS = [
+ERFC_COEFFICIENTS = [
     0.17087277,
     -0.82215223,
     1.48851587,
@@ -127,7 +127,7 @@ def erfc_values(x: ir.Value) -> ir.Value:
     """``1 - erf(x)``, accurate in the tail (``erfc(10) == 2.1e-45``)."""
     z = cai.abs_(x)
     t = _rdiv(1.0, _add(_mul(z, 0.5), 1.0))
-    exponent = cai.broadcasting_sub(polynomial(t, _ERFC_COEFFICIENTS), cai.broadcasting_mul(z, z))
+    exponent = cai.broadcasting_sub(polynomial(t, ERFC_COEFFICIENTS), cai.broadcasting_mul(z, z))
     tail = cai.broadcasting_mul(t, cai.exp(exponent))
     tail = cai.broadcasting_where(
         signbit_values(x), cai.broadcasting_sub(const_like(2.0, x), tail), tail
@@ -167,9 +167,8 @@ def erfinv_values(x: ir.Value) -> ir.Value:
     central = polynomial(_sub(w, 2.5), _ERFINV_CENTRAL)
     tail = polynomial(_sub(cai.sqrt(w), 3.0), _ERFINV_TAIL)
     p = cai.broadcasting_where(_less(w, 5.0), central, tail)
-    result = cai.broadcasting_mul(p, x)
     edge = cai.broadcasting_equal(cai.abs_(x), one)
-    return cai.broadcasting_where(edge, _mul(x, float("inf")), result)
+    return cai.broadcasting_where(edge, _mul(x, float("inf")), cai.broadcasting_mul(p, x))
 
 
 def atan2_values(y: ir.Value, x: ir.Value) -> ir.Value:

@@ -285,3 +285,17 @@ def test_binary_more_dtypes(name: str, dtype: torch.dtype) -> None:
     if name == "pow":
         b = b.abs() % 3
     check_fn(lambda a, b: op(a, b), a, b)
+
+
+def test_gcd_lcm() -> None:
+    """Euclid's algorithm runs as a Core AI while loop (no division by zero on finished lanes)."""
+    a = torch.tensor([[12, 0, -18, 7, 0, 2**40, 1071, -5], [3, 9, 27, 81, 1, 2, 3, 4]])
+    b = torch.tensor([8, 5, 24, 0, 0, 6, 462, -15])
+
+    def f(a, b):
+        return (
+            torch.gcd(a, b), torch.lcm(a, b), torch.gcd(a.int(), b.int()),
+            torch.gcd(a[0, 0], b[0]), torch.lcm(a.short(), b.short()),
+        )  # fmt: skip
+
+    check_fn(f, a, b)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from coreai_torch import TorchConverter
 from coreai_torch.verify import export_decomposed
@@ -291,3 +292,31 @@ def test_reductions_of_empty_slices() -> None:
         )  # fmt: skip
 
     check_fn(f, floats(3, 4), ints(3, 4))
+
+
+def test_histc_and_mode() -> None:
+    x = torch.tensor([0.0, 1.0, 1.5, 2.0, 3.0, NAN, -1.0, 2.9999, 0.75])
+    m = torch.tensor([[3.0, 1.0, 3.0, 1.0, 2.0], [5.0, 5.0, 4.0, 4.0, 4.0], [1.0, 2, 3, 4, 5]])
+
+    def f(x, m, i):
+        return (
+            torch.histc(x, 4, 0, 3), torch.histc(m, 5), torch.histc(m[0], 3, 2, 2),
+            torch.mode(m, 1), torch.mode(m, 0, keepdim=True), torch.mode(i, -1),
+            torch.mode(i > 2, 1),
+        )  # fmt: skip
+
+    check_fn(f, x, m, ints(3, 6, low=0, high=4))
+
+
+def test_distances() -> None:
+    a, b, c = floats(2, 5, 3), floats(2, 4, 3), floats(6, 3)
+
+    def f(a, b, c, d):
+        return (
+            torch.cdist(a, b), torch.cdist(a, b, p=1), torch.cdist(a, b, p=float("inf")),
+            torch.cdist(c, c[:2], p=3), torch.cdist(a, b, p=0), torch.cdist(d, c),
+            F.pdist(c), F.pdist(c, p=1), F.pairwise_distance(c, c.flip(0)),
+            F.cosine_similarity(a, a.flip(1), dim=-1),
+        )  # fmt: skip
+
+    check_fn(f, a, b, c, floats(30, 3), atol=1e-4, rtol=1e-4)
