@@ -43,7 +43,12 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from coreai_torch import composite, dtypes
 from coreai_torch._mlir import ir
-from coreai_torch.errors import ConversionError, ExternalizationError, UnsupportedOpError
+from coreai_torch.errors import (
+    ConversionError,
+    ExternalizationError,
+    RuntimeHazardError,
+    UnsupportedOpError,
+)
 
 # ----------------------------------------------------------------------------------- spec ---
 
@@ -796,9 +801,12 @@ def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
         )
     zero = find_zero_size(ep)
     if zero:
-        raise ExternalizationError(
-            f"externalized module {target.label} has zero-element values, which the Core AI "
-            "runtime cannot execute"
+        from coreai_torch.locations import describe
+
+        listed = "\n".join(f"  - {describe(n)}" for n in zero[:10])
+        raise RuntimeHazardError(
+            f"externalized module {target.label}: {len(zero)} value(s) have zero elements, "
+            f"which the Core AI runtime cannot execute:\n{listed}"
         )
 
     n_slots = len(call.input_names)

@@ -548,3 +548,18 @@ def test_ops_inside_externalized_modules_use_the_converters_lowerings() -> None:
     program = converter.to_coreai()
     assert len(composites(program, "doubler")) == 1
     assert verify(model, sample, program=program.optimize()).ok
+
+
+class EmptySlice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.nn.functional.pad(x[:0], (1, 2)).sum()  # pads an empty slice
+
+
+def test_zero_element_values_inside_externalized_modules_are_rejected() -> None:
+    from coreai_torch import RuntimeHazardError
+
+    converter = _stage(nn.Sequential(EmptySlice()), (torch.randn(3),), [EmptySlice])
+    with pytest.raises(
+        RuntimeHazardError, match=r"externalized module EmptySlice at '0': 1 value\(s\) have zero"
+    ):
+        converter.to_coreai()
