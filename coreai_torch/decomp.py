@@ -28,6 +28,16 @@ def _adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tenso
     return aten._adaptive_avg_pool2d.default(x, output_size)
 
 
+#: Recurrent layers, lowered as one loop over time per layer (lowerings/recurrent.py) instead
+#: of PyTorch's decomposition, which unrolls every time step.
+RECURRENT_OPS: tuple[torch._ops.OpOverload, ...] = (
+    aten.lstm.input,
+    aten.gru.input,
+    aten.rnn_tanh.input,
+    aten.rnn_relu.input,
+)
+
+
 #: Decompositions that replace PyTorch's own for these ops.
 _REPLACEMENTS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
     aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
@@ -42,6 +52,8 @@ def get_decomp_table() -> dict:
     """
     table = dict(torch.export.default_decompositions().items())
     for op in COMPOSITE_OPS:
+        table.pop(op, None)
+    for op in RECURRENT_OPS:
         table.pop(op, None)
     table.update(_REPLACEMENTS)
     return table

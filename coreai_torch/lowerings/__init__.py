@@ -11,6 +11,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     indexing,
     linalg,
     norm,
+    recurrent,
     reduction,
     shape,
     sorting,

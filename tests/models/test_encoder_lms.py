@@ -1,0 +1,82 @@
+"""Encoder LMs (BERT-like; Hugging Face model classes from small configs, random weights)
+match eager PyTorch on the Core AI runtime within 1e-4 × max(1, max|ref|).
+
+Inputs carry a padding ``attention_mask`` (one sequence padded on the right) and, for BERT,
+``token_type_ids``.  BERT is in the fast suite, the other encoders are slow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn as nn
+
+from tests.models.common import Call, check_model, redraw_weights
+
+VOCAB = 128
+BATCH, SEQ = 2, 16
+
+
+def encoder(config_name: str, model_name: str, **overrides: Any) -> nn.Module:
+    import transformers
+
+    config = getattr(transformers, config_name)(
+        **{
+            "vocab_size": VOCAB,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "max_position_embeddings": 64,
+            **overrides,
+        }
+    )
+    config._attn_implementation = "sdpa"
+    # MLM heads are tied to the token embeddings: keep those small so logits stay O(1).
+    return redraw_weights(getattr(transformers, model_name)(config).eval(), embedding_std=0.3)
+
+
+def padded_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(3, VOCAB, (BATCH, SEQ))
+    mask = torch.ones(BATCH, SEQ, dtype=torch.int64)
+    mask[1, SEQ - 5 :] = 0
+    ids[1, SEQ - 5 :] = 1  # the pad token
+    return ids, mask
+
+
+def test_bert() -> None:
+    """BertModel: last hidden state and pooled output, with token types and padding."""
+    model = encoder("BertConfig", "BertModel", pad_token_id=1)
+    ids, mask = padded_inputs()
+    types = torch.zeros_like(ids)
+    types[:, SEQ // 2 :] = 1
+    call = Call(
+        model,
+        lambda m, i, a, t: m(input_ids=i, attention_mask=a, token_type_ids=t, return_dict=False)[
+            :2
+        ],
+    )
+    check_model(call, (ids, mask, types))
+
+
+MODELS = {
+    # RoBERTa derives position ids from the pad token (cumsum over the mask).
+    "roberta_mlm": ("RobertaConfig", "RobertaForMaskedLM", dict(pad_token_id=1)),
+    "distilbert_mlm": (
+        "DistilBertConfig",
+        "DistilBertForMaskedLM",
+        dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128, pad_token_id=1),
+    ),
+    "bert_mlm": ("BertConfig", "BertForMaskedLM", dict(pad_token_id=1)),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODELS))
+def test_encoder_lm(name: str) -> None:
+    config_name, model_name, overrides = MODELS[name]
+    model = encoder(config_name, model_name, **overrides)
+    call = Call(model, lambda m, i, a: m(input_ids=i, attention_mask=a, return_dict=False)[0])
+    check_model(call, padded_inputs())
