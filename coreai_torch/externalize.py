@@ -518,15 +518,23 @@ class _Call:
         """The op's implementation: run the original forward (eagerly or on fake tensors)."""
         target = self.target
         n = len(self.input_names)
+        # buffers and arguments are copied (the op must not mutate its inputs), parameters not
         args = [t.clone() for t in operands[:n]]  # type: ignore[union-attr]
+        params = set(target.param_names)
         state = {
-            name: t.clone()  # type: ignore[union-attr]
+            name: t if name in params else t.clone()  # type: ignore[union-attr]
             for name, t in zip(target.state_names, operands[n:], strict=True)
         }
         call_args, call_kwargs = self.rebuild(args)
         recorder = _WriteRecorder()
         with _reparametrize_module(target.module, state), recorder:
             out = target.original_forward(*call_args, **call_kwargs)
+        written = [name for name in target.param_names if recorder.wrote(state[name])]
+        if written:
+            raise ExternalizationError(
+                f"{target.label} changes its parameter(s) {written} in place; Core AI programs "
+                "only update buffers and inputs (register them as buffers instead)"
+            )
         leaves, spec = pytree.tree_flatten_with_path(out)
         tensors: list[torch.Tensor] = []
         names: list[str] = []
@@ -546,7 +554,7 @@ class _Call:
         if isinstance(out, torch.Tensor):
             names = ["output"]
         mutated: list[tuple[str, Any]] = [
-            ("state", name) for name in target.state_names if recorder.wrote(state[name])
+            ("state", name) for name in target.buffer_names if recorder.wrote(state[name])
         ]
         mutated += [("arg", i) for i, t in enumerate(args) if recorder.wrote(t)]
         if self._recorded and mutated != self.mutated:

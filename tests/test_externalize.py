@@ -563,3 +563,19 @@ def test_zero_element_values_inside_externalized_modules_are_rejected() -> None:
         RuntimeHazardError, match=r"externalized module EmptySlice at '0': 1 value\(s\) have zero"
     ):
         converter.to_coreai()
+
+
+class ParameterUpdate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.scale.mul_(2)
+        return x * self.scale
+
+
+def test_parameter_mutation_inside_externalized_modules_is_rejected() -> None:
+    with pytest.raises(ExternalizationError, match=r"changes its parameter\(s\) \['scale'\]"):
+        _stage(nn.Sequential(ParameterUpdate()), (torch.randn(3),), [ParameterUpdate])
