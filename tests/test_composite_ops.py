@@ -388,3 +388,45 @@ def test_kv_cache_decode_with_composites_keeps_state() -> None:
         cache = session.state_values()["b_k_cache"]
     assert torch.allclose(torch.from_numpy(cache), reference.k_cache, atol=1e-5)
     assert worst < 1e-4
+
+
+@pytest.mark.slow
+def test_hugging_face_llama_with_externalized_blocks() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import (
+        LlamaDecoderLayer,
+        LlamaMLP,
+        LlamaRMSNorm,
+    )
+
+    config = LlamaConfig(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    config._attn_implementation = "sdpa"
+
+    class Logits(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm = LlamaForCausalLM(config)
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.lm(input_ids=ids, use_cache=False).logits
+
+    specs = [
+        ExternalizeSpec(LlamaRMSNorm, "rms_norm", ["variance_epsilon"]),
+        LlamaDecoderLayer,
+        LlamaMLP,
+    ]
+    program, report = check_externalized(Logits().eval(), (torch.randint(0, 128, (1, 9)),), specs)
+    found = graphs(program)
+    layers = [found[c] for c in found["main"].invokes if found[c].op is None]
+    assert len(layers) == 2
+    rms = composites(program, "rms_norm")
+    assert rms and all(g.decl_inputs == ["hidden_states", "weight"] for g in rms)
+    assert report.max_abs < 1e-4
