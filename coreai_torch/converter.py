@@ -23,6 +23,7 @@ from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_use
 from coreai_torch.metal import TorchMetalKernel, check_kernels_registered, register_kernels
 from coreai_torch.program import AIProgram, _verify
 from coreai_torch.progress import resolve as resolve_progress
+from coreai_torch.safe_rewrite import protect_from_runtime_misfolds
 from coreai_torch.signature import ProgramSignature, analyze_signature
 
 
@@ -280,6 +281,7 @@ class TorchConverter:
                     self._import(builder, staged)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()
+                protect_from_runtime_misfolds(module)
                 _verify_with_sources(module, builder, self._lowerings)
                 check_runtime_hazards(module, builder.nodes)
                 stats.verify_seconds = time.perf_counter() - start

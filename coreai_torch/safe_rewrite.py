@@ -108,3 +108,64 @@ def protect_from_misfolds(module: ir.Module) -> int:
             op.erase()
             rewritten += 1
     return rewritten
+
+
+# ---------------------------------------------------------------------------------------------
+# The runtime's compiler treats cast(cast(x: float -> si32/si64) -> float) as the identity: it
+# drops the truncation toward zero (x.to(torch.int64).float() returns x unchanged).  8- and
+# 16-bit intermediates are not affected.  Truncating explicitly first makes the folded and the
+# unfolded program agree.
+
+_WIDE_INTS = (32, 64)
+
+
+def _float_type(t: ir.Type) -> bool:
+    element = ir.ShapedType(t).element_type if ir.ShapedType.isinstance(t) else t
+    return any(k.isinstance(element) for k in (ir.F16Type, ir.BF16Type, ir.F32Type, ir.F64Type))
+
+
+def _wide_int_type(t: ir.Type) -> bool:
+    if not ir.ShapedType.isinstance(t):
+        return False
+    element = ir.ShapedType(t).element_type
+    return ir.IntegerType.isinstance(element) and ir.IntegerType(element).width in _WIDE_INTS
+
+
+def _trunc(x: ir.Value) -> ir.Value:
+    """``x`` rounded toward zero: ``where(x < 0, -floor(-x), floor(x))``."""
+    from coreai_torch.lowerings.common import constant
+
+    dtype = dtypes.to_torch(ir.ShapedType(x.type).element_type)
+    one, zero, minus_one = (constant(v, dtype) for v in (1.0, 0.0, -1.0))
+    floor = cai.broadcasting_floor_divide(x, one)
+    negated = cai.broadcasting_mul(x, minus_one)
+    ceil = cai.broadcasting_mul(cai.broadcasting_floor_divide(negated, one), minus_one)
+    return cai.broadcasting_where(cai.broadcasting_greater(zero, x), ceil, floor)
+
+
+def protect_from_runtime_misfolds(module: ir.Module) -> int:
+    """Truncate explicitly before ``float -> si32/si64`` casts whose result is cast back to a
+    float type.  Returns the number of casts protected."""
+    casts: list[ir.Operation] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "coreai.cast":
+            casts.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    protected = 0
+    with module.context:
+        for op in casts:
+            source = op.operands[0]
+            if not (_float_type(source.type) and _wide_int_type(op.result.type)):
+                continue
+            if not any(
+                use.owner.name == "coreai.cast" and _float_type(use.owner.result.type)
+                for use in op.result.uses
+            ):
+                continue
+            with ir.InsertionPoint(op), op.location:
+                op.operands[0] = _trunc(source)
+            protected += 1
+    return protected

@@ -1,0 +1,263 @@
+"""Runtime hazards: inputs and programs that would abort the Core AI runtime never reach it.
+
+The runtime kills the process (no Python exception) on integer division by zero, on
+``INT_MIN / -1``, on zero-element tensors, on 16-bit index operands, on huge pads and when a
+rank-0 input is fed an array of shape (1,).  The converter prevents these at conversion time
+(``coreai_torch.hazards``, the lowerings' guards) and ``coreai_torch.runtime.Session`` checks
+inputs before calling the runtime.  Everything that runs a program here runs in a child
+process that must survive.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from coreai_torch import RuntimeHazardError, TorchConverter
+from coreai_torch._mlir import cai
+from coreai_torch._utils import get_operand
+from coreai_torch.verify import export_decomposed
+from tests.reliability.support import run_isolated
+
+CHILD = """
+import json, warnings
+warnings.simplefilter("ignore")
+import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
+from coreai_torch import TorchConverter
+from coreai_torch.runtime import Session
+from coreai_torch.verify import export_decomposed
+
+def program(model, args, **kw):
+    return TorchConverter().add_exported_program(export_decomposed(model, args, **kw)).to_coreai()
+
+def ordered(p, outputs):
+    return [outputs[o.name] for o in p.signatures["main"].outputs]
+
+def first(outputs):
+    return next(iter(outputs.values()))
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as e:
+        return [type(e).__name__, str(e)]
+    return None
+
+out = {}
+
+class IntDiv(nn.Module):
+    def forward(self, x, y):
+        return x // y, x % y, torch.div(x, y, rounding_mode="trunc"), torch.fmod(x, y)
+
+x = torch.tensor([7, -7, 5, -9, 3], dtype=torch.int32)
+y = torch.tensor([2, 0, -1, 0, 3], dtype=torch.int32)
+p = program(IntDiv(), (x, y))
+with Session(p) as s:
+    got = ordered(p, s.run({"x": x, "y": y}))
+nz = (y != 0).numpy()
+expected = [t.numpy() for t in IntDiv()(x, torch.where(y == 0, 1, y))]
+out["int_div_nonzero_divisors_match"] = all(
+    np.array_equal(g[nz], e[nz]) for g, e in zip(got, expected)
+)
+out["int_div_by_zero_values"] = [g[~nz].tolist() for g in got]
+
+class MinDiv(nn.Module):
+    def forward(self, x, y):
+        return x // y, x % y
+imin = torch.tensor([-2**31, -2**31, 6], dtype=torch.int32)
+neg1 = torch.tensor([-1, 1, -1], dtype=torch.int32)
+pm = program(MinDiv(), (imin, neg1))
+with Session(pm) as s:
+    got = ordered(pm, s.run({"x": imin, "y": neg1}))
+out["int_min_div_minus_one"] = [g.tolist() for g in got]
+out["int_min_expected"] = [t.tolist() for t in MinDiv()(imin, neg1)]
+
+class ConstDiv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("d", torch.tensor([3, 0, 2], dtype=torch.int64))
+    def forward(self, x):
+        return x // self.d
+xi = torch.tensor([9, 4, 5])
+with Session(program(ConstDiv(), (xi,))) as s:
+    out["constant_divisor_with_zero"] = first(s.run({"x": xi})).tolist()
+
+class Scalar0(nn.Module):
+    def forward(self, x):
+        return x * 2
+p0 = program(Scalar0(), (torch.tensor(1.5),))
+with Session(p0) as s:
+    out["rank0_fed_shape_1"] = error_of(lambda: s.run({"x": np.ones(1, np.float32)}))
+    out["rank0_ok"] = first(s.run({"x": np.array(2.0, np.float32)})).tolist()
+
+batch = torch.export.Dim("batch", min=1, max=8)
+pd = program(Scalar0(), (torch.randn(2, 3),), dynamic_shapes=({0: batch},))
+with Session(pd) as s:
+    out["zero_rows_at_run_time"] = error_of(lambda: s.run({"x": np.zeros((0, 3), np.float32)}))
+    out["three_rows"] = first(s.run({"x": np.ones((3, 3), np.float32)})).tolist()
+
+class Crop(nn.Module):
+    def forward(self, x):
+        return F.pad(x, (-1, 2, 1, -1)) * 2
+xc = torch.randn(3, 5)
+with Session(program(Crop(), (xc,))) as s:
+    out["negative_pad_matches"] = bool(np.allclose(first(s.run({"x": xc})), Crop()(xc).numpy()))
+
+class CatEmpty(nn.Module):
+    def forward(self, x):
+        return torch.cat([x[:, :0], x, x[:, 2:2]], 1) + 1
+xe = torch.randn(2, 3)
+with Session(program(CatEmpty(), (xe,))) as s:
+    got = first(s.run({"x": xe}))
+out["cat_with_empty_matches"] = bool(np.allclose(got, CatEmpty()(xe).numpy()))
+
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def child() -> dict[str, Any]:
+    return run_isolated(CHILD)
+
+
+def test_integer_division_by_a_zero_tensor_divisor_does_not_abort(child: dict[str, Any]) -> None:
+    assert child["int_div_nonzero_divisors_match"]
+    # PyTorch raises for these elements; the program returns the documented values
+    # (x // 0 == x, x % 0 == 0, trunc(x / 0) == x, fmod(x, 0) == 0) instead of aborting.
+    assert child["int_div_by_zero_values"] == [[-7, -9], [0, 0], [-7, -9], [0, 0]]
+
+
+def test_int_min_divided_by_minus_one_wraps_like_pytorch(child: dict[str, Any]) -> None:
+    assert child["int_min_div_minus_one"] == child["int_min_expected"]
+
+
+def test_constant_divisor_containing_zero_does_not_abort(child: dict[str, Any]) -> None:
+    assert child["constant_divisor_with_zero"] == [3, 4, 2]
+
+
+def test_rank0_input_fed_shape_1_is_a_clear_error(child: dict[str, Any]) -> None:
+    kind, message = child["rank0_fed_shape_1"]
+    assert kind == "ValueError"
+    assert "input 'x' of 'main' must have shape ()" in message and "got (1,)" in message
+    assert child["rank0_ok"] == 4.0  # the session stays usable
+
+
+def test_zero_rows_for_a_dynamic_dimension_is_a_clear_error(child: dict[str, Any]) -> None:
+    kind, message = child["zero_rows_at_run_time"]
+    assert kind == "ValueError"
+    assert "zero elements (0, 3)" in message and "cannot run on empty tensors" in message
+    assert child["three_rows"] == [[2.0] * 3] * 3
+
+
+def test_negative_pads_crop_instead_of_wrapping_around(child: dict[str, Any]) -> None:
+    assert child["negative_pad_matches"]
+
+
+def test_empty_inputs_of_cat_are_dropped(child: dict[str, Any]) -> None:
+    assert child["cat_with_empty_matches"]
+
+
+# ----------------------------------------------------- rejected at conversion time (no run) ----
+
+
+def _convert(model: nn.Module, *args: torch.Tensor, converter: TorchConverter | None = None):
+    converter = converter or TorchConverter()
+    return converter.add_exported_program(export_decomposed(model, args)).to_coreai()
+
+
+class EmptySlice(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 2:2] * 2
+
+
+def test_zero_element_values_are_rejected_with_the_source_line() -> None:
+    with pytest.raises(RuntimeHazardError) as info:
+        _convert(EmptySlice(), torch.randn(2, 4))
+    message = str(info.value)
+    assert "zero elements" in message and "runtime cannot execute" in message
+    assert "node 'slice_1' (op aten::slice.Tensor)" in message
+    assert "test_runtime_hazards.py" in message and "return x[:, 2:2] * 2" in message
+    assert "Remove the empty tensors" in message
+
+
+def test_zero_size_input_is_rejected() -> None:
+    with pytest.raises(RuntimeHazardError, match=r"(?s)zero elements.*node 'x'.*Remove the empty"):
+        _convert(EmptySlice(), torch.randn(0, 4))
+
+
+class HugePad(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, (100000, 100000, 100000, 100000)) + 1
+
+
+def test_huge_pads_are_rejected_before_they_abort_the_runtime() -> None:
+    with pytest.raises(RuntimeHazardError) as info:
+        _convert(HugePad(), torch.randn(2, 5))
+    message = str(info.value)
+    assert "would abort the Core AI runtime" in message
+    assert "elements; Core AI tensors hold at most 2147483647" in message
+    assert "test_runtime_hazards.py" in message and "F.pad(x, (100000" in message
+    assert "Reduce the sizes" in message
+
+
+class IntDivByScalarZero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x // 0
+
+
+def test_integer_division_by_literal_zero_is_rejected() -> None:
+    from coreai_torch import ConversionError
+
+    with pytest.raises(ConversionError) as info:
+        _convert(IntDivByScalarZero(), torch.tensor([1, 2]))
+    message = str(info.value)
+    assert "integer division by zero" in message and "ZeroDivisionError" in message
+    assert "test_runtime_hazards.py" in message and "x // 0" in message
+
+
+_lib = torch.library.Library("rel_hazard", "DEF")
+_lib.define("swap(Tensor x) -> Tensor")
+
+
+@torch.library.impl(_lib, "swap", "CompositeExplicitAutograd")
+def _swap(x: torch.Tensor) -> torch.Tensor:
+    return x.t().contiguous()
+
+
+@torch.library.register_fake("rel_hazard::swap")
+def _swap_fake(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[1], x.shape[0])
+
+
+class Swap(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.rel_hazard.swap(x) + 1
+
+
+def _swap_lowering(dtype: Any):
+    def lower(values_map, node, loc):
+        return cai.transpose(get_operand(values_map, node, 0, loc), np.array([1, 0], dtype))
+
+    return lower
+
+
+def test_16_bit_index_operands_from_a_user_lowering_are_rejected() -> None:
+    converter = TorchConverter()
+    converter.register_torch_lowering("rel_hazard::swap.default")(_swap_lowering(np.uint16))
+    with pytest.raises(RuntimeHazardError) as info:
+        _convert(Swap(), torch.randn(2, 3), converter=converter)
+    message = str(info.value)
+    assert "'coreai.transpose' takes the 16-bit index operand #1 (tensor<2xui16>)" in message
+    assert "node 'swap' (op rel_hazard::swap.default)" in message
+    assert "test_runtime_hazards.py" in message and "torch.ops.rel_hazard.swap(x)" in message
+    assert "Use si32 or ui32" in message
+    # fixing the lowering makes the same converter (same staged program) work
+    converter.register_torch_lowering("rel_hazard::swap.default", allow_override=True)(
+        _swap_lowering(np.uint32)
+    )
+    assert "coreai.transpose" in str(converter.to_coreai())
