@@ -1,0 +1,156 @@
+"""The converter stays usable after any error: staged programs and registered lowerings are
+kept, and fixing the cause and calling again works.
+
+One test per kind of failure: unsupported op, lowering that raises, verifier failure (with the
+message naming the op, node, source line and fix), bad names, export_fn failures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+import coreai_torch
+from coreai_torch import (
+    ConversionError,
+    InvalidSignatureError,
+    LoweringError,
+    NotDecomposedError,
+    TorchConverter,
+    UnsupportedOpError,
+    VerificationError,
+)
+from coreai_torch._mlir import cai
+from coreai_torch._utils import get_operand
+from coreai_torch.lowerings.common import u32
+from coreai_torch.runtime import Session
+from coreai_torch.verify import export_decomposed
+
+
+@torch.library.custom_op("rel_recover::tile2", mutates_args=())
+def tile2(x: torch.Tensor) -> torch.Tensor:
+    return x.repeat(1, 2)
+
+
+@tile2.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], 2 * x.shape[1])
+
+
+class Tiled(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.rel_recover.tile2(x) + 1
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+
+X = torch.randn(2, 3)
+OP = "rel_recover::tile2.default"
+
+
+def _good_tile(values_map, node, loc):
+    return cai.tile(get_operand(values_map, node, 0, loc), u32([1, 2]), loc=loc)
+
+
+def _staged_pair(converter: TorchConverter) -> TorchConverter:
+    converter.add_exported_program(export_decomposed(Scale(), (X,)), entrypoint_name="scale")
+    converter.add_exported_program(export_decomposed(Tiled(), (X,)), entrypoint_name="tiled")
+    return converter
+
+
+def _runs_correctly(converter: TorchConverter) -> None:
+    program = converter.to_coreai()
+    assert program.function_names == ["scale", "tiled"]
+    with Session(program) as session:
+        (tiled,) = session.run({"x": X}, entrypoint="tiled").values()
+        (scaled,) = session.run({"x": X}, entrypoint="scale").values()
+    np.testing.assert_allclose(tiled, Tiled()(X).numpy(), atol=1e-6)
+    np.testing.assert_allclose(scaled, Scale()(X).numpy(), atol=1e-6)
+
+
+def test_after_unsupported_op() -> None:
+    converter = _staged_pair(TorchConverter())
+    with pytest.raises(UnsupportedOpError, match=OP):
+        converter.to_coreai()
+    assert converter.to_coreai(entrypoints=["scale"]).function_names == ["scale"]
+    converter.register_torch_lowering(OP)(_good_tile)
+    _runs_correctly(converter)
+
+
+def test_after_a_lowering_that_raises() -> None:
+    converter = _staged_pair(TorchConverter())
+
+    @converter.register_torch_lowering(OP)
+    def broken(values_map, node, loc):
+        raise NotImplementedError("not yet")
+
+    with pytest.raises(LoweringError, match=r"NotImplementedError: not yet"):
+        converter.to_coreai()
+    assert converter.entrypoints == ["scale", "tiled"]
+    converter.register_torch_lowering(OP, allow_override=True)(_good_tile)
+    _runs_correctly(converter)
+
+
+def test_after_a_verifier_failure() -> None:
+    converter = _staged_pair(TorchConverter())
+
+    @converter.register_torch_lowering(OP)
+    def wrong_index_type(values_map, node, loc):
+        return cai.tile(get_operand(values_map, node, 0, loc), [1, 2], loc=loc)  # si32, not ui32
+
+    with pytest.raises(VerificationError) as info:
+        converter.to_coreai()
+    message = str(info.value)
+    assert isinstance(info.value, ConversionError)
+    assert "'coreai.tile' op operand #1 must be 1D CoreAI Tensor" in message  # the cause
+    assert "tensor<2xsi32>" in message
+    assert f"node 'tile2' (op {OP})" in message  # the node and op ...
+    assert "test_recovery.py" in message and "torch.ops.rel_recover.tile2(x)" in message  # line
+    assert f"register_torch_lowering('{OP}') built this invalid op: fix the operands" in message
+    converter.register_torch_lowering(OP, allow_override=True)(_good_tile)
+    _runs_correctly(converter)
+
+
+def test_after_bad_names() -> None:
+    converter = TorchConverter()
+    converter.register_torch_lowering(OP)(_good_tile)
+    converter.add_exported_program(export_decomposed(Scale(), (X,)), entrypoint_name="scale")
+    ep = export_decomposed(Tiled(), (X,))
+    for bad in ({"input_names": ["x", "y"]}, {"output_names": [""]}, {"entrypoint_name": "scale"}):
+        with pytest.raises(InvalidSignatureError):
+            converter.add_exported_program(ep, **({"entrypoint_name": "tiled"} | bad))
+    assert converter.entrypoints == ["scale"]
+    assert OP in converter.lowerings.own_names()
+    converter.add_exported_program(ep, input_names=["x"], entrypoint_name="tiled")
+    _runs_correctly(converter)
+
+
+def test_after_export_fn_failures() -> None:
+    converter = TorchConverter()
+    converter.register_torch_lowering(OP)(_good_tile)
+    converter.add_exported_program(export_decomposed(Scale(), (X,)), entrypoint_name="scale")
+
+    def raises(m: nn.Module) -> torch.export.ExportedProgram:
+        raise ValueError("bad sample")
+
+    for export_fn, error in (
+        (raises, ConversionError),
+        (lambda m: None, ConversionError),
+        (lambda m: torch.export.export(m, (X,)), NotDecomposedError),
+    ):
+        with pytest.raises(error):
+            converter.add_pytorch_module(Tiled(), export_fn=export_fn, entrypoint_name="tiled")
+        assert converter.entrypoints == ["scale"]  # the name is not taken by the failed call
+    converter.add_pytorch_module(
+        Tiled(),
+        export_fn=lambda m: torch.export.export(m, (X,)).run_decompositions(
+            coreai_torch.get_decomp_table()
+        ),
+        entrypoint_name="tiled",
+    )
+    _runs_correctly(converter)
