@@ -78,9 +78,9 @@ def convolution(
         raise cx.unsupported(f"{spatial}-D convolution")
     stride, padding = _per_dim(stride, spatial), _per_dim(padding, spatial)
     dilation, output_padding = _per_dim(dilation, spatial), _per_dim(output_padding, spatial)
-    dtype = cx.out_dtype
-    if not dtype.is_floating_point:
-        raise cx.unsupported(f"convolution of {dtype} tensors")
+    out_dtype = cx.out_dtype
+    # Core AI convolutions are float-only: integer ones run exactly in float64 (|x| < 2**53).
+    dtype = out_dtype if out_dtype.is_floating_point else torch.float64
     x, w = cast(input, dtype), cast(weight, dtype)
     unbatched = rank_of(x) == spatial + 1
     if unbatched:
@@ -102,7 +102,7 @@ def convolution(
     out = _bias(out, cast(bias, dtype) if bias is not None else None, spatial)
     if unbatched:
         out = squeeze(out, [0])
-    return out
+    return cast(out, out_dtype)
 
 
 # ------------------------------------------------------------------------------- pooling ----
@@ -318,20 +318,20 @@ def _avg_pool(
 ) -> ir.Value:
     pool = _Pool(cx, self, k, kernel_size, stride, padding, [1], ceil_mode)
     dtype = dtype_of(pool.x)
-    if not dtype.is_floating_point:
-        raise cx.unsupported(f"average pooling of {dtype} tensors")
+    if dtype == torch.bool:
+        raise cx.unsupported("average pooling of bool tensors")
     pads = [(p, p + e) for p, e in zip(pool.padding, pool.extra, strict=True)]
     padded = _pad_spatial(pool.x, pads, 0.0)
     fn = cai.sumpool2d if k == 2 else cai.sumpool3d
     total = fn(padded, u32(pool.kernel), u32(pool.stride), cai.constant(u32([1] * k)))
     if divisor_override:
-        divisor = constant(float(divisor_override), dtype)
+        counts = np.array(float(divisor_override))
     else:
         counts = _avg_divisors(pool, count_include_pad)
         if np.all(counts == counts.flat[0]):
-            divisor = constant(float(counts.flat[0]), dtype)
-        else:
-            divisor = cast(cai.constant(counts.astype(np.float32)), dtype)
+            counts = np.array(counts.flat[0])
+    divisor = cast(cai.constant(counts.astype(np.float32)), dtype)
+    # Integer pooling divides with truncation, like PyTorch (divisors are >= 1).
     return pool.finish(cai.broadcasting_divide(total, divisor))
 
 

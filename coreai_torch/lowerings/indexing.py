@@ -74,6 +74,10 @@ def result_permutation(positions: Sequence[int], nb: int, rank: int) -> list[int
 
 @lowering("aten::index.Tensor", "aten::_unsafe_index.Tensor")
 def index(cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None]) -> ir.Value:
+    if len(indices) == 1 and indices[0] is not None and dtype_of(indices[0]) == torch.bool:
+        # x[mask]: the selected rows, in row-major order of the mask (data-dependent count).
+        _check_only_returned(cx, "indexing with a boolean mask")
+        return cai.gather_nd(self, _nonzero(indices[0]))
     positions, bshape, perm = index_layout(cx, self, indices)
     if not positions:
         return self
@@ -96,10 +100,10 @@ def gather(
     cx: LoweringContext, self: ir.Value, dim: int, index: ir.Value, sparse_grad: bool = False
 ) -> ir.Value:
     rank = rank_of(self)
-    if rank == 0:
-        return self
-    d = normalize_dim(dim, rank)
     ishape = static_shape(cx, index, "index")
+    if rank == 0:  # every index is 0
+        return broadcast_to(self, ishape)
+    d = normalize_dim(dim, rank)
     # PyTorch lets the index be smaller than the input in the other dims.
     sizes = [s if a != d else shape_of(self)[d] for a, s in enumerate(ishape)]
     return cai.gather_along_axis(slice_region(self, sizes), cast(index, torch.int32), i32(d))
@@ -118,6 +122,39 @@ def embedding(
     return cai.gather_nd(weight, unsqueeze(idx, [rank_of(idx)]))
 
 
+@lowering("aten::embedding_renorm.default")
+def embedding_renorm(
+    cx: LoweringContext, self: ir.Value, indices: ir.Value, max_norm: float, norm_type: float
+) -> ir.Value:
+    """The weight with each row looked up by ``indices`` scaled down to ``max_norm``
+    (PyTorch's ``max_norm`` option of ``embedding``)."""
+    dtype = dtype_of(self)
+    rows = static_shape(cx, self)[0]
+    magnitude = cai.abs_(self)
+    if norm_type == 1:
+        norms = cai.reduce_sum(magnitude, i32([1]))
+    elif norm_type == 2:
+        norms = cai.sqrt(cai.reduce_sum(cai.broadcasting_mul(magnitude, magnitude), i32([1])))
+    else:
+        powered = cai.broadcasting_pow(magnitude, constant(float(norm_type), dtype))
+        norms = cai.broadcasting_pow(
+            cai.reduce_sum(powered, i32([1])), constant(1.0 / norm_type, dtype)
+        )
+    # Rows that some index refers to.
+    count = int(np.prod(static_shape(cx, indices, "indices")))
+    idx = reshape(cast(indices, torch.int32), [count, 1])
+    used = cai.scatter_nd(
+        constant(np.zeros(rows), torch.bool), idx, constant(np.ones(count), torch.bool)
+    )
+    too_long = cai.and_(
+        reshape(used, [rows, 1]), cai.broadcasting_greater(norms, constant(max_norm, dtype))
+    )
+    scale = cai.broadcasting_divide(
+        constant(max_norm, dtype), cai.broadcasting_add(norms, constant(1e-7, dtype))
+    )
+    return cai.broadcasting_where(too_long, cai.broadcasting_mul(self, scale), self)
+
+
 @lowering("aten::masked_fill.Scalar", "aten::masked_fill.Tensor")
 def masked_fill(
     cx: LoweringContext, self: ir.Value, mask: ir.Value, value: ir.Value | Scalar
@@ -128,15 +165,73 @@ def masked_fill(
     return broadcast_to(out, static_shape(cx, self)) if shape_of(out) != shape_of(self) else out
 
 
+_aten = torch.ops.aten
+#: Consumers that only read the size of a data-dependent result.
+_SIZE_READERS = frozenset({_aten.sym_size.int, _aten.sym_numel.default})
+#: Ops whose Core AI lowering (slice, shrink/expand_dims, transpose, cast) was verified to
+#: run on a dynamically empty input without aborting.
+_VIEW_LIKE = frozenset(
+    {
+        _aten.slice.Tensor,
+        _aten.select.int,
+        _aten.squeeze.dims,
+        _aten.squeeze.dim,
+        _aten.unsqueeze.default,
+        _aten.permute.default,
+        _aten._to_copy.default,
+        _aten.clone.default,
+        _aten.alias.default,
+    }
+)
+
+
+def _safe_consumer(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s result (possibly empty at run time) only flows to the outputs."""
+    for user in node.users:
+        if user.op == "output" or user.target in _SIZE_READERS:
+            continue
+        if user.target in _VIEW_LIKE and _safe_consumer(user):
+            continue
+        return False
+    return True
+
+
+def _check_only_returned(cx: LoweringContext, what: str) -> None:
+    """Data-dependent sizes may be zero at run time, and the runtime aborts when most ops
+    consume an empty tensor: such results may only be returned (or have their size read),
+    possibly through slices, selects, squeezes, transposes and casts."""
+    if not _safe_consumer(cx.node):
+        raise cx.unsupported(
+            f"{what} has a data-dependent size that can be zero at run time, and the Core AI "
+            "runtime aborts when an op consumes an empty tensor; only returning it (possibly "
+            "sliced, transposed or cast) is supported. Use torch.where(mask, x, other) or "
+            "fixed-size indices (e.g. torch.nonzero_static)"
+        )
+
+
+def _nonzero(x: ir.Value) -> ir.Value:
+    """si32 coordinates (rows) of the non-zero / True elements."""
+    if dtype_of(x) != torch.bool:
+        x = cai.broadcasting_not_equal(x, constant(0, dtype_of(x)))
+    return cai.non_zero(x)
+
+
 @lowering("aten::nonzero.default")
 def nonzero(cx: LoweringContext, self: ir.Value) -> ir.Value:
     """Positions of the non-zero elements (a data-dependent number of rows)."""
-    x = (
-        self
-        if dtype_of(self) == torch.bool
-        else cai.broadcasting_not_equal(self, constant(0, dtype_of(self)))
+    _check_only_returned(cx, "nonzero")
+    return cast(_nonzero(self), torch.int64)
+
+
+@lowering("aten::masked_select.default")
+def masked_select(cx: LoweringContext, self: ir.Value, mask: ir.Value) -> ir.Value:
+    """The elements where ``mask`` is True, in row-major order (a data-dependent length)."""
+    _check_only_returned(cx, "masked_select")
+    shape = list(
+        torch.broadcast_shapes(tuple(static_shape(cx, self)), tuple(static_shape(cx, mask)))
     )
-    return cast(cai.non_zero(x), torch.int64)
+    x = broadcast_to(self, shape)
+    return cai.gather_nd(x, _nonzero(broadcast_to(cast(mask, torch.bool), shape)))
 
 
 # ------------------------------------------------------------------------- embedding_bag ----

@@ -144,22 +144,11 @@ def contract_axis(x: ir.Value, axis: int, weights: np.ndarray) -> ir.Value:
     return transpose(out, inverse(perm))
 
 
-def move_axes_last(x: ir.Value, axes: Sequence[int]) -> tuple[ir.Value, list[int]]:
-    """``x`` with ``axes`` moved to the end (in the given order); returns the permutation."""
-    rank = rank_of(x)
-    perm = [d for d in range(rank) if d not in axes] + list(axes)
-    return transpose(x, perm), perm
-
-
 def inverse(perm: Sequence[int]) -> list[int]:
     inv = [0] * len(perm)
     for i, p in enumerate(perm):
         inv[p] = i
     return inv
-
-
-def zero_padding_value(dtype: torch.dtype) -> bool | int | float:
-    return False if dtype == torch.bool else 0
 
 
 def lowest(dtype: torch.dtype) -> float | int:
@@ -178,3 +167,37 @@ def highest(dtype: torch.dtype) -> float | int:
     if dtype == torch.bool:
         return 1
     return int(torch.iinfo(dtype).max)
+
+
+def strided_table(
+    src: torch.Tensor, size: Sequence[int], stride: Sequence[int], storage_offset: int | None
+) -> np.ndarray:
+    """Row-major positions in ``src`` of the elements of ``as_strided(src, size, stride,
+    offset)`` — ``src`` being the example value, whose own strides say where each of its
+    elements sits in storage.  Raises ``ValueError`` for non-dense storage or reads outside."""
+    shape, strides = list(src.shape), list(src.stride())
+    total = int(np.prod(shape, dtype=np.int64))
+    order = sorted((s, n) for n, s in zip(shape, strides, strict=True) if n != 1)
+    expected = 1
+    for s, n in order:
+        if s != expected:
+            raise ValueError("the input's storage is not dense")
+        expected *= n
+    if int(src.storage_offset()) != 0:
+        raise ValueError("the input is a view with a storage offset")
+    # storage position -> row-major position
+    offsets = np.zeros(shape, dtype=np.int64)
+    for axis, (n, s) in enumerate(zip(shape, strides, strict=True)):
+        view = [1] * len(shape)
+        view[axis] = n
+        offsets = offsets + (np.arange(n, dtype=np.int64) * s).reshape(view)
+    storage = np.zeros(total, dtype=np.int64)
+    storage[offsets.reshape(-1)] = np.arange(total, dtype=np.int64)
+    positions = np.full([int(n) for n in size], int(storage_offset or 0), dtype=np.int64)
+    for axis, (n, s) in enumerate(zip(size, stride, strict=True)):
+        view = [1] * len(size)
+        view[axis] = int(n)
+        positions = positions + (np.arange(int(n), dtype=np.int64) * int(s)).reshape(view)
+    if positions.size and (positions.max() >= total or positions.min() < 0):
+        raise ValueError("the view reads outside the input's storage")
+    return storage[positions]

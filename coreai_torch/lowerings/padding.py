@@ -47,15 +47,16 @@ def constant_pad_nd(
 
 
 def _mode_pad(cx: LoweringContext, self: ir.Value, padding: Sequence[int], mode: str):
+    """Reflect/replicate/circular padding; negative amounts crop after padding (PyTorch
+    reflects and replicates relative to the original input)."""
     shape = static_shape(cx, self)
     pairs = pad_amounts(len(shape), padding)
-    if any(b < 0 or a < 0 for b, a in pairs):
-        raise cx.unsupported(f"negative {mode} padding")
     if mode == "reflect":
         for (b, a), n in zip(pairs, shape, strict=True):
-            if max(b, a) >= n and (b or a):
+            if max(b, a) >= n:
                 raise cx.unsupported("reflection padding must be smaller than the input size")
-    return pad_dims(self, pairs, 0, mode)
+    grown = pad_dims(self, [(max(b, 0), max(a, 0)) for b, a in pairs], 0, mode)
+    return pad_dims(grown, [(min(b, 0), min(a, 0)) for b, a in pairs])
 
 
 @lowering(

@@ -35,6 +35,7 @@ from coreai_torch.lowerings.layout import (
     lowest,
     slice_region,
     static_shape,
+    strided_table,
 )
 from coreai_torch.lowerings.registry import (
     EMPTY_INPUT_OPS,
@@ -139,6 +140,29 @@ def _identity(reduce: str, dtype: torch.dtype) -> Scalar:
     return lowest(dtype) if reduce == "amax" else highest(dtype)
 
 
+def reduce_into(
+    x: ir.Value, axis: int, idx: ir.Value, updates: ir.Value, reduce: str, include_self: bool
+) -> ir.Value:
+    """``scatter_reduce`` semantics (sum/prod/mean/amax/amin, with or without ``x``)."""
+    dtype = dtype_of(x)
+    ishape = shape_of(idx)
+    base = x
+    if not include_self:  # scattered positions start from the reduction's identity
+        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), ishape)
+        base = scatter_along(x, axis, idx, fill)
+    if reduce != "mean":
+        return scatter_along(base, axis, idx, updates, _REDUCE_MODES[reduce])
+    total = scatter_along(base, axis, idx, updates, "add")
+    count_dtype = dtype if dtype.is_floating_point else torch.int32
+    ones = broadcast_to(constant(1, count_dtype), shape_of(x))
+    if not include_self:
+        ones = scatter_along(ones, axis, idx, broadcast_to(constant(0, count_dtype), ishape))
+    counts = scatter_along(ones, axis, idx, broadcast_to(constant(1, count_dtype), ishape), "add")
+    if dtype.is_floating_point:
+        return cai.broadcasting_divide(total, counts)
+    return cai.broadcasting_floor_divide(total, cast(counts, dtype))
+
+
 @lowering("aten::scatter_reduce.two")
 def scatter_reduce(
     cx: LoweringContext,
@@ -150,23 +174,28 @@ def scatter_reduce(
     include_self: bool = True,
 ) -> ir.Value:
     x, axis, idx, updates = _prepare(cx, self, dim, index, src)
-    dtype = dtype_of(x)
-    ishape = shape_of(idx)
-    base = x
-    if not include_self:  # scattered positions start from the reduction's identity
-        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), ishape)
-        base = scatter_along(x, axis, idx, fill)
-    if reduce != "mean":
-        return _finish(self, scatter_along(base, axis, idx, updates, _REDUCE_MODES[reduce]))
-    total = scatter_along(base, axis, idx, updates, "add")
-    count_dtype = dtype if dtype.is_floating_point else torch.int32
-    ones = broadcast_to(constant(1, count_dtype), shape_of(x))
-    if not include_self:
-        ones = scatter_along(ones, axis, idx, broadcast_to(constant(0, count_dtype), ishape))
-    counts = scatter_along(ones, axis, idx, broadcast_to(constant(1, count_dtype), ishape), "add")
-    if dtype.is_floating_point:
-        return _finish(self, cai.broadcasting_divide(total, counts))
-    return _finish(self, cai.broadcasting_floor_divide(total, cast(counts, dtype)))
+    return _finish(self, reduce_into(x, axis, idx, updates, reduce, include_self))
+
+
+@lowering("aten::index_reduce.default")
+def index_reduce(
+    cx: LoweringContext,
+    self: ir.Value,
+    dim: int,
+    index: ir.Value,
+    source: ir.Value,
+    reduce: str,
+    include_self: bool = True,
+) -> ir.Value:
+    """Rows ``index[i]`` of ``self`` along ``dim`` reduced with slice ``i`` of ``source``."""
+    x = reshape(self, [1]) if rank_of(self) == 0 else self
+    rank = rank_of(x)
+    d = normalize_dim(dim, rank)
+    src_shape = static_shape(cx, source, "source") or [1]
+    idx = reshape(index, [1] * d + [-1] + [1] * (rank - d - 1))
+    idx = broadcast_to(idx, src_shape)
+    updates = reshape(cast(source, dtype_of(x)), src_shape)
+    return _finish(self, reduce_into(x, d, idx, updates, reduce, include_self))
 
 
 # ---------------------------------------------------------------------------- index_put -----
@@ -179,15 +208,43 @@ def _mask_put(
     values: ir.Value,
     accumulate: bool,
 ) -> ir.Value:
-    """``x[mask] = v`` with a single value: an elementwise select."""
+    """``x[mask] = v``: values that broadcast over the selected rows are an elementwise
+    select; one row per selected position (``v.shape[0] > 1``) fills them in order."""
     shape = static_shape(cx, self)
     (pos,) = [i for i, ix in enumerate(indices) if ix is not None]
     mask = cast(indices[pos], torch.bool)
     mrank = rank_of(mask)
-    mask = reshape(mask, [1] * pos + shape_of(mask) + [1] * (len(shape) - pos - mrank))
-    value = reshape(cast(values, dtype_of(self)), [])
-    new = cai.broadcasting_add(self, value) if accumulate else value
-    return broadcast_to(cai.broadcasting_where(mask, new, self), shape)
+    rest = shape[pos + mrank :]
+    mask = reshape(mask, [1] * pos + shape_of(mask) + [1] * len(rest))
+    mask = broadcast_to(mask, shape)
+    dtype = dtype_of(self)
+    vshape = static_shape(cx, values, "values")
+    v = cast(values, dtype)
+    if len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
+        v = reshape(v, vshape[len(vshape) - len(rest) :] if len(vshape) > len(rest) else vshape)
+        new = broadcast_to(reshape(v, [1] * (len(shape) - rank_of(v)) + shape_of(v)), shape)
+    elif pos == 0 and mrank == len(shape) - len(rest):
+        new = masked_values(mask, broadcast_to(v, [vshape[0], *rest]), shape)
+    else:
+        raise cx.unsupported("x[..., mask] = values with one row per masked position")
+    if accumulate:
+        new = cai.or_(self, new) if dtype == torch.bool else cai.broadcasting_add(self, new)
+    return cai.broadcasting_where(mask, new, self)
+
+
+def masked_values(mask: ir.Value, source: ir.Value, shape: Sequence[int]) -> ir.Value:
+    """A tensor of ``shape`` whose i-th masked position (row-major) holds ``source``'s i-th
+    element (unmasked positions hold anything)."""
+    total = int(np.prod(shape))
+    flat_mask = reshape(mask, [total])
+    # Position of each element among the masked ones: inclusive cumsum - 1 (clamped at 0).
+    running = cai.scan(cast(flat_mask, torch.int32), np.uint32(0), False, "sum")
+    position = cai.broadcasting_maximum(
+        cai.broadcasting_sub(running, constant(1, torch.int32)), constant(0, torch.int32)
+    )
+    numel = int(np.prod(shape_of(source)))
+    picked = cai.gather_nd(reshape(source, [numel]), unsqueeze(position, [1]))
+    return reshape(picked, list(shape))
 
 
 @lowering("aten::index_put.default", "aten::_unsafe_index_put.default")
@@ -202,12 +259,9 @@ def index_put(
     if isinstance(values, EmptyTensor) or any(isinstance(ix, EmptyTensor) for ix in present):
         return self  # no positions to write
     if any(dtype_of(ix) in (torch.bool, torch.uint8) for ix in present):
-        if len(present) == 1 and int(np.prod(static_shape(cx, values, "values"))) == 1:
+        if len(present) == 1:
             return _mask_put(cx, self, indices, values, accumulate)
-        raise cx.unsupported(
-            "index_put with a boolean mask and more than one value has a data-dependent "
-            "number of updates; use torch.where(mask, values, x) instead"
-        )
+        raise cx.unsupported("index_put mixing a boolean mask with other indices")
     positions, bshape, perm = index_layout(cx, self, indices)
     if not positions:
         return broadcast_to(cast(values, dtype_of(self)), static_shape(cx, self))
@@ -239,7 +293,8 @@ def index_put(
     count = int(np.prod(bshape))
     flat_index = broadcast_to(reshape(flat_index, [count] + [1] * len(rest)), [count, *rest])
     flat = reshape(xt, [stride, *rest])
-    out = scatter_along(flat, 0, flat_index, reshape(updates, [count, *rest]), "add")
+    mode = "max" if dtype_of(self) == torch.bool else "add"  # bool "sum" is a logical or
+    out = scatter_along(flat, 0, flat_index, reshape(updates, [count, *rest]), mode)
     return transpose(reshape(out, sizes + rest), inverse(perm))
 
 
@@ -327,15 +382,71 @@ def masked_scatter(
 ) -> ir.Value:
     """Masked positions take consecutive elements of ``source`` (row-major order)."""
     shape = [int(d) for d in cx.out_shape]
-    total = int(np.prod(shape))
     m = broadcast_to(cast(mask, torch.bool), shape)
-    flat_mask = reshape(m, [total])
-    # Position of each element among the masked ones: inclusive cumsum - 1 (clamped at 0).
-    running = cai.scan(cast(flat_mask, torch.int32), np.uint32(0), False, "sum")
-    position = cai.broadcasting_maximum(
-        cai.broadcasting_sub(running, constant(1, torch.int32)), constant(0, torch.int32)
+    static_shape(cx, source, "source")
+    picked = masked_values(m, cast(source, dtype_of(self)), shape)
+    return cai.broadcasting_where(m, picked, broadcast_to(self, shape))
+
+
+@lowering("aten::put.default")
+def put(
+    cx: LoweringContext, self: ir.Value, index: ir.Value, source: ir.Value, accumulate: bool = False
+) -> ir.Value:
+    """``self`` as a flat tensor with ``source`` written (or added) at ``index``."""
+    shape = static_shape(cx, self)
+    total = int(np.prod(shape))
+    flat = reshape(self, [total])
+    count = int(np.prod(static_shape(cx, index, "index")))
+    idx, values = reshape(index, [count]), reshape(source, [count])
+    return reshape(index_put(cx, flat, [idx], values, accumulate), shape)
+
+
+@lowering("aten::as_strided_scatter.default")
+def as_strided_scatter(
+    cx: LoweringContext,
+    self: ir.Value,
+    src: ir.Value,
+    size: Sequence[int],
+    stride: Sequence[int],
+    storage_offset: int | None = None,
+) -> ir.Value:
+    """``self`` with the strided view ``as_strided(self, size, stride, offset)`` set to
+    ``src`` (written through a constant index table)."""
+    shape = static_shape(cx, self)
+    try:
+        table = strided_table(cx.node.args[0].meta["val"], size, stride, storage_offset)
+    except ValueError as error:
+        raise cx.unsupported(f"as_strided_scatter: {error}") from None
+    total = int(np.prod(shape))
+    count = int(table.size)
+    flat = reshape(self, [total])
+    index = cai.constant(table.reshape(count, 1).astype(np.int32))
+    updates = reshape(cast(src, dtype_of(self)), [count])
+    return reshape(cai.scatter_nd(flat, index, updates), shape)
+
+
+@lowering("aten::nonzero_static.default")
+def nonzero_static(cx: LoweringContext, self: ir.Value, size: int, fill_value: int = -1):
+    """The first ``size`` non-zero positions, padded with ``fill_value`` (a static shape).
+
+    Each non-zero element scatters its coordinates to its rank among the non-zeros; the
+    others (and ranks past ``size``) go to a spare row that is sliced off."""
+    shape = static_shape(cx, self)
+    rank = len(shape)
+    total = int(np.prod(shape))
+    if size == 0 or rank == 0:
+        raise cx.unsupported("nonzero_static with an empty result")
+    mask = reshape(
+        self
+        if dtype_of(self) == torch.bool
+        else cai.broadcasting_not_equal(self, constant(0, dtype_of(self))),
+        [total],
     )
-    numel = int(np.prod(static_shape(cx, source, "source")))
-    flat_source = reshape(cast(source, dtype_of(self)), [numel])
-    picked = cai.gather_nd(flat_source, unsqueeze(position, [1]))
-    return cai.broadcasting_where(m, reshape(picked, shape), broadcast_to(self, shape))
+    running = cai.scan(cast(mask, torch.int32), np.uint32(0), False, "sum")
+    rank_of_element = cai.broadcasting_sub(running, constant(1, torch.int32))
+    keep = cai.and_(mask, cai.broadcasting_greater(constant(size, torch.int32), rank_of_element))
+    target = cai.broadcasting_where(keep, rank_of_element, constant(size, torch.int32))
+    coords = np.stack(np.unravel_index(np.arange(total), shape), axis=1).astype(np.int64)
+    buffer = constant(np.full((size + 1, rank), fill_value), torch.int64)
+    out = cai.scatter_nd(buffer, unsqueeze(target, [1]), cai.constant(coords))
+    return cai.slice_(out, i32([0, 0]), i32([size, rank]), i32([1, 1]))

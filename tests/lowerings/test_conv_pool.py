@@ -107,6 +107,18 @@ AVGPOOL = [
 ]
 
 
+def test_integer_conv_avg_pool() -> None:
+    def f(x, w):
+        return (
+            F.conv2d(x, w, padding=1),
+            F.conv_transpose2d(x, w, stride=2),
+            F.avg_pool2d(x, 2),
+            F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+        )
+
+    check_fn(f, torch.randint(-9, 9, (1, 2, 5, 6)), torch.randint(-3, 3, (2, 2, 3, 3)))
+
+
 def test_avg_pool() -> None:
     def f(x, x3):
         outs = [F.avg_pool2d(x, **kw) for kw in AVGPOOL]

@@ -38,9 +38,25 @@ def test_advanced_indexing(dtype: torch.dtype) -> None:
     check_fn(f, x, idx(2, 0, -1), idx(-1, 3, 0), torch.tensor([[0, 1], [2, 0]]))
 
 
-def test_boolean_mask_index_is_rejected() -> None:
+def test_boolean_masks() -> None:
+    """Masked selections have data-dependent sizes: they may only be returned (an empty one
+    consumed by another op would abort the runtime)."""
+    x = torch.tensor([[1.0, -2.0, 3.0], [-4.0, 5.0, 0.0]])
+    check_fn(
+        lambda x, m: (x[x > 0], x[m], torch.masked_select(x, m[0]), torch.nonzero(x)), x, x > 1
+    )
+    check_fn(lambda x: (x[x > 9], torch.nonzero(x > 9), torch.nonzero(x > 9, as_tuple=True)), x)
+
+    def put(x, m, rows, two):
+        y, z, w = x.clone(), x.clone(), x.clone()
+        y[m[:, 0]] = rows[0]  # one row for every selected position
+        z[two] = rows  # consecutive rows (two positions selected, two rows)
+        w = torch.ops.aten.index_put(w, (m,), torch.tensor(1.0), True)
+        return y, z, w
+
+    check_fn(put, x, x > 1, torch.randn(2, 3), torch.tensor([True, True]))
     with pytest.raises(ConversionError, match="data-dependent"):
-        convert_fn(lambda x: x[x > 0], torch.randn(3, 4))
+        convert_fn(lambda x: x[x > 0].sum(), x)
 
 
 @pytest.mark.parametrize("dtype", fast_first(torch.float32, torch.int64))
@@ -198,3 +214,19 @@ def test_slice_select_diagonal_masked_scatter() -> None:
         )
 
     check_fn(f, torch.randn(3, 4), torch.randn(3, 4), torch.rand(3, 4) > 0.5, torch.randn(20))
+
+
+def test_index_reduce_put_strided_nonzero_static() -> None:
+    def f(x, i, src, flat_i, w):
+        outs = [x.index_reduce(0, i, src, r) for r in ("prod", "mean", "amax", "amin")]
+        outs.append(x.index_reduce(1, i[:2], src[:, :2], "amax", include_self=False))
+        outs += [x.put(flat_i, src[0, :3]), x.put(flat_i, src[0, :3], accumulate=True)]
+        outs += [
+            torch.as_strided_scatter(x, src[:2, :2], (2, 2), (1, 2)),
+            torch.nonzero_static(x > 0, size=6),
+        ]
+        outs.append(F.embedding(flat_i % 10, w.clone(), max_norm=1.0))  # renormalises rows
+        return outs
+
+    args = (torch.randn(3, 4), idx(0, 2, 0), torch.randn(3, 4), idx(0, 5, -1), torch.randn(10, 4))
+    check_fn(f, *args)
