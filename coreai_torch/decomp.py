@@ -22,6 +22,31 @@ COMPOSITE_OPS: tuple[torch._ops.OpOverload, ...] = (
 )
 
 
+#: ATen ops lowered natively to better Core AI IR than PyTorch's decompositions give (e.g.
+#: ``pad`` modes and ``interpolate`` instead of index arithmetic and gathers).
+NATIVE_OPS: tuple[torch._ops.OpOverload, ...] = (
+    *(
+        getattr(aten, f"{kind}_pad{k}d").default
+        for kind in ("reflection", "replication")
+        for k in (1, 2, 3)
+    ),
+    *(getattr(aten, f"upsample_nearest{k}d").vec for k in (1, 3)),
+    *(getattr(aten, f"_upsample_nearest_exact{k}d").vec for k in (1, 2, 3)),
+    aten.upsample_linear1d.vec,
+    aten.upsample_trilinear3d.vec,
+    aten.upsample_bicubic2d.vec,
+    aten._upsample_bilinear2d_aa.vec,
+    aten._upsample_bicubic2d_aa.vec,
+    aten.roll.default,
+    aten.select_scatter.default,
+    # constants computed by PyTorch itself at conversion time
+    aten.linspace.default,
+    aten.logspace.default,
+    aten.eye.default,
+    aten.eye.m,
+)
+
+
 def _adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
     # ATen rewrites a (1, 1) output to `mean` before export sees it; keep the pooling op so
     # that one lowering (built-in or a user's override) handles every output size.
@@ -45,13 +70,14 @@ _REPLACEMENTS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
 
 
 def get_decomp_table() -> dict:
-    """PyTorch's default decomposition table minus the ops lowered as composite ops.
+    """PyTorch's default decomposition table minus the ops lowered as composite ops (and the
+    ops lowered natively, see ``NATIVE_OPS``).
 
     Use it with ``ExportedProgram.run_decompositions()``; every call returns a fresh copy, so
     mutating it affects nobody else.
     """
     table = dict(torch.export.default_decompositions().items())
-    for op in COMPOSITE_OPS:
+    for op in (*COMPOSITE_OPS, *NATIVE_OPS):
         table.pop(op, None)
     for op in RECURRENT_OPS:
         table.pop(op, None)
