@@ -230,3 +230,23 @@ def test_index_reduce_put_strided_nonzero_static() -> None:
 
     args = (torch.randn(3, 4), idx(0, 2, 0), torch.randn(3, 4), idx(0, 5, -1), torch.randn(10, 4))
     check_fn(f, *args)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank", [1, 5, 8])
+def test_high_rank_indexing(rank: int) -> None:
+    shape = [2, 3, 1, 2, 2, 1, 2, 3][:rank]
+
+    def f(x, i):
+        g = torch.zeros(shape, dtype=torch.long)
+        return (
+            x[i % shape[0]],
+            x[..., i % shape[-1]],
+            torch.gather(x, rank - 1, g),
+            x.scatter(0, g, 1.0),
+            x.index_select(-1, i % shape[-1]),
+            torch.ops.aten.index_put(x, (i % shape[0],), torch.tensor(5.0), True),
+            x.flip(0).roll(1, -1),
+        )
+
+    check_fn(f, torch.randn(shape), idx(0, 1, -1))
