@@ -6,6 +6,7 @@ Every model is built from a small config with random weights; nothing is downloa
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -110,7 +111,18 @@ def check_model(
     tol = model_tolerance(reference)
     report = check_module(model, args, atol=tol, rtol=0.0)
     print(f"max|ref| {peak:.3g}  max|err| {report.max_abs:.3e}  tolerance {tol:.3e}")
+    _record(peak, report.max_abs, tol)
     return report
+
+
+def _record(peak: float, max_abs: float, tol: float) -> None:
+    """Append the errors to the JSON-lines file named by ``COREAI_MODEL_ERRORS`` (if set)."""
+    path = os.environ.get("COREAI_MODEL_ERRORS")
+    if path:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+        row = {"test": test, "max_ref": peak, "max_err": max_abs, "tolerance": tol}
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def flat_tensors(value: Any) -> list[torch.Tensor]:

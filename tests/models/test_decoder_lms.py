@@ -59,6 +59,8 @@ def test_llama_with_padding_mask() -> None:
 
 
 SLOW_MODELS = {
+    # Hugging Face's own attention (matmul, additive mask, softmax) instead of SDPA.
+    "llama_eager": ("LlamaConfig", "LlamaForCausalLM", "eager", {}),
     "mistral": ("MistralConfig", "MistralForCausalLM", "sdpa", dict(sliding_window=8)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "sdpa", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "sdpa", dict(head_dim=16)),

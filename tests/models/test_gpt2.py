@@ -21,7 +21,12 @@ def test_gpt2_two_layers_matches_pytorch() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=32, use_cache=False,
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=32,
+        use_cache=False,
         attn_implementation="sdpa",
     )
     model = GPT2LMHeadModel(config).eval()
