@@ -128,6 +128,11 @@ class Session:
 
     def function(self, entrypoint: str = "main") -> Any:
         if entrypoint not in self._functions:
+            names = list(getattr(self.model, "function_names", None) or [])
+            if names and entrypoint not in names:
+                raise KeyError(
+                    f"the program has no entry point '{entrypoint}'; its entry points are {names}"
+                )
             try:
                 self._functions[entrypoint] = self.model.load_function(entrypoint)
             except RuntimeError as error:
