@@ -212,3 +212,26 @@ def test_nothing_staged_after_clear() -> None:
     converter.clear()
     with pytest.raises(ConversionError, match=r"nothing to convert: stage a program with "):
         converter.to_coreai()
+
+
+class Norms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.ln(x)
+        return nn.functional.scaled_dot_product_attention(q, q, q)
+
+
+def test_default_decomposition_table_still_converts_correctly() -> None:
+    """Decomposing with PyTorch's default table instead of get_decomp_table() loses the
+    composite ops, not correctness."""
+    from coreai_torch.verify import verify
+
+    model, x = Norms().eval(), torch.randn(1, 3, 4)
+    ep = torch.export.export(model, (x,)).run_decompositions()
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    assert "composite" not in str(program)
+    report = verify(model, (x,), program=program.optimize())
+    assert report.ok, str(report)
