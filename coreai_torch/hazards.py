@@ -9,7 +9,8 @@ lowering (built-in or user) emitted the ops:
   cannot allocate storage);
 * 16-bit integer index operands (axes, permutations, pads, starts, indices, ...);
 * ``pad`` amounts of 2**31 or more (a negative amount stored as ``ui32``);
-* integer division or remainder by a constant divisor that contains zero.
+* integer division or remainder by a constant divisor that contains zero;
+* ops the runtime's compiler cannot legalize (``reduce_index``, the generic ``reduce``).
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ _INT_DIVISIONS = frozenset(
         "coreai.decomposable.broadcasting_modulo",
     }
 )
+
+#: Ops the runtime's compiler cannot legalize: compiling them aborts the process.
+_UNCOMPILABLE = {
+    "coreai.reduce_index": "cannot be compiled by the Core AI runtime (compiling it aborts the "
+    "process); use coreai.argmax (argmin = argmax of the negated input).",
+    "coreai.reduce": "(the generic region reduction) cannot be compiled by the Core AI runtime "
+    "(compiling it aborts the process); use reduce_sum/reduce_max/reduce_min/reduce_product.",
+}
 
 #: Largest number of elements a tensor may have.
 MAX_ELEMENTS = 2**31 - 1
@@ -170,6 +179,8 @@ class _Scanner:
     def scan(self, op: ir.Operation) -> None:
         if op.name in ("builtin.module", "coreai.graph", "coreai.output"):
             return
+        if op.name in _UNCOMPILABLE:
+            self.add(op, _UNCOMPILABLE[op.name])
         self._results(op)
         self._operands(op)
 

@@ -261,3 +261,26 @@ def test_16_bit_index_operands_from_a_user_lowering_are_rejected() -> None:
         _swap_lowering(np.uint32)
     )
     assert "coreai.transpose" in str(converter.to_coreai())
+
+
+def test_ops_the_runtime_cannot_compile_are_reported() -> None:
+    """``reduce_index`` (argmin/argmax primitive) aborts the process while compiling."""
+    from coreai._compiler.dialects import _coreai_ops_gen as ops
+
+    from coreai_torch._mlir import ir, new_context
+    from coreai_torch.hazards import find_runtime_hazards
+
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            t = ir.RankedTensorType.get([2, 3], ir.F32Type.get())
+            graph = cai.GraphOp("main", [t], [], ["x"])
+            with graph.block:
+                x = graph.arguments[0]
+                out = ir.RankedTensorType.get([2, 1], ir.IntegerType.get_unsigned(32))
+                init = cai.constant(np.float32(0))
+                index = cai.constant(np.uint32(0))
+                ops.ReduceIndexOp(out, x, cai.constant(np.int32(1)), init, index)
+        (hazard,) = find_runtime_hazards(module)
+    assert hazard.op_name == "coreai.reduce_index"
+    assert "aborts the process" in hazard.problem and "use coreai.argmax" in hazard.problem
