@@ -198,3 +198,11 @@ def test_nan_and_inf_inputs_propagate_like_pytorch() -> None:
     report = verify(model, (x,), program=program)
     # verify() requires NaN and Inf in exactly the same places as PyTorch
     assert report.ok, str(report)
+
+
+def test_verify_compares_the_imaginary_parts_of_complex_outputs() -> None:
+    from coreai_torch.verify import compare
+
+    z = np.array([1 + 2j, 3 - 1j], np.complex64)
+    assert compare("z", z, z.copy()).ok
+    assert not compare("z", z, np.conj(z)).ok  # same real parts: must still differ
