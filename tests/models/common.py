@@ -16,7 +16,8 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 
-from coreai_torch.verify import VerifyReport, eager_outputs
+from coreai_torch import TorchConverter
+from coreai_torch.verify import VerifyReport, eager_outputs, export_decomposed, verify
 from tests.helpers import check_module
 
 # Model classes are built from configs only; make any attempt to reach the hub fail loudly.
@@ -113,6 +114,26 @@ def check_model(
     print(f"max|ref| {peak:.3g}  max|err| {report.max_abs:.3e}  tolerance {tol:.3e}")
     _record(peak, report.max_abs, tol)
     return report
+
+
+def check_model_dynamic(
+    model: nn.Module, runs: Sequence[Sequence[Any]], dynamic_shapes: Any
+) -> list[VerifyReport]:
+    """Export ``model`` once with ``dynamic_shapes`` (example: ``runs[0]``), convert it, and
+    check every argument tuple of ``runs`` on the runtime with the model tolerance rule."""
+    model = model.eval()
+    ep = export_decomposed(model, runs[0], dynamic_shapes=dynamic_shapes)
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    program.optimize()
+    reports = []
+    for args in runs:
+        tol = model_tolerance([r for r in eager_outputs(model, args) if torch.is_tensor(r)])
+        report = verify(model, args, program=program, atol=tol, rtol=0.0)
+        shapes = [tuple(a.shape) for a in args]
+        assert report.ok, f"mismatch for inputs of shapes {shapes}:\n{report}"
+        print(f"shapes {shapes}  max|err| {report.max_abs:.3e}  tolerance {tol:.3e}")
+        reports.append(report)
+    return reports
 
 
 def _record(peak: float, max_abs: float, tol: float) -> None:

@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import Call, check_model, redraw_weights
+from tests.models.common import Call, check_model, check_model_dynamic, redraw_weights
 
 VOCAB = 128
 BATCH, SEQ = 2, 16
 
 
-def encoder(config_name: str, model_name: str, **overrides: Any) -> nn.Module:
+def encoder(config_name: str, model_name: str, attn: str = "sdpa", **overrides: Any) -> nn.Module:
     import transformers
 
     config = getattr(transformers, config_name)(
@@ -33,7 +33,7 @@ def encoder(config_name: str, model_name: str, **overrides: Any) -> nn.Module:
             **overrides,
         }
     )
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attn
     # MLM heads are tied to the token embeddings: keep those small so logits stay O(1).
     return redraw_weights(getattr(transformers, model_name)(config).eval(), embedding_std=0.3)
 
@@ -61,6 +61,20 @@ def test_bert() -> None:
     check_model(call, (ids, mask, types))
 
 
+@pytest.mark.slow
+def test_bert_dynamic_sequence_length() -> None:
+    """One program for every sequence length (``torch.export.Dim`` on the sequence axis)."""
+    model = encoder("BertConfig", "BertModel", pad_token_id=1)
+    call = Call(model, lambda m, i, a: m(input_ids=i, attention_mask=a, return_dict=False)[0])
+    seq = torch.export.Dim("seq", min=2, max=32)
+    runs = []
+    for n in (12, 5, 20):
+        ids, mask = torch.randint(3, VOCAB, (2, n)), torch.ones(2, n, dtype=torch.int64)
+        mask[1, n // 2 :] = 0
+        runs.append((ids, mask))
+    check_model_dynamic(call, runs, (({1: seq}, {1: seq}),))
+
+
 MODELS = {
     # RoBERTa derives position ids from the pad token (cumsum over the mask).
     "roberta_mlm": ("RobertaConfig", "RobertaForMaskedLM", dict(pad_token_id=1)),
@@ -70,6 +84,20 @@ MODELS = {
         dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128, pad_token_id=1),
     ),
     "bert_mlm": ("BertConfig", "BertForMaskedLM", dict(pad_token_id=1)),
+    # Factorized embeddings and one layer's weights shared by all layers.
+    "albert": ("AlbertConfig", "AlbertModel", dict(embedding_size=32, pad_token_id=1)),
+    # Disentangled attention with relative-position buckets (eager attention only).
+    "deberta_v2": (
+        "DebertaV2Config",
+        "DebertaV2Model",
+        dict(
+            attn="eager",
+            relative_attention=True,
+            position_buckets=8,
+            pos_att_type=["p2c", "c2p"],
+            pad_token_id=1,
+        ),
+    ),
 }
 
 

@@ -25,7 +25,7 @@ def hf_model(config_name: str, model_name: str, gain: float = 1.0, **config: Any
     import transformers
 
     cfg = getattr(transformers, config_name)(**config)
-    if config_name == "ViTConfig":
+    if config_name in ("ViTConfig", "Dinov2Config", "BeitConfig"):
         cfg._attn_implementation = "sdpa"
     return redraw_weights(getattr(transformers, model_name)(cfg).eval(), gain=gain)
 
@@ -62,6 +62,36 @@ def test_vit() -> None:
 
 
 MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
+    # ViT variants: layer scale and bicubic-interpolated position embeddings (DINOv2);
+    # relative position bias tables and mean pooling (BEiT).
+    "dinov2": (
+        lambda: hf_model(
+            "Dinov2Config",
+            "Dinov2Model",
+            image_size=IMAGE,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            mlp_ratio=2,
+        ),
+        lambda m, pixels: m(pixel_values=pixels, return_dict=False)[:2],
+    ),
+    "beit": (
+        lambda: hf_model(
+            "BeitConfig",
+            "BeitForImageClassification",
+            image_size=IMAGE,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            use_relative_position_bias=True,
+            num_labels=LABELS,
+        ),
+        logits_and_hidden,
+    ),
     "swin": (
         lambda: hf_model(
             "SwinConfig",
