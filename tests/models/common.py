@@ -24,6 +24,11 @@ from tests.helpers import check_module
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+#: The size of every transformer stack in the model tests (BERT/ViT/CLIP-style config names).
+SMALL_TRANSFORMER = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128
+)
+
 #: The relative tolerance of the model tests: 1e-4 of the largest reference magnitude (≥ 1).
 MODEL_TOLERANCE = 1e-4
 

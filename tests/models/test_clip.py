@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import Call, check_model, redraw_weights
+from tests.models.common import SMALL_TRANSFORMER, Call, check_model, redraw_weights
 
 VOCAB = 128
 
@@ -16,10 +16,11 @@ VOCAB = 128
 def clip() -> nn.Module:
     from transformers import CLIPConfig, CLIPModel
 
-    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
     config = CLIPConfig(
-        text_config=dict(vocab_size=VOCAB, max_position_embeddings=32, eos_token_id=2, **common),
-        vision_config=dict(image_size=32, patch_size=8, **common),
+        text_config=dict(
+            vocab_size=VOCAB, max_position_embeddings=32, eos_token_id=2, **SMALL_TRANSFORMER
+        ),
+        vision_config=dict(image_size=32, patch_size=8, **SMALL_TRANSFORMER),
         projection_dim=32,
     )
     config._attn_implementation = "sdpa"

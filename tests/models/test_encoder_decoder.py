@@ -43,6 +43,18 @@ def text_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return ids, mask, torch.randint(3, VOCAB, (2, 8))
 
 
+#: Encoder and decoder sizes of the BART-style configs (BART, Whisper).
+BART_LIKE = dict(
+    d_model=64,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+)
+
+
 def t5() -> nn.Module:
     return seq2seq(
         "T5Config",
@@ -64,13 +76,7 @@ def bart() -> nn.Module:
     return seq2seq(
         "BartConfig",
         "BartForConditionalGeneration",
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
+        **BART_LIKE,
         max_position_embeddings=64,
     )
 
@@ -80,13 +86,7 @@ def whisper() -> nn.Module:
         "WhisperConfig",
         "WhisperForConditionalGeneration",
         num_mel_bins=16,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
+        **BART_LIKE,
         max_source_positions=16,
         max_target_positions=32,
         pad_token_id=0,

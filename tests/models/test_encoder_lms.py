@@ -13,7 +13,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import Call, check_model, check_model_dynamic, redraw_weights
+from tests.models.common import (
+    SMALL_TRANSFORMER,
+    Call,
+    check_model,
+    check_model_dynamic,
+    redraw_weights,
+)
 
 VOCAB = 128
 BATCH, SEQ = 2, 16
@@ -25,10 +31,7 @@ def encoder(config_name: str, model_name: str, attn: str = "sdpa", **overrides: 
     config = getattr(transformers, config_name)(
         **{
             "vocab_size": VOCAB,
-            "hidden_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "intermediate_size": 128,
+            **SMALL_TRANSFORMER,
             "max_position_embeddings": 64,
             **overrides,
         }

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import Call, check_model, redraw_weights
+from tests.models.common import SMALL_TRANSFORMER, Call, check_model, redraw_weights
 
 IMAGE = 32
 LABELS = 10
@@ -49,10 +49,7 @@ def vit() -> nn.Module:
         "ViTForImageClassification",
         image_size=IMAGE,
         patch_size=8,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
+        **SMALL_TRANSFORMER,
         num_labels=LABELS,
     )
 
@@ -70,9 +67,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
             "Dinov2Model",
             image_size=IMAGE,
             patch_size=8,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
+            **SMALL_TRANSFORMER,  # Dinov2 sizes its MLP with mlp_ratio
             mlp_ratio=2,
         ),
         lambda m, pixels: m(pixel_values=pixels, return_dict=False)[:2],
@@ -83,10 +78,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], Callable[..., Any]]] = {
             "BeitForImageClassification",
             image_size=IMAGE,
             patch_size=8,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
+            **SMALL_TRANSFORMER,
             use_relative_position_bias=True,
             num_labels=LABELS,
         ),
