@@ -50,6 +50,13 @@ class Program:
         lines.append("return " + ", ".join(f"t{i}" for i in self.outputs))
         return "\n".join(lines)
 
+    @property
+    def uses_half(self) -> bool:
+        """Whether float16 values occur (compared with a looser tolerance)."""
+        return any(d == torch.float16 for _, d in self.inputs) or any(
+            s.op == "to_half" for s in self.steps
+        )
+
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         gen = torch.Generator().manual_seed(self.seed)
         out = []
@@ -177,6 +184,64 @@ op("avg_pool2d")(lambda m, i, x, k, stride, padding: F.avg_pool2d(x, k, stride, 
 op("adaptive_avg_pool2d")(lambda m, i, x, size: F.adaptive_avg_pool2d(x, size))
 
 
+for _name, _fn in {
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    "elu": F.elu,
+    "softplus": F.softplus,
+    "hardtanh": F.hardtanh,
+    "erf": torch.erf,
+    "logical_not": torch.logical_not,
+}.items():
+    op(_name)(lambda m, i, x, _fn=_fn: _fn(x))
+
+_COMPARE = {
+    "gt": torch.gt,
+    "lt": torch.lt,
+    "ge": torch.ge,
+    "le": torch.le,
+    "eq": torch.eq,
+    "ne": torch.ne,
+}
+op("compare")(lambda m, i, x, y, how: _COMPARE[how](x, y))
+op("compare_scalar")(lambda m, i, x, how, c: _COMPARE[how](x, c))
+op("logical")(lambda m, i, x, y, how: getattr(torch, f"logical_{how}")(x, y))
+op("any_all")(lambda m, i, x, dim, how: getattr(torch, how)(x, dim))
+op("where_mask")(lambda m, i, c, x, y: torch.where(c, x, y))
+op("logsumexp")(lambda m, i, x, dim: torch.logsumexp(x, dim))
+op("var")(lambda m, i, x, dim, correction: torch.var(x, dim, correction=correction))
+op("prod")(lambda m, i, x, dim: torch.prod(x, dim))
+op("topk")(lambda m, i, x, dim, k, largest: torch.topk(x, k, dim, largest)[0])
+op("sort")(lambda m, i, x, dim, descending: torch.sort(x, dim, descending, stable=True)[0])
+op("max_dim")(lambda m, i, x, dim, which: torch.max(x, dim)[which])
+op("pad")(lambda m, i, x, pads, mode: F.pad(x, pads, mode))
+op("interpolate")(
+    lambda m, i, x, mode, size: F.interpolate(
+        x, size=size, mode=mode, align_corners=False if mode in ("linear", "bilinear") else None
+    )
+)
+op("index_select", lambda x, dim, idx: {"i": torch.tensor(idx)})(
+    lambda m, i, x, dim, idx: torch.index_select(x, dim, getattr(m, f"i{i}"))
+)
+op("embedding", lambda x, n, d, seed: {"w": _weight((n, d), seed)})(
+    lambda m, i, x, n, d, seed: F.embedding(torch.remainder(x, n), getattr(m, f"w{i}"))
+)
+op(
+    "batch_norm",
+    lambda x, seed: {
+        "mean": _weight((x.shape[1],), seed),
+        "var": _weight((x.shape[1],), seed + 1) + 1,
+        "w": _weight((x.shape[1],), seed + 2) + 1,
+        "b": _weight((x.shape[1],), seed + 3),
+    },
+)(
+    lambda m, i, x, seed: F.batch_norm(
+        x, getattr(m, f"mean{i}"), getattr(m, f"var{i}"), getattr(m, f"w{i}"), getattr(m, f"b{i}")
+    )
+)
+op("group_norm")(lambda m, i, x, groups: F.group_norm(x, groups))
+op("to_half")(lambda m, i, x: x.half())
+
+
 class FuzzModule(nn.Module):
     """Replays a :class:`Program`."""
 
@@ -247,26 +312,37 @@ MAX_NUMEL = 512
 
 
 def _candidates(x: torch.Tensor) -> list[str]:
-    is_float = x.dtype.is_floating_point
     r = x.dim()
+    if x.dtype == torch.bool:
+        ops = ["logical_not", "logical", "to_float", "to_int", "where_mask", "cat", "repeat"]
+        if r >= 1:
+            ops += ["any_all", "slice", "flip", "unsqueeze", "permute", "reshape", "expand"]
+        return ops
+    is_float = x.dtype.is_floating_point
     ops = ["unary", "binary", "scalar", "add_scalar", "mul_scalar", "cat", "repeat"]
+    ops += ["compare", "compare_scalar"]
     if r >= 1:
         ops += ["reduce", "cumsum", "slice", "flip", "unsqueeze", "permute", "reshape", "expand"]
         ops += ["select"] if r >= 2 else []
         ops += ["squeeze"] if 1 in x.shape else []
-        ops += ["argmax", "sum_all"]
+        ops += ["argmax", "sum_all", "sort", "topk", "max_dim", "index_select", "prod"]
     if r >= 2:
         ops += ["transpose", "flatten"]
+    if x.dtype == torch.float16:
+        return ops + ["to_float", "to_int"]
     if is_float:
-        ops += ["clamp", "to_int", "pow_scalar"]
+        ops += ["clamp", "to_int", "pow_scalar", "activation", "to_half"]
         if r >= 1:
             ops += ["softmax", "log_softmax", "matmul", "linear", "layer_norm", "add_const"]
+            ops += ["logsumexp", "var", "pad"]
         if r >= 2:
-            ops += ["matmul_self"]
+            ops += ["matmul_self", "batch_norm"]
+        if r >= 3:
+            ops += ["group_norm", "interpolate"]
         if r == 4:
             ops += ["conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d"]
     else:
-        ops += ["to_float", "floordiv_scalar", "remainder_scalar"]
+        ops += ["to_float", "floordiv_scalar", "remainder_scalar", "embedding"]
     return ops
 
 
@@ -394,6 +470,81 @@ def _step(draw: st.DrawFn, pool: list[torch.Tensor], seed: int) -> Step:
         )
     if kind == "adaptive_avg_pool2d":
         return Step(kind, (a,), (("size", draw(st.sampled_from([1, (1, 2), 2]))),))
+    if kind == "activation":
+        names = ["leaky_relu", "elu", "softplus", "hardtanh", "erf"]
+        return Step(draw(st.sampled_from(names)), (a,))
+    if kind in ("logical_not", "to_half"):
+        return Step(kind, (a,))
+    if kind == "compare":
+        same = [b for b, t in enumerate(pool) if t.dtype == x.dtype and _broadcastable(x, t)]
+        return Step(
+            kind,
+            (a, draw(st.sampled_from(same))),
+            (("how", draw(st.sampled_from(list(_COMPARE)))),),
+        )
+    if kind == "compare_scalar":
+        c = draw(st.sampled_from([0.0, 0.5, -1.0] if x.dtype.is_floating_point else [0, 1, -2]))
+        return Step(kind, (a,), (("how", draw(st.sampled_from(list(_COMPARE)))), ("c", c)))
+    if kind == "logical":
+        same = [b for b, t in enumerate(pool) if t.dtype == torch.bool and _broadcastable(x, t)]
+        return Step(
+            kind,
+            (a, draw(st.sampled_from(same))),
+            (("how", draw(st.sampled_from(["and", "or", "xor"]))),),
+        )
+    if kind == "any_all":
+        return Step(kind, (a,), (("dim", dim), ("how", draw(st.sampled_from(["any", "all"])))))
+    if kind == "where_mask":
+        floats = [
+            b for b, t in enumerate(pool) if t.dtype == torch.float32 and _broadcastable(x, t)
+        ]
+        if not floats:
+            return Step("to_float", (a,))
+        return Step(kind, (a, draw(st.sampled_from(floats)), draw(st.sampled_from(floats))))
+    if kind in ("logsumexp", "prod"):
+        return Step(kind, (a,), (("dim", dim),))
+    if kind == "var":
+        return Step(kind, (a,), (("dim", dim), ("correction", draw(st.sampled_from([0, 1])))))
+    if kind == "topk":
+        k = draw(st.integers(1, x.shape[dim]))
+        return Step(kind, (a,), (("dim", dim), ("k", k), ("largest", draw(st.booleans()))))
+    if kind == "sort":
+        return Step(kind, (a,), (("dim", dim), ("descending", draw(st.booleans()))))
+    if kind == "max_dim":
+        return Step(kind, (a,), (("dim", dim), ("which", draw(st.integers(0, 1)))))
+    if kind == "index_select":
+        n = x.shape[dim]
+        idx = tuple(draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=4)))
+        return Step(kind, (a,), (("dim", dim % r), ("idx", idx)))
+    if kind == "embedding":
+        return Step(
+            kind,
+            (a,),
+            (("n", draw(st.integers(2, 7))), ("d", draw(st.integers(1, 4))), ("seed", seed)),
+        )
+    if kind == "pad":
+        mode = draw(
+            st.sampled_from(["constant", "reflect", "replicate"] if 2 <= r <= 4 else ["constant"])
+        )
+        dims = 1 if mode == "constant" else min(r - 1, draw(st.integers(1, 2)))
+        pads = []
+        for d in range(dims):
+            size = x.shape[r - 1 - d]
+            top = size - 1 if mode == "reflect" else 2
+            lo, hi = (-1 if mode == "constant" else 0), max(0, min(2, top))
+            pads += [draw(st.integers(lo, hi)), draw(st.integers(lo, hi))]
+        return Step(kind, (a,), (("pads", tuple(pads)), ("mode", mode)))
+    if kind == "batch_norm":
+        return Step(kind, (a,), (("seed", seed),))
+    if kind == "group_norm":
+        c = x.shape[1]
+        return Step(
+            kind, (a,), (("groups", draw(st.sampled_from([g for g in (1, 2, c) if c % g == 0]))),)
+        )
+    if kind == "interpolate":
+        mode = draw(st.sampled_from(["nearest", "linear"] if r == 3 else ["nearest", "bilinear"]))
+        size = tuple(draw(st.integers(1, 6)) for _ in range(r - 2))
+        return Step(kind, (a,), (("mode", mode), ("size", size)))
     raise AssertionError(kind)
 
 
@@ -424,7 +575,7 @@ def programs(draw: st.DrawFn, max_steps: int = 6) -> Program:
     inputs = []
     for k in range(n_inputs):
         shape = base if k == 0 else tuple(s if draw(st.booleans()) else 1 for s in base)
-        dtype = draw(st.sampled_from([torch.float32] * 4 + [torch.int64]))
+        dtype = draw(st.sampled_from([torch.float32] * 6 + [torch.int64] * 2 + [torch.float16]))
         inputs.append((shape, dtype))
     program = Program(tuple(inputs), (), (0,), seed)
     module_pool = list(program.example_inputs())
