@@ -469,10 +469,15 @@ def _pow_tensor_scalar(x: ir.Value, exponent: Scalar) -> ir.Value | None:
 
 
 def _int_pow(base: ir.Value, exponent: ir.Value) -> ir.Value:
-    """Integer power; negative exponents give 0 except for bases 1 and -1 (like ATen)."""
-    powered = cai.broadcasting_pow(base, exponent)
+    """Integer power; negative exponents give 0 except for bases 1 and -1 (like ATen).
+
+    Core AI's integer pow aborts the runtime for ``0 ** -n`` (an infinite intermediate), so
+    it only ever sees non-negative exponents.
+    """
     if not dtype_of(exponent).is_signed:
-        return powered
+        return cai.broadcasting_pow(base, exponent)
+    zero = const_like(0, exponent)
+    powered = cai.broadcasting_pow(base, cai.broadcasting_maximum(exponent, zero))
     one = const_like(1, base)
     odd = cai.broadcasting_not_equal(
         cai.broadcasting_modulo(exponent, const_like(2, exponent)), const_like(0, exponent)
@@ -488,7 +493,7 @@ def _int_pow(base: ir.Value, exponent: ir.Value) -> ir.Value:
         ),
     )
     return cai.broadcasting_where(
-        cai.broadcasting_greater(const_like(0, exponent), exponent), negative_result, powered
+        cai.broadcasting_greater(zero, exponent), negative_result, powered
     )
 
 

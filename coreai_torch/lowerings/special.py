@@ -182,17 +182,20 @@ _BERNOULLI_OVER_FACTORIAL = [
     -691.0 / 1307674368000,
 ]
 _ZETA_TERMS = 9
+#: polygamma sums more terms directly so that arguments down to -16 stay accurate
+_POLYGAMMA_TERMS = 25
 
 
-def _zeta_tail(s: ir.Value | int, q: ir.Value, inverse_powers) -> ir.Value:
-    """Σ_{k>=0} (q + k)^-s by direct terms up to N and the Euler–Maclaurin tail.
+def _zeta_tail(s: ir.Value | int, q: ir.Value, inverse_powers, terms: int) -> ir.Value:
+    """Σ_{k>=0} (q + k)^-s by ``terms`` direct terms and the Euler–Maclaurin tail (accurate
+    while ``q + terms >= 9``, like Cephes' zeta).
 
     ``inverse_powers(base, e)`` gives ``base ** -(s + e)`` (integer or real ``s``).
     """
     total = _c(0.0, q)
-    for k in range(_ZETA_TERMS):
+    for k in range(terms):
         total = cai.broadcasting_add(total, inverse_powers(_add(q, float(k)), 0))
-    a = _add(q, float(_ZETA_TERMS))
+    a = _add(q, float(terms))
     s_minus_1 = _sub(s, 1.0) if isinstance(s, ir.Value) else _c(float(s - 1), q)
     total = cai.broadcasting_add(
         total, cai.broadcasting_divide(cai.broadcasting_mul(inverse_powers(a, 0), a), s_minus_1)
@@ -217,7 +220,7 @@ def polygamma_values(n: int, x: ir.Value) -> ir.Value:
     def inverse_powers(base: ir.Value, extra: int) -> ir.Value:
         return _int_power(_div(1.0, base), s + extra)
 
-    zeta = _zeta_tail(s, x, inverse_powers)
+    zeta = _zeta_tail(s, x, inverse_powers, _POLYGAMMA_TERMS)
     out = _mul(zeta, (-1.0) ** (n + 1) * math.factorial(n))
     pole = _is_nonpositive_integer(x)
     out = _where(pole, math.inf if n % 2 else -math.inf, out, x)
@@ -231,10 +234,13 @@ def zeta_values(s: ir.Value, q: ir.Value) -> ir.Value:
         exponent = neg_values(_add(s, float(extra))) if extra else neg_values(s)
         return cai.broadcasting_pow(base, exponent)
 
-    out = _zeta_tail(s, q, inverse_powers)
+    out = _zeta_tail(s, q, inverse_powers, _ZETA_TERMS)
+    # Cephes' order of precedence: s == 1, s < 1, q a pole, q < 0 with non-integer s
+    fractional_s = cai.broadcasting_not_equal(floor_values(s), s)
+    out = _where(cai.broadcasting_and(_less(q, 0.0), fractional_s), math.nan, out, out)
+    out = _where(_is_nonpositive_integer(q), math.inf, out, out)
     out = _where(_less(s, 1.0), math.nan, out, out)
-    out = _where(_eq(s, 1.0), math.inf, out, out)
-    return _where(_is_nonpositive_integer(q), math.inf, out, out)
+    return _where(_eq(s, 1.0), math.inf, out, out)
 
 
 @lowering("aten::lgamma.default")
@@ -334,12 +340,28 @@ def _bessel_rule(order: int, scaled: bool):
 
 
 for _names, _order, _scaled in (
-    (("i0", "special_i0", "special_modified_bessel_i0"), 0, False),
-    (("special_i0e", "special_scaled_modified_bessel_i0"), 0, True),
-    (("special_i1", "special_modified_bessel_i1"), 1, False),
-    (("special_i1e", "special_scaled_modified_bessel_i1"), 1, True),
+    (("i0", "special_i0"), 0, False),
+    (("special_i0e",), 0, True),
+    (("special_i1",), 1, False),
+    (("special_i1e",), 1, True),
 ):
     lowering(*(f"aten::{n}.default" for n in _names))(_bessel_rule(_order, _scaled))
+
+
+def _modified_bessel_i(order: int):
+    """``special.modified_bessel_i0/i1``: like ``i0``/``i1`` but NaN at ±inf (PyTorch)."""
+
+    def rule(cx: LoweringContext, self: ir.Value) -> ir.Value:
+        def fn(x: ir.Value) -> ir.Value:
+            return _where(isinf_values(x), math.nan, bessel_i(x, order, False), x)
+
+        return _float_rule(cx, fn, self)
+
+    return rule
+
+
+lowering("aten::special_modified_bessel_i0.default")(_modified_bessel_i(0))
+lowering("aten::special_modified_bessel_i1.default")(_modified_bessel_i(1))
 
 
 # ------------------------------------------------------------------------- erfcx, ndtri ---
@@ -511,3 +533,127 @@ def lcm(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
     g = cai.broadcasting_where(none, const_like(1, g), g)
     multiple = cai.abs_(cai.broadcasting_mul(cai.broadcasting_divide(a, g), b))
     return cai.broadcasting_where(none, zero, multiple)
+
+
+# --------------------------------------------------------------- Bessel J, Y, K (NR, A&S) ---
+
+# Numerical Recipes' bessj0/bessj1/bessy0/bessy1 (absolute error ~1e-8): rational functions
+# below 8, the asymptotic phase/amplitude form above.
+_J0_NUM = [-184.9052456, 77392.33017, -11214424.18, 651619640.7, -13362590354.0, 57568490574.0]
+_J0_DEN = [1.0, 267.8532712, 59272.64853, 9494680.718, 1029532985.0, 57568490411.0]
+_J1_NUM = [-30.16036606, 15704.48260, -2972611.439, 242396853.1, -7895059235.0, 72362614232.0]
+_J1_DEN = [1.0, 376.9991397, 99447.43394, 18583304.74, 2300535178.0, 144725228442.0]
+_Y0_NUM = [228.4622733, -86327.92757, 10879881.29, -512359803.6, 7062834065.0, -2957821389.0]
+_Y0_DEN = [1.0, 226.1030244, 47447.26470, 7189466.438, 745249964.8, 40076544269.0]
+_Y1_NUM = [8511.937935, -4237922.726, 734926455.1, -51534381390.0, 1.275274390e12, -4.900604943e12]
+_Y1_DEN = [1.0, 354.9632885, 102042.6050, 22459040.02, 3733650367.0, 4.244419664e11, 2.499580570e13]
+_P0 = [0.2093887211e-6, -0.2073370639e-5, 0.2734510407e-4, -0.1098628627e-2, 1.0]
+_Q0 = [-0.934935152e-7, 0.7621095161e-6, -0.6911147651e-5, 0.1430488765e-3, -0.1562499995e-1]
+_P1 = [-0.240337019e-6, 0.2457520174e-5, -0.3516396496e-4, 0.183105e-2, 1.0]
+_Q1 = [0.105787412e-6, -0.88228987e-6, 0.8449199096e-5, -0.2002690873e-3, 0.04687499995]
+_TWO_OVER_PI = 2 / math.pi
+
+
+def _bessel_asymptotic(a: ir.Value, order: int, second_kind: bool) -> ir.Value:
+    """``sqrt(2/(πa)) (P cos(ξ) - z Q sin(ξ))`` (J) or ``(P sin(ξ) + z Q cos(ξ))`` (Y)."""
+    z = _div(8.0, a)
+    y = cai.broadcasting_mul(z, z)
+    p = polynomial(y, _P0 if order == 0 else _P1)
+    q = cai.broadcasting_mul(polynomial(y, _Q0 if order == 0 else _Q1), z)
+    phase = _sub(a, math.pi / 4 * (1 + 2 * order))
+    cos, sin = cai.cos(phase), cai.sin(phase)
+    if second_kind:
+        wave = cai.broadcasting_add(cai.broadcasting_mul(p, sin), cai.broadcasting_mul(q, cos))
+    else:
+        wave = cai.broadcasting_sub(cai.broadcasting_mul(p, cos), cai.broadcasting_mul(q, sin))
+    return cai.broadcasting_mul(cai.sqrt(_div(_TWO_OVER_PI, a)), wave)
+
+
+def bessel_j(x: ir.Value, order: int) -> ir.Value:
+    a = cai.abs_(x)
+    y = cai.broadcasting_mul(x, x)
+    near = _div(
+        polynomial(y, _J0_NUM if order == 0 else _J1_NUM),
+        polynomial(y, _J0_DEN if order == 0 else _J1_DEN),
+    )
+    if order == 1:
+        near = cai.broadcasting_mul(near, x)
+    far = _bessel_asymptotic(a, order, False)
+    if order == 1:
+        far = _where(signbit_values(x), neg_values(far), far, x)
+    return _where(_less(a, 8.0), near, far, x)  # NaN at ±inf, like PyTorch
+
+
+def bessel_y(x: ir.Value, order: int) -> ir.Value:
+    y = cai.broadcasting_mul(x, x)
+    ratio = _div(
+        polynomial(y, _Y0_NUM if order == 0 else _Y1_NUM),
+        polynomial(y, _Y0_DEN if order == 0 else _Y1_DEN),
+    )
+    log_term = cai.broadcasting_mul(bessel_j(x, order), cai.log(x))
+    if order == 1:
+        ratio = cai.broadcasting_mul(ratio, x)
+        log_term = cai.broadcasting_sub(log_term, _div(1.0, x))
+    near = cai.broadcasting_add(ratio, _mul(log_term, _TWO_OVER_PI))
+    far = _bessel_asymptotic(x, order, True)
+    out = _where(_less(x, 8.0), near, far, x)  # NaN at +inf, like PyTorch
+    out = _where(_eq(x, 0.0), -math.inf, out, x)
+    return _where(_less(x, 0.0), math.nan, out, x)
+
+
+# Abramowitz & Stegun 9.8.5-9.8.8
+_K0_SMALL = [0.00000740, 0.00010750, 0.00262698, 0.03488590, 0.23069756, 0.42278420, -0.57721566]
+_K0_LARGE = [0.00053208, -0.00251540, 0.00587872, -0.01062446, 0.02189568, -0.07832358, 1.25331414]
+_K1_SMALL = [-0.00004686, -0.00110404, -0.01919402, -0.18156897, -0.67278579, 0.15443144, 1.0]
+_K1_LARGE = [-0.00068245, 0.00325614, -0.00780353, 0.01504268, -0.03655620, 0.23498619, 1.25331414]
+
+
+def bessel_k(x: ir.Value, order: int, scaled: bool) -> ir.Value:
+    """Modified Bessel function K0/K1 (times ``exp(x)`` if ``scaled``)."""
+    half = _mul(x, 0.5)
+    t = cai.broadcasting_mul(half, half)
+    log_half = cai.log(half)
+    series = polynomial(t, _K0_SMALL if order == 0 else _K1_SMALL)
+    if order == 0:
+        near = cai.broadcasting_sub(series, cai.broadcasting_mul(log_half, bessel_i(x, 0, False)))
+    else:
+        near = cai.broadcasting_add(
+            cai.broadcasting_mul(cai.broadcasting_mul(x, log_half), bessel_i(x, 1, False)), series
+        )
+        near = _div(near, x)
+    if scaled:
+        near = cai.broadcasting_mul(near, cai.exp(x))
+    far = _div(polynomial(_div(2.0, x), _K0_LARGE if order == 0 else _K1_LARGE), cai.sqrt(x))
+    if not scaled:
+        far = cai.broadcasting_mul(far, cai.exp(neg_values(x)))
+    out = _where(_less(x, 2.0), near, far, x)
+    out = _where(_eq(x, 0.0), math.inf, out, x)
+    out = _where(_eq(x, math.inf), 0.0, out, x)
+    return _where(_less(x, 0.0), math.nan, out, x)
+
+
+def spherical_bessel_j0(x: ir.Value) -> ir.Value:
+    """``sin(x) / x`` (a series near 0, 0 at ±inf)."""
+    y = cai.broadcasting_mul(x, x)
+    near = polynomial(y, [1.0 / 120, -1.0 / 6, 1.0])
+    out = _where(_less(cai.abs_(x), 0.01), near, _div(cai.sin(x), x), x)
+    return _where(isinf_values(x), 0.0, out, x)
+
+
+for _name, _fn in {
+    "special_bessel_j0": lambda x: bessel_j(x, 0),
+    "special_bessel_j1": lambda x: bessel_j(x, 1),
+    "special_bessel_y0": lambda x: bessel_y(x, 0),
+    "special_bessel_y1": lambda x: bessel_y(x, 1),
+    "special_modified_bessel_k0": lambda x: bessel_k(x, 0, False),
+    "special_modified_bessel_k1": lambda x: bessel_k(x, 1, False),
+    "special_scaled_modified_bessel_k0": lambda x: bessel_k(x, 0, True),
+    "special_scaled_modified_bessel_k1": lambda x: bessel_k(x, 1, True),
+    "special_spherical_bessel_j0": spherical_bessel_j0,
+}.items():
+
+    def _rule(cx: LoweringContext, _fn=_fn, **arguments: ir.Value) -> ir.Value:
+        (x,) = arguments.values()  # the schemas call it ``self`` or ``x``
+        return _float_rule(cx, _fn, x)
+
+    lowering(f"aten::{_name}.default")(_rule)

@@ -208,6 +208,7 @@ def test_activation_low_precision(name: str, dtype: torch.dtype) -> None:
 
 # ----------------------------------------------------------------------- special functions -
 
+S = torch.special
 _EDGES = [0.0, -0.0, -1.0, -2.5, 1.0, 2.0, -3.0, 0.5, INF, -INF, NAN, 1e30, 1.4616, 3.7, 10.0]
 _POSITIVE = [0.01, 0.3, 0.5, 1.0, 1.4616, 2.0, 3.7, 6.0, 10.0, 25.0, 100.0]
 
