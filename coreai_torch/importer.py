@@ -13,10 +13,11 @@ import inspect
 import operator
 import traceback
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.fx
 from torch.export import ExportedProgram
@@ -328,6 +329,42 @@ class GraphImporter:
                 raise ConversionError(f"{describe(node)}: FX op '{node.op}' is not supported")
         return output
 
+    def lower_subgraph(
+        self,
+        gm: torch.fx.GraphModule,
+        operands: Sequence[Any],
+        outputs: Sequence[int] | None = None,
+    ) -> list[ir.Value]:
+        """Lower sub-graph ``gm`` (a branch or loop body of a higher-order op) at the current
+        insertion point, its placeholders bound to ``operands``.
+
+        Returns the values of its outputs -- only those listed in ``outputs`` when given, and
+        then only the nodes they depend on are lowered.  Python scalars among the operands or
+        outputs become 0-d constants (int ``si32``, float ``f32``, bool ``i1``, as symbolic
+        sizes are).  Higher-order ops inside ``gm`` lower their own sub-graphs the same way.
+        """
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(operands):
+            raise ConversionError(
+                f"sub-graph takes {len(placeholders)} operand(s) but {len(operands)} were given"
+            )
+        values = ValueMap(self)
+        for node, operand in zip(placeholders, operands, strict=True):
+            values[node.name] = operand if isinstance(operand, ir.Value) else _scalar(operand)
+        returned = gm.graph.output_node().args[0]
+        results = list(returned) if isinstance(returned, (list, tuple)) else [returned]
+        if outputs is not None:
+            results = [results[i] for i in outputs]
+        needed: set[torch.fx.Node] = set()
+        stack = [r for r in results if isinstance(r, torch.fx.Node)]
+        while stack:
+            node = stack.pop()
+            if node not in needed:
+                needed.add(node)
+                stack.extend(node.all_input_nodes)
+        self.lower_nodes([n for n in gm.graph.nodes if n in needed], values)
+        return [values[r.name] if isinstance(r, torch.fx.Node) else _scalar(r) for r in results]
+
     def lower_node(self, node: torch.fx.Node, values: ValueMap) -> None:
         if node in self.dropped:
             val = node.meta["val"]
@@ -456,6 +493,17 @@ class GraphImporter:
         if update.type != inner:
             update = cai.cast(update, ir.RankedTensorType(inner))
         return update
+
+
+def _scalar(value: bool | int | float) -> ir.Value:
+    """A Python scalar as a 0-d constant (bool ``i1``, int ``si32``, float ``f32``)."""
+    if isinstance(value, bool):
+        return cai.constant(np.bool_(value))
+    if isinstance(value, int):
+        return cai.constant(np.int32(value))
+    if isinstance(value, float):
+        return cai.constant(np.float32(value))
+    raise ConversionError(f"sub-graph operand {value!r} is neither a tensor nor a scalar")
 
 
 def _as_value(value: Any) -> Any:

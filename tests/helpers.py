@@ -36,3 +36,34 @@ def check_module(
     report = verify(model, args, kwargs, program=program, atol=atol, rtol=rtol)
     assert report.ok, f"converted program does not match PyTorch:\n{report}\n\n{program}"
     return report
+
+
+def check_runs(
+    model: nn.Module,
+    program: AIProgram,
+    runs: Sequence[Sequence[Any]],
+    *,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+) -> list[VerifyReport]:
+    """Call one converted program with several argument tuples (one runtime session) and
+    assert that every call matches eager PyTorch."""
+    from coreai_torch.runtime import Session
+    from coreai_torch.verify import compare, eager_outputs, run_entrypoint
+
+    names = [o.name for o in program.signatures["main"].outputs]
+    reports = []
+    with Session(program) as session:
+        for args in runs:
+            expected = eager_outputs(model, args)
+            actual = run_entrypoint(session, program, args)
+            report = VerifyReport(
+                [
+                    compare(n, e, a, atol=atol, rtol=rtol)
+                    for n, e, a in zip(names, expected, actual, strict=True)
+                ]
+            )
+            shapes = [tuple(a.shape) for a in args if hasattr(a, "shape")]
+            assert report.ok, f"mismatch for inputs of shapes {shapes}:\n{report}\n\n{program}"
+            reports.append(report)
+    return reports

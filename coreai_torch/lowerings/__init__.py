@@ -4,6 +4,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     activation,
     attention,
     bitwise,
+    control_flow,
     conv_pool,
     creation,
     cumulative,
@@ -19,6 +20,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     shape,
     sorting,
     special,
+    symbolic,
     unary,
 )
 from coreai_torch.lowerings.registry import (

@@ -14,13 +14,17 @@ import torch
 from coreai_torch._mlir import cai, ir
 from coreai_torch.composite import aten_composite
 from coreai_torch.lowerings.common import (
+    broadcast_dynamic,
     cast,
     constant,
+    dim_size,
     dtype_of,
     rank_of,
     reshape,
+    reshape_dynamic,
     shape_of,
     transpose,
+    unsqueeze,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
@@ -30,6 +34,14 @@ def repeat_kv(x: ir.Value, groups: int) -> ir.Value:
     if groups == 1:
         return x
     shape = shape_of(x)
+    if None in shape:  # dynamic batch / length: runtime shape operands
+        sizes = [dim_size(x, d) for d in range(len(shape))]
+        grouped = [*sizes[:-2], groups, *sizes[-2:]]
+        expanded = broadcast_dynamic(
+            unsqueeze(x, [len(shape) - 2]), grouped, [*shape[:-2], groups, *shape[-2:]]
+        )
+        heads = [*sizes[:-3], shape[-3] * groups, *sizes[-2:]]
+        return reshape_dynamic(expanded, heads, [*shape[:-3], shape[-3] * groups, *shape[-2:]])
     expanded = cai.broadcast_to(
         reshape(x, [*shape[:-3], shape[-3], 1, *shape[-2:]]),
         np.array([*shape[:-3], shape[-3], groups, *shape[-2:]], np.uint32),

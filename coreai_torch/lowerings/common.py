@@ -183,3 +183,167 @@ def move_axis(value: ir.Value, source: int, destination: int) -> ir.Value:
     perm = [d for d in range(rank) if d != source]
     perm.insert(destination, source)
     return transpose(value, perm)
+
+
+# ------------------------------------------------------------------------- dynamic shapes ---
+#
+# With ``torch.export.Dim`` a size can be a runtime value.  Symbolic sizes (SymInt nodes such
+# as ``aten.sym_size.int`` and the arithmetic on them) are 0-d ``si32`` values; size lists
+# of tensor ops then mix Python ints with such values.
+
+#: Slice bound meaning "to the end" (Core AI clamps slice bounds like Python does).
+INT32_MAX = 2**31 - 1
+
+Size = int | ir.Value
+
+
+def is_symbolic(sizes: Sequence[Any] | Any) -> bool:
+    """Whether a size (or a list of sizes) contains a runtime value."""
+    if isinstance(sizes, (list, tuple)):
+        return any(isinstance(s, ir.Value) for s in sizes)
+    return isinstance(sizes, ir.Value)
+
+
+def index_value(size: Size) -> ir.Value:
+    """A size or index as a 0-d ``si32`` value (int constants, or a value cast to si32)."""
+    if isinstance(size, ir.Value):
+        value = cast(size, torch.int32)
+        return squeeze(value, list(range(rank_of(value))))
+    return cai.constant(np.int32(clamp_int32(size)))
+
+
+def clamp_int32(v: int) -> int:
+    """An int bound clamped to the si32 range (``sys.maxsize`` ends become INT32_MAX)."""
+    return max(-(2**31), min(INT32_MAX, int(v)))
+
+
+def dim_size(value: ir.Value, axis: int) -> Size:
+    """Size of ``value`` along ``axis``: an int when static, else a 0-d ``si32`` value."""
+    shape = shape_of(value)
+    axis = normalize_dim(axis, len(shape))
+    if shape[axis] is not None:
+        return shape[axis]
+    sizes = cai.cast(cai.get_shape(value), np.int32)
+    one = cai.slice_(sizes, i32([axis]), i32([axis + 1]), i32([1]))
+    return cai.shrink_dims(one, i32([0]))
+
+
+def shape_vector(sizes: Sequence[Size]) -> ir.Value | np.ndarray:
+    """A 1-D ``si32`` shape operand from ints and 0-d values (a numpy array when all static).
+
+    Consecutive ints are grouped into one constant; values are reshaped to one element.
+    """
+    if not is_symbolic(sizes):
+        return i32([clamp_int32(s) for s in sizes])
+    pieces: list[ir.Value] = []
+    run: list[int] = []
+    for s in sizes:
+        if isinstance(s, ir.Value):
+            if run:
+                pieces.append(index_constant(run))
+                run = []
+            pieces.append(cai.reshape(index_value(s), i32([1])))
+        else:
+            run.append(clamp_int32(s))
+    if run:
+        pieces.append(index_constant(run))
+    return pieces[0] if len(pieces) == 1 else cai.concat(i32(0), pieces)
+
+
+def shape_value(value: ir.Value) -> ir.Value | np.ndarray:
+    """The shape of ``value`` as a shape operand (static dims stay constants)."""
+    return shape_vector([dim_size(value, d) for d in range(rank_of(value))])
+
+
+def refine(value: ir.Value, shape: Sequence[int | None]) -> ir.Value:
+    """``value`` with the static dims of ``shape`` put back into its type (after an op whose
+    runtime shape operands made every dim dynamic)."""
+    current = shape_of(value)
+    if len(current) != len(shape):
+        return value
+    merged = [c if c is not None else s for c, s in zip(current, shape, strict=True)]
+    if merged == current:
+        return value
+    target = dtypes.tensor_type(merged, dtype_of(value))
+    return cai.cast(value, target)
+
+
+def reshape_dynamic(
+    value: ir.Value, sizes: Sequence[Size], out_shape: Sequence[int | None]
+) -> ir.Value:
+    """Reshape to ``sizes`` (ints, ``-1`` and runtime values) whose result is ``out_shape``.
+
+    With at most one unknown dim the static ``out_shape`` with ``-1`` is enough; otherwise the
+    shape operand is built from ``sizes``.
+    """
+    if None not in out_shape:
+        return reshape(value, [int(d) for d in out_shape])
+    if list(out_shape).count(None) == 1:
+        target = cai.reshape(value, i32([-1 if d is None else d for d in out_shape]))
+    else:
+        target = cai.reshape(value, shape_vector(sizes))
+    return refine(target, out_shape)
+
+
+def broadcast_dynamic(
+    value: ir.Value, sizes: Sequence[Size], out_shape: Sequence[int | None]
+) -> ir.Value:
+    """``value`` broadcast to ``sizes`` (ints, ``-1`` = keep the input dim, runtime values)."""
+    if None not in out_shape:
+        return broadcast_to(value, [int(d) for d in out_shape])
+    lead = len(sizes) - rank_of(value)
+    dims: list[Size] = []
+    for i, s in enumerate(sizes):
+        if isinstance(s, int) and s == -1:
+            s = dim_size(value, i - lead)
+        elif out_shape[i] is not None:
+            s = out_shape[i]
+        dims.append(s)
+    target = shape_vector(dims)
+    if isinstance(target, np.ndarray):
+        target = index_constant(target.tolist())
+    return refine(cai.broadcast_to(value, cai.cast(target, np.uint32)), out_shape)
+
+
+def filled_dynamic(sizes: Sequence[Size], fill: Scalar | ir.Value, dtype: torch.dtype) -> ir.Value:
+    """A tensor of runtime shape ``sizes`` filled with ``fill``."""
+    scalar = as_value(fill, dtype)
+    scalar = squeeze(scalar, list(range(rank_of(scalar))))
+    target = shape_vector(sizes)
+    if isinstance(target, np.ndarray):
+        return broadcast_to(scalar, target.tolist())
+    out = cai.broadcast_to(scalar, cai.cast(target, np.uint32))
+    return refine(out, [s if isinstance(s, int) else None for s in sizes])
+
+
+def size_product(sizes: Sequence[Size]) -> Size:
+    """The product of sizes (an int when all are static, else a 0-d ``si32`` value)."""
+    static = 1
+    for s in sizes:
+        if isinstance(s, int):
+            static *= s
+    dynamic = [s for s in sizes if isinstance(s, ir.Value)]
+    if not dynamic:
+        return static
+    result = index_value(dynamic[0])
+    for s in dynamic[1:]:
+        result = cai.mul(result, index_value(s))
+    return result if static == 1 else cai.mul(result, index_value(static))
+
+
+def slice_dynamic(
+    value: ir.Value, axis: int, start: Size | None, end: Size | None, step: int = 1
+) -> ir.Value:
+    """``value[..., start:end:step, ...]`` with Python semantics (negative / clamped bounds),
+    for dynamic dims and runtime bounds.  The result dims are refined where they stay static."""
+    shape = shape_of(value)
+    rank = len(shape)
+    starts: list[Size] = [0] * rank
+    ends: list[Size] = [INT32_MAX if d is None else d for d in shape]
+    starts[axis] = 0 if start is None else start
+    ends[axis] = INT32_MAX if end is None else end
+    strides = [step if a == axis else 1 for a in range(rank)]
+    out = cai.slice_(value, shape_vector(starts), shape_vector(ends), i32(strides))
+    out_shape: list[int | None] = list(shape)
+    out_shape[axis] = None
+    return refine(out, out_shape)

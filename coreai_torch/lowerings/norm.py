@@ -18,11 +18,13 @@ from coreai_torch.composite import aten_composite
 from coreai_torch.lowerings.common import (
     cast,
     constant,
+    dim_size,
     dtype_of,
     i32,
     normalize_dim,
     rank_of,
     reshape,
+    reshape_dynamic,
     shape_of,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
@@ -182,9 +184,15 @@ def _group_norm(
     eps: float,
 ) -> ir.Value:
     shape = shape_of(input)
+    rank = len(shape)
+    if None in shape:  # dynamic batch / spatial dims: runtime shape operands
+        sizes = [dim_size(input, d) for d in range(rank)]
+        inner = None if None in shape[1:] else math.prod(shape[1:]) // num_groups
+        grouped = reshape_dynamic(input, [sizes[0], num_groups, -1], [shape[0], num_groups, inner])
+        y = reshape_dynamic(normalize(grouped, [2], eps), sizes, shape)
+        return _channel_affine(y, weight, bias, rank)
     grouped = reshape(input, [shape[0], num_groups, math.prod(shape[1:]) // num_groups])
     y = reshape(normalize(grouped, [2], eps), shape)
-    rank = len(shape)
     return _channel_affine(y, weight, bias, rank)
 
 
@@ -199,8 +207,6 @@ def group_norm(
     cudnn_enabled: bool = True,
 ) -> ir.Value:
     """The ``group_norm`` composite op (attributes ``num_groups``, ``eps``)."""
-    if None in shape_of(input):
-        raise cx.unsupported("group_norm with dynamic shapes is not supported yet")
     return aten_composite(
         cx.node,
         "group_norm",

@@ -10,15 +10,23 @@ import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
+    Size,
+    broadcast_dynamic,
     broadcast_to,
     cast,
     constant,
+    dim_size,
     dtype_of,
     i32,
+    index_value,
+    is_symbolic,
     normalize_dim,
     rank_of,
+    refine,
     reshape,
+    reshape_dynamic,
     shape_of,
+    slice_dynamic,
     squeeze,
     transpose,
     unsqueeze,
@@ -46,12 +54,16 @@ from coreai_torch.lowerings.registry import (
     "aten::view_copy.default",
     "aten::_reshape_alias.default",
 )
-def view(cx: LoweringContext, self: ir.Value, size: Sequence[int], **_: object) -> ir.Value:
+def view(cx: LoweringContext, self: ir.Value, size: Sequence[Size], **_: object) -> ir.Value:
+    if None in cx.out_shape:
+        return reshape_dynamic(self, size, cx.out_shape)
     return reshape(self, static_out_shape(cx))
 
 
 @lowering("aten::flatten.using_ints", "aten::unflatten.int")
 def flatten(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value:
+    if cx.out_shape.count(None) == 1:
+        return reshape_dynamic(self, [], cx.out_shape)
     return reshape(self, static_out_shape(cx))
 
 
@@ -78,8 +90,10 @@ def t(cx: LoweringContext, self: ir.Value) -> ir.Value:
 
 @lowering("aten::expand.default", "aten::expand_copy.default")
 def expand(
-    cx: LoweringContext, self: ir.Value, size: Sequence[int], implicit: bool = False
+    cx: LoweringContext, self: ir.Value, size: Sequence[Size], implicit: bool = False
 ) -> ir.Value:
+    if None in cx.out_shape:
+        return broadcast_dynamic(self, size, cx.out_shape)
     return broadcast_to(self, static_out_shape(cx))
 
 
@@ -153,16 +167,16 @@ def slice_(
     cx: LoweringContext,
     self: ir.Value,
     dim: int = 0,
-    start: int | None = None,
-    end: int | None = None,
+    start: Size | None = None,
+    end: Size | None = None,
     step: int = 1,
 ) -> ir.Value:
     shape = shape_of(self)
     d = normalize_dim(dim, len(shape))
-    if shape[d] is None:
-        raise cx.unsupported("slicing a dynamic dimension is not supported yet")
     if step <= 0:
         raise cx.unsupported(f"slice step must be positive, got {step}")
+    if None in shape or is_symbolic([start, end]):
+        return refine(slice_dynamic(self, d, start, end, step), cx.out_shape)
     lo, hi, stride = slice(start, end, step).indices(shape[d])
     return slice_axis(self, d, lo, max(hi, lo), stride)
 
@@ -176,11 +190,11 @@ def narrow(cx: LoweringContext, self: ir.Value, dim: int, start: int, length: in
 
 
 @lowering("aten::select.int", "aten::select_copy.int")
-def select(cx: LoweringContext, self: ir.Value, dim: int, index: int) -> ir.Value:
+def select(cx: LoweringContext, self: ir.Value, dim: int, index: Size) -> ir.Value:
     shape = shape_of(self)
     d = normalize_dim(dim, len(shape))
-    if shape[d] is None:
-        raise cx.unsupported("selecting from a dynamic dimension is not supported yet")
+    if None in shape or isinstance(index, ir.Value):
+        return select_dynamic(self, d, index, cx.out_shape)
     i = index % shape[d]
     return squeeze(slice_axis(self, d, i, i + 1), [d])
 
@@ -197,6 +211,8 @@ def select(cx: LoweringContext, self: ir.Value, dim: int, index: int) -> ir.Valu
 def split_with_sizes(cx: LoweringContext, self: ir.Value, dim: int = 0, **_: object) -> list:
     shape = shape_of(self)
     d = normalize_dim(dim, len(shape))
+    if None in shape:
+        return _split_dynamic(cx, self, d, _)
     results: list[ir.Value | None] = []
     offset = 0
     for val in cx.out:
@@ -205,6 +221,51 @@ def split_with_sizes(cx: LoweringContext, self: ir.Value, dim: int = 0, **_: obj
         results.append(slice_axis(self, d, offset, offset + size) if size else None)
         offset += size
     return results
+
+
+def _split_dynamic(cx: LoweringContext, x: ir.Value, d: int, args: dict) -> list:
+    """Split with dynamic dims: chunk sizes from PyTorch's results where they are static,
+    else from the (symbolic) split sizes; the last chunk runs to the end."""
+    sizes = args.get("split_sizes") or args.get("split_size")
+    offset: Size = 0
+    results: list[ir.Value | None] = []
+    for k, val in enumerate(cx.out):
+        last = k == len(cx.out) - 1
+        size = val.shape[d]
+        if not isinstance(size, int):
+            if not isinstance(sizes, (list, tuple)) and not last:
+                raise cx.unsupported("splitting a dynamic dimension into equal chunks")
+            size = None if last else sizes[k]
+        if size == 0:
+            results.append(None)
+            continue
+        end = None if last else _add(offset, size)
+        shape = [s if isinstance(s, int) else None for s in val.shape]
+        results.append(refine(slice_dynamic(x, d, offset, end), shape))
+        offset = end if end is not None else offset
+    return results
+
+
+def _add(a: Size, b: Size) -> Size:
+    if isinstance(a, int) and isinstance(b, int):
+        return a + b
+    return cai.add(index_value(a), index_value(b))
+
+
+def select_dynamic(x: ir.Value, d: int, index: Size, out_shape: Sequence[int | None]) -> ir.Value:
+    """``x.select(d, index)`` for a dynamic dim or a runtime index (negative ones wrap)."""
+    if isinstance(index, int):
+        start, end = index, (index + 1 if index != -1 else None)
+    else:
+        i = index_value(index)
+        size = index_value(dim_size(x, d))
+        zero = cai.constant(np.int32(0))
+        start = cai.where(cai.greater(zero, i), cai.add(i, size), i)
+        end = cai.add(start, cai.constant(np.int32(1)))
+    sliced = slice_dynamic(x, d, start, end)
+    one = list(out_shape)
+    one.insert(d, 1)
+    return squeeze(refine(sliced, one), [d])
 
 
 @lowering("aten::unbind.int", "aten::unbind_copy.int")
