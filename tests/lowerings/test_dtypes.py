@@ -101,7 +101,7 @@ from coreai_torch.verify import run_entrypoint
 
 def f(a, b):
     return (a // b, torch.div(a, b, rounding_mode="trunc"), a % b, torch.fmod(a, b),
-            a.int() // b.int(), a.int() % b.int())
+            a.int() // b.int(), a.int() % b.int(), a.clamp(-3, 3) ** (b - 1))
 
 a = torch.tensor([7, -7, 5, -9, -2**63, 2**63 - 1, -2**31, 0])
 b = torch.tensor([0, 0, -1, -1, -1, -1, -1, 0])
@@ -127,7 +127,7 @@ def _run_isolated(script: str) -> subprocess.CompletedProcess:
 
 def test_integer_division_by_runtime_zero_and_minus_one_does_not_abort() -> None:
     """Zero divisors give ``x // 0 == x`` and ``x % 0 == 0`` (PyTorch raises instead);
-    ``-1`` divisors wrap like PyTorch (``INT_MIN // -1 == INT_MIN``)."""
+    ``-1`` divisors wrap like PyTorch (``INT_MIN // -1 == INT_MIN``); ``0 ** -1`` is 0."""
     done = _run_isolated(_ZERO_DIVISION_SCRIPT)
     assert done.returncode == 0, f"process died ({done.returncode}):\n{done.stderr[-3000:]}"
     lines = [line for line in done.stdout.splitlines() if line and line[0] in "-0123456789"]
@@ -141,3 +141,8 @@ def test_integer_division_by_runtime_zero_and_minus_one_does_not_abort() -> None
     # .int() wraps like PyTorch: -2**63 -> 0, 2**63 - 1 -> -1
     assert rows[4] == [7, -7, -5, 9, 0, 1, -(2**31), 0]
     assert rows[5] == [0] * 8
+    a_small, b_minus_1 = (
+        torch.tensor(a).clamp(-3, 3),
+        torch.tensor([-1, -1, -2, -2, -2, -2, -2, -1]),
+    )
+    assert rows[6] == (a_small**b_minus_1).tolist()  # 0 ** -n would abort the runtime
