@@ -34,24 +34,25 @@ def _owner(value: ir.Value) -> ir.Operation | None:
 
 
 class _ConstantAnalysis:
-    """Which values are computed from constants only (no graph argument, no region)."""
+    """Which values are computed from constants only (no graph argument, no region).
 
-    def __init__(self) -> None:
-        self._memo: dict[int, bool] = {}
+    Filled in one pass over the ops in program order (definitions come before uses), so that
+    long dependency chains cost no recursion.
+    """
 
-    def __call__(self, value: ir.Value) -> bool:
-        op = _owner(value)
-        if op is None:
-            return False
-        key = hash(op)
-        if key not in self._memo:
-            self._memo[key] = False  # cycles cannot happen in SSA, but be safe
-            self._memo[key] = op.name == "coreai.constant" or (
+    def __init__(self, ops: list[ir.Operation]) -> None:
+        self._constant: set[int] = set()
+        for op in ops:
+            if op.name == "coreai.constant" or (
                 len(op.regions) == 0
                 and len(op.operands) > 0
                 and all(self(operand) for operand in op.operands)
-            )
-        return self._memo[key]
+            ):
+                self._constant.add(hash(op))
+
+    def __call__(self, value: ir.Value) -> bool:
+        op = _owner(value)
+        return op is not None and hash(op) in self._constant
 
 
 def _is_float(value: ir.Value) -> bool:
@@ -79,15 +80,17 @@ def protect_from_misfolds(module: ir.Module) -> int:
 
     Returns the number of rewritten ops.
     """
-    candidates: list[ir.Operation] = []
+    ops: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
-        if op.name in _SUB_OPS:
-            candidates.append(op)
+        ops.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(collect)
-    is_constant = _ConstantAnalysis()
+    candidates = [op for op in ops if op.name in _SUB_OPS]
+    if not candidates:
+        return 0
+    is_constant = _ConstantAnalysis(ops)
     rewritten = 0
     with module.context:
         for op in candidates:

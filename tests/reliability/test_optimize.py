@@ -114,3 +114,22 @@ def test_raw_core_ai_rewrite_still_misfolds() -> None:
     report = verify(model, (x,), program=program)
     assert not report.ok
     assert np.isfinite(report.max_abs) and report.max_abs > 0.1
+
+
+def test_guard_handles_long_dependency_chains() -> None:
+    """A chain far longer than Python's recursion limit (the analysis is one forward pass)."""
+    from coreai_torch._mlir import cai, ir, new_context
+
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            t = ir.RankedTensorType.get([4], ir.F32Type.get())
+            graph = cai.GraphOp("main", [t], [t], ["x"], ["y"])
+            with graph.block:
+                x = graph.arguments[0]
+                c = cai.constant(np.float32(0.5))
+                for _ in range(3000):
+                    x = cai.broadcasting_add(cai.broadcasting_mul(x, c), c)
+                cai.output([cai.broadcasting_mul(cai.broadcasting_sub(x, c), c)])
+        assert protect_from_misfolds(module) == 1
+        module.operation.verify()
