@@ -448,12 +448,9 @@ def ldexp(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
     return _float_rule(cx, fn, self, other)
 
 
-@lowering("aten::frexp.Tensor")
-def frexp(cx: LoweringContext, self: ir.Value) -> list[ir.Value]:
-    """Mantissa in [0.5, 1) and int32 exponent; (0, 0) for 0, (x, 0) for inf/NaN."""
-    x = self
-    dtype = dtype_of(x)
-    a = cast(cai.abs_(x), torch.float32)
+def frexp_parts(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """``(m, e, finite_nonzero)`` with ``a = m 2^e``, ``m`` in [0.5, 1), for float32 ``a >= 0``
+    (``m = 1, e = 0`` where ``a`` is 0, inf or NaN)."""
     finite_nonzero = cai.broadcasting_and(
         cai.broadcasting_equal(cai.broadcasting_sub(a, a), _c(0.0, a)),
         cai.broadcasting_not_equal(a, _c(0.0, a)),
@@ -467,18 +464,57 @@ def frexp(cx: LoweringContext, self: ir.Value) -> list[ir.Value]:
         cai.broadcasting_mul(safe, cai.broadcasting_pow(two, neg_values(half))),
         cai.broadcasting_pow(two, neg_values(cai.broadcasting_sub(exponent, half))),
     )
-    too_big = cai.broadcasting_greater(mantissa, _c(1.0, a))
-    too_big = cai.broadcasting_or(too_big, _eq(mantissa, 1.0))
+    # log2 is off by one next to powers of two: fix the exponent both ways
+    too_big = cai.broadcasting_not_equal(_less(mantissa, 1.0), _c(True, finite_nonzero))
     mantissa = _where(too_big, _mul(mantissa, 0.5), mantissa, a)
     exponent = _where(too_big, _add(exponent, 1.0), exponent, a)
     too_small = _less(mantissa, 0.5)
     mantissa = _where(too_small, _mul(mantissa, 2.0), mantissa, a)
     exponent = _where(too_small, _sub(exponent, 1.0), exponent, a)
-    mantissa = cast(mantissa, dtype)
+    return mantissa, exponent, finite_nonzero
+
+
+@lowering("aten::frexp.Tensor")
+def frexp(cx: LoweringContext, self: ir.Value) -> list[ir.Value]:
+    """Mantissa in [0.5, 1) and int32 exponent; (0, 0) for 0, (x, 0) for inf/NaN."""
+    x = self
+    mantissa, exponent, finite_nonzero = frexp_parts(cast(cai.abs_(x), torch.float32))
+    mantissa = cast(mantissa, dtype_of(x))
     mantissa = cai.broadcasting_where(signbit_values(x), neg_values(mantissa), mantissa)
     mantissa = cai.broadcasting_where(finite_nonzero, mantissa, x)
-    exponent = _where(finite_nonzero, exponent, 0.0, a)
+    exponent = _where(finite_nonzero, exponent, 0.0, exponent)
     return [mantissa, cast(exponent, torch.int32)]
+
+
+@lowering("aten::nextafter.default")
+def nextafter(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
+    """The next representable value after ``self`` toward ``other``: ``self`` ± one unit in
+    the last place, the spacing found from the binary exponent (half of it when stepping
+    down from a power of two), subnormal spacing near 0."""
+    dtype = cx.out_dtype
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise cx.unsupported(f"nextafter for {dtype}")
+    info = torch.finfo(dtype)
+    digits = round(1 - math.log2(info.eps))  # significand bits incl. the implicit one
+    smallest = info.tiny * info.eps  # subnormal spacing
+    x, y = operand(self, torch.float32), operand(other, torch.float32)
+    mantissa, exponent, _ = frexp_parts(cai.abs_(x))
+    two = _c(2.0, x)
+    above = cai.broadcasting_pow(two, _sub(exponent, float(digits)))
+    below = _where(_eq(mantissa, 0.5), _mul(above, 0.5), above, x)
+    above = cai.broadcasting_maximum(above, _c(smallest, x))
+    below = cai.broadcasting_maximum(below, _c(smallest, x))
+    up = cai.broadcasting_greater(y, x)
+    away_from_zero = cai.broadcasting_equal(up, cai.broadcasting_greater(x, _c(0.0, x)))
+    step = cai.broadcasting_where(away_from_zero, above, below)
+    out = cai.broadcasting_add(x, cai.broadcasting_where(up, step, neg_values(step)))
+    from_zero = _where(up, smallest, -smallest, x)
+    out = cai.broadcasting_where(_eq(x, 0.0), from_zero, out)
+    largest = _where(signbit_values(x), -info.max, info.max, x)
+    out = cai.broadcasting_where(isinf_values(x), largest, out)
+    out = cai.broadcasting_where(cai.broadcasting_equal(x, y), y, out)
+    nan = cai.broadcasting_or(isnan_values(x), isnan_values(y))
+    return cast(_where(nan, math.nan, out, x), dtype)
 
 
 # ------------------------------------------------------------------------------- gcd, lcm ---

@@ -247,3 +247,19 @@ def test_special_functions_low_precision() -> None:
     p = torch.tensor(_POSITIVE).to(torch.float16)
     fns = (torch.lgamma, torch.digamma, torch.i0, torch.special.i1e)
     check_fn(lambda p: tuple(f(p) for f in fns), p, atol=1e-2, rtol=1e-2)
+
+
+def test_nextafter_exact() -> None:
+    """One unit in the last place up or down, across powers of two, 0, subnormals, ±inf."""
+    x = [1.0, 1.0, 0.0, 0.0, -1.0, 2.0, 2.0, 0.75, -0.5, 3e38, INF, -INF, NAN, 1.0, 1e-40, 1e-45]
+    y = [2.0, 0.0, 1.0, -1.0, 0.0, 0.0, 3.0, 1.0, -1.0, INF, 0.0, 0.0, 1.0, NAN, 0.0, 0.0]
+
+    def f(x, y):
+        return (
+            torch.nextafter(x, y),
+            torch.nextafter(x.half(), y.half()),
+            torch.nextafter(x.bfloat16(), y.bfloat16()),
+            torch.frexp(x),
+        )
+
+    check_fn(f, torch.tensor(x), torch.tensor(y), atol=0, rtol=0)
