@@ -437,8 +437,7 @@ def cdist(
     the broadcast differences (exact, unlike ATen's matmul shortcut for large inputs)."""
     dtype = cx.out_dtype
     a, b = cast(x1, opmath(dtype)), cast(x2, opmath(dtype))
-    rank = rank_of(a)
-    diff = cai.broadcasting_sub(unsqueeze(a, [rank - 1]), unsqueeze(b, [rank - 2]))
+    diff = cai.broadcasting_sub(unsqueeze(a, [rank_of(a) - 1]), unsqueeze(b, [rank_of(b) - 2]))
     return cast(vector_norm(diff, float(p), [-1], False), dtype)
 
 

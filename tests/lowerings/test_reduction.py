@@ -315,6 +315,7 @@ def test_distances() -> None:
         return (
             torch.cdist(a, b), torch.cdist(a, b, p=1), torch.cdist(a, b, p=float("inf")),
             torch.cdist(c, c[:2], p=3), torch.cdist(a, b, p=0), torch.cdist(d, c),
+            torch.cdist(a[:, None, :1], c[None, :2]),
             F.pdist(c), F.pdist(c, p=1), F.pairwise_distance(c, c.flip(0)),
             F.cosine_similarity(a, a.flip(1), dim=-1),
         )  # fmt: skip
