@@ -8,7 +8,14 @@ from collections.abc import Sequence
 import numpy as np
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import Scalar, constant, dtype_of, shape_of
+from coreai_torch.lowerings.common import (
+    Scalar,
+    constant,
+    dtype_of,
+    rank_of,
+    shape_of,
+    slice_dynamic,
+)
 from coreai_torch.lowerings.layout import slice_axis, static_shape
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
@@ -25,9 +32,11 @@ def pad_dims(
     x: ir.Value, pairs: Sequence[tuple[int, int]], value: Scalar = 0, mode: str = "constant"
 ) -> ir.Value:
     """Pad (or crop, for negative amounts) every dim by its (before, after) pair."""
-    shape = [int(d) for d in shape_of(x)]
+    shape = shape_of(x)
     for axis, (before, after) in enumerate(pairs):  # crop first
-        if before < 0 or after < 0:
+        if (before < 0 or after < 0) and shape[axis] is None:  # dynamic dim: Python bounds
+            x = slice_dynamic(x, axis, max(0, -before), after if after < 0 else None)
+        elif before < 0 or after < 0:
             start, end = max(0, -before), shape[axis] - max(0, -after)
             x = slice_axis(x, axis, start, end)
             shape[axis] = end - start
@@ -42,8 +51,7 @@ def pad_dims(
 def constant_pad_nd(
     cx: LoweringContext, self: ir.Value, pad: Sequence[int], value: Scalar = 0
 ) -> ir.Value:
-    shape = static_shape(cx, self)
-    return pad_dims(self, pad_amounts(len(shape), pad), value)
+    return pad_dims(self, pad_amounts(rank_of(self), pad), value)
 
 
 def _mode_pad(cx: LoweringContext, self: ir.Value, padding: Sequence[int], mode: str):

@@ -36,6 +36,7 @@ from coreai_torch.lowerings.layout import (
     static_out_shape,
     static_shape,
     take,
+    take_values,
 )
 from coreai_torch.lowerings.registry import (
     EMPTY_INPUT_OPS,
@@ -302,6 +303,8 @@ def _roll_axis(x: ir.Value, shift: int, axis: int) -> ir.Value:
 def roll(
     cx: LoweringContext, self: ir.Value, shifts: Sequence[int], dims: Sequence[int] = ()
 ) -> ir.Value:
+    if None in shape_of(self):
+        return _roll_dynamic(cx, self, shifts, dims)
     shape = static_shape(cx, self)
     if not dims:  # roll the flattened tensor
         flat = reshape(self, [int(np.prod(shape))])
@@ -309,6 +312,24 @@ def roll(
     x = self
     for shift, dim in zip(shifts, dims, strict=True):
         x = _roll_axis(x, shift, normalize_dim(dim, len(shape)))
+    return x
+
+
+def _roll_dynamic(
+    cx: LoweringContext, x: ir.Value, shifts: Sequence[int], dims: Sequence[int]
+) -> ir.Value:
+    """Roll along dynamic dims: gather with indices ``(arange(n) - shift) mod n`` (a slice
+    and concat could produce an empty slice at run time)."""
+    if not dims:
+        raise cx.unsupported("rolling the flattened tensor needs a static shape")
+    for shift, dim in zip(shifts, dims, strict=True):
+        axis = normalize_dim(dim, rank_of(x))
+        n = index_value(dim_size(x, axis))
+        positions = cai.range_(cai.constant(np.int32(0)), n, cai.constant(np.int32(1)))
+        moved = cai.broadcasting_sub(positions, index_value(shift))
+        index = cai.broadcasting_modulo(moved, n)
+        index = cai.broadcasting_modulo(cai.broadcasting_add(index, n), n)  # C modulo
+        x = refine(take_values(x, axis, index), shape_of(x))
     return x
 
 
@@ -476,4 +497,8 @@ def to_copy(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value:
 def copy(cx: LoweringContext, self: ir.Value, src: ir.Value, non_blocking: bool = False):
     """``self`` overwritten with ``src`` (broadcast and converted to ``self``'s dtype)."""
     dtype = dtype_of(self)
-    return broadcast_to(cast(_wrap_integer(src, dtype), dtype), static_shape(cx, self))
+    value = cast(_wrap_integer(src, dtype), dtype)
+    if None in shape_of(self):
+        sizes = [dim_size(self, d) for d in range(rank_of(self))]
+        return broadcast_dynamic(value, sizes, shape_of(self))
+    return broadcast_to(value, static_shape(cx, self))
