@@ -246,8 +246,13 @@ def _max_pool(
     return [pool.finish(out), None]
 
 
-@lowering("aten::max_pool2d_with_indices.default")
-def max_pool2d_with_indices(
+def _spatial_rank(cx: LoweringContext) -> int:
+    """2 or 3 from the op name (``*2d`` / ``*3d``); kernel lists may have one entry."""
+    return 3 if "3d" in str(cx.node.target) else 2
+
+
+@lowering("aten::max_pool2d_with_indices.default", "aten::max_pool3d_with_indices.default")
+def max_pool_with_indices(
     cx: LoweringContext,
     self: ir.Value,
     kernel_size: Sequence[int],
@@ -256,20 +261,8 @@ def max_pool2d_with_indices(
     dilation: Sequence[int] = (1,),
     ceil_mode: bool = False,
 ) -> list[ir.Value | None]:
-    return _max_pool(cx, self, 2, kernel_size, stride, padding, dilation, ceil_mode)
-
-
-@lowering("aten::max_pool3d_with_indices.default")
-def max_pool3d_with_indices(
-    cx: LoweringContext,
-    self: ir.Value,
-    kernel_size: Sequence[int],
-    stride: Sequence[int] = (),
-    padding: Sequence[int] = (0,),
-    dilation: Sequence[int] = (1,),
-    ceil_mode: bool = False,
-) -> list[ir.Value | None]:
-    return _max_pool(cx, self, 3, kernel_size, stride, padding, dilation, ceil_mode)
+    k = _spatial_rank(cx)
+    return _max_pool(cx, self, k, kernel_size, stride, padding, dilation, ceil_mode)
 
 
 @lowering("aten::max_pool2d.default", "aten::max_pool3d.default")
@@ -282,7 +275,7 @@ def max_pool(
     dilation: Sequence[int] = (1,),
     ceil_mode: bool = False,
 ) -> ir.Value:
-    k = 3 if cx.node.target is torch.ops.aten.max_pool3d.default else 2
+    k = _spatial_rank(cx)
     values, _ = _max_pool(cx, self, k, kernel_size, stride, padding, dilation, ceil_mode)
     return values
 
@@ -335,8 +328,8 @@ def _avg_pool(
     return pool.finish(cai.broadcasting_divide(total, divisor))
 
 
-@lowering("aten::avg_pool2d.default")
-def avg_pool2d(
+@lowering("aten::avg_pool2d.default", "aten::avg_pool3d.default")
+def avg_pool(
     cx: LoweringContext,
     self: ir.Value,
     kernel_size: Sequence[int],
@@ -346,24 +339,9 @@ def avg_pool2d(
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> ir.Value:
+    k = _spatial_rank(cx)
     return _avg_pool(
-        cx, self, 2, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
-    )
-
-
-@lowering("aten::avg_pool3d.default")
-def avg_pool3d(
-    cx: LoweringContext,
-    self: ir.Value,
-    kernel_size: Sequence[int],
-    stride: Sequence[int] = (),
-    padding: Sequence[int] = (0,),
-    ceil_mode: bool = False,
-    count_include_pad: bool = True,
-    divisor_override: int | None = None,
-) -> ir.Value:
-    return _avg_pool(
-        cx, self, 3, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
+        cx, self, k, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override
     )
 
 
