@@ -126,6 +126,18 @@ def test_nested_cond() -> None:
     assert text.count("coreai.if") >= 2
 
 
+class CondShapes(nn.Module):
+    """Branches returning different shapes (the result has a data-dependent size)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: x[:2] * 2, lambda x: x[:3] - 1, (x,))
+
+
+def test_cond_branches_with_different_shapes() -> None:
+    x = torch.rand(5, 3)
+    check(CondShapes(), [(x,), (-x,)])
+
+
 # ------------------------------------------------------------------------- while_loop -------
 
 
@@ -214,6 +226,21 @@ def test_scan_dynamic_length() -> None:
     program = convert(model, (xs, h0), dynamic_shapes=({0: steps}, None))
     program.optimize()
     check_runs(model, program, [(xs, h0), (torch.randn(9, 2, 4), h0), (xs[:3], h0)])
+
+
+class ReverseScan(nn.Module):
+    """``scan`` over dim 1 in reverse (torch moves the dim and flips around the loop)."""
+
+    def forward(self, xs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        def step(c: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            c = c * 0.5 + x
+            return c, c.clone()
+
+        return scan(step, h, xs, dim=1, reverse=True)
+
+
+def test_scan_reverse_over_dim_1() -> None:
+    check(ReverseScan(), [(torch.randn(2, 4, 3), torch.randn(2, 3))])
 
 
 class MapRows(nn.Module):
