@@ -36,6 +36,7 @@ from torch.export import ExportedProgram
 from coreai_torch.errors import ConversionError, UnsupportedOpError
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
+SOURCE_HELP = "FILE.pt2 (torch.export.save) or FILE.py:FUNCTION returning (module, example_inputs)"
 
 
 class CliError(Exception):
@@ -248,7 +249,7 @@ def _show_progress(opts: argparse.Namespace) -> bool:
 
     if opts.progress is not None:
         return opts.progress
-    return stderr_is_terminal()
+    return stderr_is_terminal() and importlib.util.find_spec("rich") is not None
 
 
 def cmd_ops(opts: argparse.Namespace) -> int:
@@ -270,6 +271,7 @@ def cmd_demo(opts: argparse.Namespace) -> int:
 
 
 def cmd_verify(opts: argparse.Namespace) -> int:
+    from coreai_torch.debugging import flat_user_args
     from coreai_torch.runtime import Session
     from coreai_torch.signature import analyze_signature
     from coreai_torch.verify import VerifyReport, compare
@@ -281,7 +283,7 @@ def cmd_verify(opts: argparse.Namespace) -> int:
     ep = _decomposed(source, {}, [])
     signature = analyze_signature(ep)
     args, kwargs, inputs_label = _inputs(opts, source)
-    flat = _flat_args(ep, args, kwargs)
+    flat = flat_user_args(ep, args, kwargs)
     feeds, input_states = signature.feeds(flat)
     states = {k: v.detach().clone() for k, v in signature.initial_states.items()}
     states.update({k: v.detach().clone() for k, v in input_states.items()})
@@ -363,16 +365,12 @@ def _bind_names(desc: Any, signature: Any, asset: Path, entrypoint: str) -> dict
     return names
 
 
-def _flat_args(ep: ExportedProgram, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
-    from coreai_torch.debugging import _flat_user_args
-
-    return _flat_user_args(ep, args, kwargs)
-
-
 def _eager(
     source: Source, signature: Any, args: Sequence[Any], kwargs: dict[str, Any]
 ) -> tuple[list[Any], dict[str, torch.Tensor]]:
     """PyTorch's outputs, and its states after the call (buffers / mutated inputs)."""
+    from coreai_torch.debugging import flat_user_args
+
     reference = source.reference()
     args_c, kwargs_c = pytree.tree_map(
         lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v),
@@ -386,7 +384,7 @@ def _eager(
     for name, target in buffers.items():  # leave the module as it was
         reference.get_buffer(target).copy_(saved[name])
     by_node = dict(
-        zip(signature.user_inputs, _flat_args(source.exported, args_c, kwargs_c), strict=True)
+        zip(signature.user_inputs, flat_user_args(source.exported, args_c, kwargs_c), strict=True)
     )
     for s in signature.states:
         if s.kind == "user_input":
@@ -505,7 +503,7 @@ def _parser() -> argparse.ArgumentParser:
     convert = commands.add_parser(
         "convert", parents=[common], help="convert a program to an .aimodel and print a report"
     )
-    convert.add_argument("source", metavar="SOURCE")
+    convert.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
     convert.add_argument("-o", "--output", help="the .aimodel to write (default: <stem>.aimodel)")
     convert.add_argument("--input-names", metavar="A,B", help="names of the non-state inputs")
     convert.add_argument("--output-names", metavar="A,B", help="names of the outputs")
@@ -548,7 +546,7 @@ def _parser() -> argparse.ArgumentParser:
     ops = commands.add_parser(
         "ops", parents=[common], help="list the ops a program needs and which are supported"
     )
-    ops.add_argument("source", metavar="SOURCE")
+    ops.add_argument("source", metavar="SOURCE", help=SOURCE_HELP)
     _setup_option(ops)
     ops.set_defaults(func=cmd_ops)
 

@@ -159,7 +159,7 @@ class _Search:
         log: Callable[[str], None] | None,
     ) -> None:
         self.ep = ep
-        self.flat_args = _flat_user_args(ep, args, kwargs)
+        self.flat_args = flat_user_args(ep, args, kwargs)
         self.converter = converter
         self.atol, self.rtol, self.optimize = atol, rtol, optimize
         self.log = log or (lambda _line: None)
@@ -263,7 +263,7 @@ def _probeable(node: torch.fx.Node) -> bool:
     )
 
 
-def _flat_user_args(
+def flat_user_args(
     ep: ExportedProgram, args: Sequence[Any], kwargs: Mapping[str, Any] | None
 ) -> list[Any]:
     """forward() arguments flattened in the order of the program's user inputs."""

@@ -89,14 +89,20 @@ class RichProgress(CallbackProgress):
         self._tasks: dict[str, Any] = {}
 
     def _start_bar(self) -> Any:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        try:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+        except ImportError as error:
+            raise ImportError(
+                "the progress bar needs the 'rich' package: pip install "
+                "'coreai-torch-converter[cli]' (or pass a callback instead)"
+            ) from error
 
         console = self._console or Console(stderr=True)
         self._bar = Progress(
