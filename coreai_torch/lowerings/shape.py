@@ -35,6 +35,7 @@ from coreai_torch.lowerings.layout import (
     slice_axis,
     static_out_shape,
     static_shape,
+    strided_table,
     take,
     take_values,
 )
@@ -385,21 +386,6 @@ def diagonal(
     return take(flat, len(rest), _diagonal_table(shape[a], shape[b], offset))
 
 
-def storage_indices(val: torch.Tensor) -> np.ndarray:
-    """For each element of a dense tensor, its position in the tensor's row-major order,
-    indexed by storage offset (assumes dense, non-overlapping strides)."""
-    shape, strides = list(val.shape), list(val.stride())
-    order = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
-    storage = np.full(int(np.prod(shape, dtype=np.int64)), -1, dtype=np.int64)
-    offsets = np.zeros(shape, dtype=np.int64)
-    for axis, (n, s) in enumerate(zip(shape, strides, strict=True)):
-        view = [1] * len(shape)
-        view[axis] = n
-        offsets = offsets + (np.arange(n, dtype=np.int64) * s).reshape(view)
-    storage[offsets.reshape(-1)] = order.reshape(-1)
-    return storage
-
-
 @lowering("aten::as_strided.default", "aten::as_strided_copy.default")
 def as_strided(
     cx: LoweringContext,
@@ -409,34 +395,13 @@ def as_strided(
     storage_offset: int | None = None,
 ) -> ir.Value:
     """A strided view of the input's storage, gathered through a constant index table."""
-    src = cx.node.args[0].meta.get("val")
-    shape = static_shape(cx, self)
-    total = int(np.prod(shape, dtype=np.int64))
-    if not isinstance(src, torch.Tensor) or not _dense(src):
-        raise cx.unsupported("as_strided of a tensor whose storage is not dense")
-    storage = storage_indices(src)
-    positions = np.full([int(s) for s in size], int(storage_offset or 0), dtype=np.int64)
-    for axis, (n, s) in enumerate(zip(size, stride, strict=True)):
-        view = [1] * len(size)
-        view[axis] = int(n)
-        positions = positions + (np.arange(int(n), dtype=np.int64) * int(s)).reshape(view)
-    if positions.size and (positions.max() >= total or positions.min() < 0):
-        raise cx.unsupported("as_strided reads outside the input's storage")
-    table = storage[positions]
+    total = int(np.prod(static_shape(cx, self), dtype=np.int64))
+    try:
+        table = strided_table(cx.node.args[0].meta["val"], size, stride, storage_offset)
+    except ValueError as error:
+        raise cx.unsupported(f"as_strided: {error}") from None
     flat = reshape(self, [total])
     return take(flat, 0, table) if table.ndim else squeeze(take(flat, 0, table[None]), [0])
-
-
-def _dense(val: torch.Tensor) -> bool:
-    if int(val.storage_offset()) != 0:
-        return False
-    dims = sorted((s, n) for n, s in zip(val.shape, val.stride(), strict=True) if n != 1)
-    expected = 1
-    for s, n in dims:
-        if s != expected:
-            return False
-        expected *= n
-    return True
 
 
 # ------------------------------------------------------------------------------- copies -----
