@@ -214,7 +214,17 @@ def find_zero_size(
 # ------------------------------------------------------------------------------- import -----
 
 
+#: 0-d input types of dynamic Python scalars (what torch passes: int64, float64 as f32, bool)
+_SYMBOLIC_INPUT_DTYPES = {
+    torch.SymInt: torch.int64,
+    torch.SymFloat: torch.float32,
+    torch.SymBool: torch.bool,
+}
+
+
 def _val_type(val: Any) -> ir.Type:
+    if type(val) in _SYMBOLIC_INPUT_DTYPES:
+        return dtypes.tensor_type([], _SYMBOLIC_INPUT_DTYPES[type(val)])
     shape = [d if isinstance(d, int) else None for d in val.shape]
     return dtypes.tensor_type(shape, val.dtype)
 
@@ -272,6 +282,9 @@ class GraphImporter:
                 values[state.node] = value
                 tokens.append(token)
             for inp, arg in zip(sig.inputs, graph.arguments[len(sig.states) :], strict=True):
+                if isinstance(self.placeholders[inp.node].meta.get("val"), torch.SymInt):
+                    with location(self.placeholders[inp.node]):  # sizes are 0-d si32 inside
+                        arg = cai.cast(arg, dtypes.tensor_type([], torch.int32))
                 values[inp.node] = arg
             with named_location("weights"):
                 for name, tensor in sig.weights.items():

@@ -177,8 +177,11 @@ def analyze_signature(
         if spec.kind == InputKind.USER_INPUT:
             result.user_inputs.append(name)
             node = placeholders[name]
-            if not isinstance(node.meta.get("val"), torch.Tensor):
-                result.scalar_inputs[name] = node.meta.get("val")
+            val = node.meta.get("val")
+            if isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                plain_inputs.append(name)  # a dynamic Python scalar: a 0-d runtime input
+            elif not isinstance(val, torch.Tensor):
+                result.scalar_inputs[name] = val
             elif name in mutated_inputs:
                 input_states.append(
                     GraphState(name, name, mutated_inputs[name], "user_input", name)
