@@ -87,6 +87,8 @@ def _constant_result(cx: LoweringContext) -> ir.Value:
     "aten::logspace.default",
     "aten::eye.default",
     "aten::eye.m",
+    "aten::triu_indices.default",
+    "aten::tril_indices.default",
 )
 def arange(cx: LoweringContext, **_: object) -> ir.Value:
     static_out_shape(cx)
