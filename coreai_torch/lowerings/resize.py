@@ -269,7 +269,8 @@ def _cubic_weights(t: ir.Value) -> list[ir.Value]:
     ]
 
 
-def _grid_sample(
+@lowering("aten::grid_sampler_2d.default", "aten::grid_sampler_3d.default")
+def grid_sampler(
     cx: LoweringContext,
     input: ir.Value,
     grid: ir.Value,
@@ -277,6 +278,9 @@ def _grid_sample(
     padding_mode: int,
     align_corners: bool,
 ) -> ir.Value:
+    """``F.grid_sample``: bilinear, nearest or (2-D) bicubic; zeros, border or reflection."""
+    if not dtype_of(input).is_floating_point:
+        raise cx.unsupported("grid sampling of integer tensors")
     in_shape = static_shape(cx, input)
     g_shape = static_shape(cx, grid, "grid")
     k = len(in_shape) - 2
@@ -350,17 +354,3 @@ def _grid_sample(
         term = cai.broadcasting_mul(sample([q for q, _ in combo]), reshape(weight, [n, *out_sp, 1]))
         out = term if out is None else cai.broadcasting_add(out, term)
     return transpose(out, [0, k + 1, *range(1, k + 1)])
-
-
-@lowering("aten::grid_sampler_2d.default", "aten::grid_sampler_3d.default")
-def grid_sampler(
-    cx: LoweringContext,
-    input: ir.Value,
-    grid: ir.Value,
-    interpolation_mode: int,
-    padding_mode: int,
-    align_corners: bool,
-) -> ir.Value:
-    if not dtype_of(input).is_floating_point:
-        raise cx.unsupported("grid sampling of integer tensors")
-    return _grid_sample(cx, input, grid, interpolation_mode, padding_mode, align_corners)
