@@ -14,10 +14,13 @@ import torch
 
 from tests.lowerings.support import check_fn
 from tests.lowerings.values import (
+    Case,
     binary_case,
     bools,
+    check_cases,
     divisors,
     floats,
+    grouped,
     ints,
     operand_pairs,
     rand,
@@ -72,16 +75,19 @@ BINARY: dict[str, tuple[Callable[[Any, Any], Any], set[str], bool]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(BINARY))
-def test_binary(name: str) -> None:
+def _binary(name: str) -> Case:
     op, kinds, divisor = BINARY[name]
     pairs = operand_pairs(kinds, divisor=divisor)
     if name == "pow":  # keep integer powers small and exact
         pairs = [
             (a, b) for a, b in pairs if not (isinstance(b, torch.Tensor) and b.dtype == torch.int32)
         ]
-    fn, args = binary_case(op, pairs)
-    check_fn(fn, *args)
+    return binary_case(op, pairs)
+
+
+@pytest.mark.parametrize("names", grouped(list(BINARY), 3))
+def test_binary(names: list[str]) -> None:
+    check_cases([_binary(n) for n in names])
 
 
 # ------------------------------------------------------------------------------- unary -----
@@ -131,10 +137,14 @@ def unary_operands(kinds: set[str]) -> list[torch.Tensor]:
     return xs
 
 
-@pytest.mark.parametrize("name", list(UNARY))
-def test_unary(name: str) -> None:
+def _unary(name: str) -> Case:
     op, kinds = UNARY[name]
-    check_fn(lambda *xs: tuple(op(x) for x in xs), *unary_operands(kinds))
+    return (lambda *xs: tuple(op(x) for x in xs)), unary_operands(kinds)
+
+
+@pytest.mark.parametrize("names", grouped(list(UNARY), 4))
+def test_unary(names: list[str]) -> None:
+    check_cases([_unary(n) for n in names])
 
 
 def test_clamp_tensor_bounds() -> None:

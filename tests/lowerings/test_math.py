@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.lowerings.support import check_fn
-from tests.lowerings.values import INF, NAN, floats, ints, special
+from tests.lowerings.values import INF, NAN, Case, check_cases, floats, grouped, ints, special
 
 
 def _unit(*shape: int) -> torch.Tensor:
@@ -59,14 +59,18 @@ MATH: dict[str, tuple[Callable[[Any], Any], Callable[..., torch.Tensor]]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(MATH))
-def test_math(name: str) -> None:
+def _math(name: str) -> Case:
     """Float32 in several shapes (0-d, rank 7) plus int64/int32/bool inputs (float32 out)."""
     op, domain = MATH[name]
     args = [domain(3, 4), domain(), domain(1, 2, 1, 2, 1, 2, 3)]
     args += [ints(3, 4, low=1, high=4), ints(4, dtype=torch.int32, low=0, high=2)]
     args += [torch.rand(3) > 0.5]
-    check_fn(lambda *xs: tuple(op(x) for x in xs), *args, atol=1e-5, rtol=1e-4)
+    return (lambda *xs: tuple(op(x) for x in xs)), args
+
+
+@pytest.mark.parametrize("names", grouped(list(MATH), 4))
+def test_math(names: list[str]) -> None:
+    check_cases([_math(n) for n in names], atol=1e-5, rtol=1e-4)
 
 
 def test_math_special_values() -> None:
@@ -117,13 +121,21 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(ACTIVATIONS))
-def test_activation(name: str) -> None:
+def _activation(name: str) -> Case:
     op = ACTIVATIONS[name]
     edge = torch.tensor([[float("nan"), float("inf"), -float("inf"), 0.0]])
     if name == "gelu":
         edge[0, 1] = 1e30  # see test_gelu_of_positive_infinity
-    check_fn(lambda *xs: tuple(op(x) for x in xs), floats(3, 4) * 4, edge, floats(2, 1, 2, 1, 2, 4))
+    return (lambda *xs: tuple(op(x) for x in xs)), [
+        floats(3, 4) * 4,
+        edge,
+        floats(2, 1, 2, 1, 2, 4),
+    ]
+
+
+@pytest.mark.parametrize("names", grouped(list(ACTIVATIONS), 4))
+def test_activation(names: list[str]) -> None:
+    check_cases([_activation(n) for n in names])
 
 
 @pytest.mark.xfail(
@@ -237,10 +249,10 @@ SPECIAL_FUNCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(SPECIAL_FUNCTIONS))
-def test_special_function(name: str) -> None:
-    x, p = torch.tensor(_EDGES), torch.tensor(_POSITIVE)
-    check_fn(SPECIAL_FUNCTIONS[name], x, p, atol=1e-5, rtol=2e-4)
+@pytest.mark.parametrize("names", grouped(list(SPECIAL_FUNCTIONS), 4))
+def test_special_function(names: list[str]) -> None:
+    cases = [(SPECIAL_FUNCTIONS[n], [torch.tensor(_EDGES), torch.tensor(_POSITIVE)]) for n in names]
+    check_cases(cases, atol=1e-5, rtol=2e-4)
 
 
 def test_special_functions_low_precision() -> None:

@@ -15,7 +15,7 @@ from coreai_torch import TorchConverter
 from coreai_torch.verify import export_decomposed
 from tests.helpers import check_runs
 from tests.lowerings.support import Fn, check_fn
-from tests.lowerings.values import NAN, bools, floats, ints
+from tests.lowerings.values import NAN, Case, bools, check_cases, floats, grouped, ints
 
 
 def _with_nans(x: torch.Tensor) -> torch.Tensor:
@@ -92,11 +92,14 @@ REDUCTIONS: dict[str, tuple[Callable[[Any], Any], list[int]]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(REDUCTIONS))
-def test_reduction(name: str) -> None:
-    op, which = REDUCTIONS[name]
+def _over_operands(op: Callable[[Any], Any], which: list[int]) -> Case:
     xs = operands()
-    check_fn(lambda *args: tuple(op(x) for x in args), *[xs[i] for i in which])
+    return (lambda *args: tuple(op(x) for x in args)), [xs[i] for i in which]
+
+
+@pytest.mark.parametrize("names", grouped(list(REDUCTIONS), 4))
+def test_reduction(names: list[str]) -> None:
+    check_cases([_over_operands(*REDUCTIONS[n]) for n in names])
 
 
 def test_argmax_ties_and_nan_positions() -> None:
@@ -129,11 +132,9 @@ CUMULATIVE: dict[str, tuple[Callable[[Any], Any], list[int]]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(CUMULATIVE))
-def test_cumulative(name: str) -> None:
-    op, which = CUMULATIVE[name]
-    xs = operands()
-    check_fn(lambda *args: tuple(op(x) for x in args), *[xs[i] for i in which])
+@pytest.mark.parametrize("names", grouped(list(CUMULATIVE), 3))
+def test_cumulative(names: list[str]) -> None:
+    check_cases([_over_operands(*CUMULATIVE[n]) for n in names])
 
 
 def test_cummax_ties_and_nans() -> None:
@@ -174,10 +175,13 @@ SORTING: dict[str, Callable[..., Any]] = {
 }
 
 
-@pytest.mark.parametrize("name", list(SORTING))
-def test_sorting(name: str) -> None:
-    ties = torch.randint(0, 3, (4, 6)).float()
-    check_fn(SORTING[name], _distinct(3, 5, 4), ties, ints(3, 5, 4), bools(3, 6))
+@pytest.mark.parametrize("names", grouped(list(SORTING), 3))
+def test_sorting(names: list[str]) -> None:
+    def case(name: str) -> Case:
+        ties = torch.randint(0, 3, (4, 6)).float()
+        return SORTING[name], [_distinct(3, 5, 4), ties, ints(3, 5, 4), bools(3, 6)]
+
+    check_cases([case(n) for n in names])
 
 
 def test_sorting_with_nans() -> None:

@@ -113,3 +113,42 @@ def binary_case(
         return tuple(results)
 
     return fn, tensors
+
+
+def grouped(names: list[str], size: int, *, slow_singles: bool = True) -> list[Any]:
+    """pytest params: ``names`` in groups of ``size`` (one conversion each, fast suite), and
+    with ``slow_singles`` every name alone as well (``make test-all``)."""
+    import pytest
+
+    params = [
+        pytest.param(names[i : i + size], id="+".join(names[i : i + size]))
+        for i in range(0, len(names), size)
+    ]
+    if slow_singles:
+        params += [pytest.param([n], id=f"{n}-alone", marks=pytest.mark.slow) for n in names]
+    return params
+
+
+Case = tuple[Callable[..., Any], list[torch.Tensor]]
+
+
+def combined(cases: list[Case]) -> Case:
+    """One function (and argument list) computing every case: one conversion for all."""
+    counts = [len(args) for _, args in cases]
+
+    def fn(*args: torch.Tensor) -> tuple[Any, ...]:
+        outputs, start = [], 0
+        for (case_fn, _), n in zip(cases, counts, strict=True):
+            outputs.append(case_fn(*args[start : start + n]))
+            start += n
+        return tuple(outputs)
+
+    return fn, [a for _, args in cases for a in args]
+
+
+def check_cases(cases: list[Case], **tolerance: float) -> None:
+    """Convert and check all ``cases`` as one program."""
+    from tests.lowerings.support import check_fn
+
+    fn, args = combined(cases)
+    check_fn(fn, *args, **tolerance)
