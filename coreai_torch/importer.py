@@ -30,6 +30,7 @@ from coreai_torch.errors import (
     RuntimeHazardError,
     UnsupportedOpError,
 )
+from coreai_torch.folding import fold_constants, frontier
 from coreai_torch.locations import describe, location, named_location, qualified_name, user_frame
 from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
 from coreai_torch.signature import ProgramSignature
@@ -103,14 +104,22 @@ def lowering_key(node: torch.fx.Node) -> str | None:
 
 
 def find_unsupported(
-    ep: ExportedProgram, lowerings: LoweringTable
+    ep: ExportedProgram, lowerings: LoweringTable, folded: Iterable[str] = ()
 ) -> dict[str, list[torch.fx.Node]]:
-    """Every op of the program (sub-graphs included) without a lowering, with its nodes."""
+    """Every op of the program (sub-graphs included) without a lowering, with its nodes.
+
+    Nodes named in ``folded`` (computed by PyTorch at conversion time) need no lowering.
+    """
+    folded = set(folded)
     missing: dict[str, list[torch.fx.Node]] = {}
     for gm in _graph_modules(ep):
         for node in gm.graph.nodes:
             key = lowering_key(node)
-            if key is not None and key not in lowerings:
+            if (
+                key is not None
+                and key not in lowerings
+                and (gm is not ep.graph_module or node.name not in folded)
+            ):
                 missing.setdefault(key, []).append(node)
     return missing
 
@@ -222,6 +231,12 @@ _SYMBOLIC_INPUT_DTYPES = {
 }
 
 
+def _overridden(node: torch.fx.Node, user_rules: set[str]) -> bool:
+    """Whether the converter's user registered their own lowering for this node's op."""
+    key = lowering_key(node)
+    return key is not None and (key in user_rules or key.rsplit(".", 1)[0] in user_rules)
+
+
 def _val_type(val: Any) -> ir.Type:
     if type(val) in _SYMBOLIC_INPUT_DTYPES:
         return dtypes.tensor_type([], _SYMBOLIC_INPUT_DTYPES[type(val)])
@@ -248,12 +263,20 @@ class GraphImporter:
         self.placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
         #: zero-element nodes that are not lowered (their consumers drop them)
         self.dropped = droppable_empty_nodes(ep)
+        #: nodes PyTorch evaluates at conversion time, and those of them emitted as constants
+        user_rules = set(lowerings.own_names())
+        self.folded = fold_constants(
+            ep.graph,
+            signature.weights,
+            skip=lambda node: _overridden(node, user_rules) or node in self.dropped,
+        )
+        self.fold_frontier = frontier(ep.graph, self.folded)
 
     # -- public -------------------------------------------------------------------------------
 
     def run(self) -> None:
         sig = self.signature
-        missing = find_unsupported(self.ep, self.lowerings)
+        missing = find_unsupported(self.ep, self.lowerings, self.folded)
         if missing:
             raise unsupported_op_error(missing, self.name)
         zero = find_zero_size(self.ep, self.dropped)
@@ -335,7 +358,10 @@ class GraphImporter:
             elif node.op == "get_attr":
                 continue  # sub-graphs and constants are fetched by the rules that use them
             elif node.op == "call_function":
-                self.lower_node(node, values)
+                if node.name in self.folded:
+                    self._emit_folded(node, values)
+                else:
+                    self.lower_node(node, values)
                 if progress is not None:
                     progress.advance(self.name)
             else:
@@ -415,6 +441,18 @@ class GraphImporter:
         self._store_result(node, key, result, values)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _emit_folded(self, node: torch.fx.Node, values: ValueMap) -> None:
+        """A node PyTorch evaluated at conversion time: a constant, if anything needs it."""
+        if node.name not in self.fold_frontier:
+            return
+        value = self.folded[node.name]
+        with location(node):
+            if isinstance(value, (list, tuple)):
+                for i, item in enumerate(value):
+                    values[f"{node.name}#{i}"] = self.builder.weights.constant(item, node.name)
+            else:
+                values[node.name] = self.builder.weights.constant(value, node.name)
 
     def _store_result(self, node: torch.fx.Node, key: str, result: Any, values: ValueMap) -> None:
         """Check what a lowering returned and record it (``"name#i"`` for multi-result ops)."""

@@ -40,6 +40,8 @@ class WeightStore:
     def __init__(self) -> None:
         self._attrs: dict[tuple, ir.Attribute] = {}
         self._names: set[str] = set()
+        #: every tensor handed in stays alive while the store lives: keys are addresses
+        self._tensors: list[torch.Tensor] = []
         self.total_bytes = 0
 
     @staticmethod
@@ -73,6 +75,7 @@ class WeightStore:
         key = self._key(tensor)
         attr = self._attrs.get(key)
         if attr is None:
+            self._tensors.append(tensor)
             buffer = _buffer(tensor)
             attr = ir.DenseResourceElementsAttr.get_from_buffer(
                 buffer, self._unique_name(name), ttype
