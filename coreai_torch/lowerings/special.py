@@ -438,7 +438,7 @@ def angle(cx: LoweringContext, self: ir.Value) -> ir.Value:
     return _where(isnan_values(x), x, out, x)
 
 
-@lowering("aten::ldexp.Tensor", "aten::ldexp.default")
+@lowering("aten::ldexp.Tensor")
 def ldexp(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
     """``self * 2 ** other``."""
 
