@@ -532,7 +532,12 @@ def _step(draw: st.DrawFn, pool: list[torch.Tensor], seed: int) -> Step:
             size = x.shape[r - 1 - d]
             top = size - 1 if mode == "reflect" else 2
             lo, hi = (-1 if mode == "constant" else 0), max(0, min(2, top))
-            pads += [draw(st.integers(lo, hi)), draw(st.integers(lo, hi))]
+            pair = [draw(st.integers(lo, hi)), draw(st.integers(lo, hi))]
+            if -sum(min(0, p) for p in pair) >= size:
+                # a crop that empties the dim before padding it again: known failure,
+                # see REGRESSIONS["pad_after_cropping_a_dim_to_nothing"] in test_fuzz.py
+                pair = [max(0, p) for p in pair]
+            pads += pair
         return Step(kind, (a,), (("pads", tuple(pads)), ("mode", mode)))
     if kind == "batch_norm":
         return Step(kind, (a,), (("seed", seed),))

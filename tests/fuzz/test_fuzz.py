@@ -95,7 +95,28 @@ REGRESSIONS = {
 }
 
 
-@pytest.mark.parametrize("name", list(REGRESSIONS))
+#: Failures in lowerings owned elsewhere (recorded for their owners), xfailed strictly.
+KNOWN_FAILURES = {
+    # F.pad(x, (2, -1)) on a dim of size 1: the constant_pad_nd lowering crops first, making a
+    # zero-element intermediate (the hazard scan rejects it with RuntimeHazardError instead of
+    # letting the runtime abort); padding before cropping would avoid it.
+    "pad_after_cropping_a_dim_to_nothing": Program(
+        inputs=(((2, 1, 1), F32),),
+        steps=(Step("pad", (0,), (("pads", (2, -1)), ("mode", "constant"))),),
+        outputs=(1,),
+    ),
+}
+
+
+def _case(name: str) -> object:
+    if name not in KNOWN_FAILURES:
+        return name
+    reason = "constant_pad_nd crops a dim to zero elements before padding it (fuzz_failures.md)"
+    return pytest.param(name, marks=pytest.mark.xfail(reason=reason, strict=True))
+
+
+@pytest.mark.parametrize("name", [_case(n) for n in [*REGRESSIONS, *KNOWN_FAILURES]])
 def test_regression(name: str) -> None:
-    problem = check_program(REGRESSIONS[name])
-    assert problem is None, f"{REGRESSIONS[name]}\n{problem}"
+    program = REGRESSIONS.get(name) or KNOWN_FAILURES[name]
+    problem = check_program(program)
+    assert problem is None, f"{program}\n{problem}"
