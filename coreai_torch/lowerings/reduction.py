@@ -4,7 +4,8 @@ any/all, logsumexp and vector norms.
 Core AI reductions keep the reduced dimensions; PyTorch's ``keepdim=False`` is a
 ``shrink_dims`` afterwards.  Dtypes follow PyTorch: integer and bool ``sum``/``prod`` give
 int64; ``any``/``all`` give bool (uint8 for uint8 inputs); float16/bfloat16 sums, means and
-variances accumulate in float32 and round once, like ATen's CPU kernels.
+variances accumulate in float32 and round once, like ATen's CPU kernels (Core AI's own
+``reduce_sum``/``reduce_mean`` already do).
 
 NaN: ``amax``/``max`` propagate NaN, and ``argmax``/``argmin``/``max.dim`` return the index of
 the first NaN like PyTorch (Core AI's ``argmax`` ignores NaN, so the index is fixed up).
@@ -95,9 +96,12 @@ def reduction(*names: str, empty: Scalar | tuple[Scalar, ...]) -> Callable[[Call
 def _accumulating(
     fn: Callable[..., ir.Value], cx: LoweringContext, x: ir.Value, dims: Dims, keepdim: bool
 ) -> ir.Value:
-    """``reduce`` in the result dtype, accumulated in float32 for 16-bit floats."""
+    """``reduce`` in the result dtype.  Core AI's ``reduce_sum``/``reduce_mean`` already
+    accumulate 16-bit floats in higher precision (bit-identical to PyTorch); other
+    reductions run in float32 for them."""
     dtype = cx.out_dtype
-    out = reduce(fn, cast(x, opmath(dtype)), dims, keepdim)
+    native = fn in (cai.reduce_sum, cai.reduce_mean)
+    out = reduce(fn, cast(x, dtype if native else opmath(dtype)), dims, keepdim)
     return cast(out, dtype)
 
 
