@@ -8,7 +8,9 @@ Dtype semantics follow PyTorch:
 * Core AI has no implicit promotion and rejects ``bool`` in numeric ops, so operands are cast
   explicitly; bool arithmetic uses the logical ops (``add`` = or, ``mul`` = and) and bool
   comparisons run on ``uint8``.
-* float16/bfloat16 compute natively (no up-cast), like PyTorch's results up to one rounding.
+* float16/bfloat16: single ops compute natively (correctly rounded, like PyTorch up to a
+  double rounding); multi-step formulas (floor division, remainder, rounding to decimals and
+  the composed math functions) compute in float32 and round once, like ATen's ``opmath``.
 
 Runtime hazards: integer division or modulo by zero, and ``INT_MIN / -1``, abort the Core AI
 runtime process.  PyTorch raises ``ZeroDivisionError`` for the first and wraps for the
@@ -32,6 +34,7 @@ from coreai_torch.lowerings.common import (
     cast,
     constant,
     dtype_of,
+    numel,
     result_dtype,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
@@ -55,6 +58,21 @@ def operand(x: Operand, dtype: torch.dtype) -> ir.Value:
         info = torch.iinfo(dtype)
         x = (x - info.min) % (info.max - info.min + 1) + info.min
     return constant(x, dtype)
+
+
+#: Largest intermediate (in elements) that the pairwise formulations (mode, histc, bucketize,
+#: searchsorted, cdist) may build; beyond it they are rejected instead of exhausting memory.
+PAIRWISE_LIMIT = 2**26
+
+
+def check_size(cx: LoweringContext, value: ir.Value, what: str) -> ir.Value:
+    """``value``, after checking that its static size is within :data:`PAIRWISE_LIMIT`."""
+    size = numel(value)
+    if size is not None and size > PAIRWISE_LIMIT:
+        raise cx.unsupported(
+            f"{what} would build an intermediate of {size} elements (limit {PAIRWISE_LIMIT})"
+        )
+    return value
 
 
 def const_like(value: Scalar, like: ir.Value) -> ir.Value:
@@ -86,10 +104,6 @@ def full_like(x: ir.Value, value: Scalar, dtype: torch.dtype | None = None) -> i
 
 def is_float_value(x: ir.Value) -> bool:
     return dtype_of(x).is_floating_point
-
-
-def is_signed_int(dtype: torch.dtype) -> bool:
-    return dtypes.is_integer(dtype) and dtype.is_signed
 
 
 def numeric(x: ir.Value) -> ir.Value:

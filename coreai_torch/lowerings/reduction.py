@@ -39,6 +39,7 @@ from coreai_torch.lowerings.common import (
 )
 from coreai_torch.lowerings.creation import filled
 from coreai_torch.lowerings.elementwise import (
+    check_size,
     const_like,
     isinf_values,
     isnan_values,
@@ -442,6 +443,7 @@ def cdist(
     dtype = cx.out_dtype
     a, b = cast(x1, opmath(dtype)), cast(x2, opmath(dtype))
     diff = cai.broadcasting_sub(unsqueeze(a, [rank_of(a) - 1]), unsqueeze(b, [rank_of(b) - 2]))
+    check_size(cx, diff, "the differences of every pair of rows")
     return cast(vector_norm(diff, float(p), [-1], False), dtype)
 
 
@@ -454,6 +456,7 @@ def pdist(cx: LoweringContext, self: ir.Value, p: float = 2) -> ir.Value:
     dtype = cx.out_dtype
     x = cast(self, opmath(dtype))
     diff = cai.broadcasting_sub(unsqueeze(x, [1]), unsqueeze(x, [0]))
+    check_size(cx, diff, "the differences of every pair of rows")
     full = cai.reshape(vector_norm(diff, float(p), [-1], False), i32([n * n]))
     pairs = [i * n + j for i in range(n) for j in range(i + 1, n)]
     return cast(cai.gather_along_axis(full, i32(pairs), i32(0)), dtype)

@@ -34,6 +34,7 @@ from coreai_torch.lowerings.common import (
 from coreai_torch.lowerings.cumulative import positions
 from coreai_torch.lowerings.elementwise import (
     Operand,
+    check_size,
     const_like,
     floor_values,
     ge,
@@ -204,7 +205,9 @@ for _name, _ignore in (("median", False), ("nanmedian", True)):
 # ------------------------------------------------------------------- bucketize / search ---
 
 
-def _count_below(sequence: ir.Value, values: ir.Value, right: bool, out_int32: bool) -> ir.Value:
+def _count_below(
+    cx: LoweringContext, sequence: ir.Value, values: ir.Value, right: bool, out_int32: bool
+) -> ir.Value:
     """For each value, how many sequence entries (last axis) are ``<`` it (``<=`` if
     ``right``); NaN values count every entry.  ``sequence`` is 1-D or matches ``values``'
     leading dimensions."""
@@ -214,7 +217,7 @@ def _count_below(sequence: ir.Value, values: ir.Value, right: bool, out_int32: b
     expanded = unsqueeze(values, [rank_of(values)])
     if rank_of(sequence) > 1:
         sequence = unsqueeze(sequence, [rank_of(sequence) - 1])
-    hits = below(expanded, sequence)
+    hits = check_size(cx, below(expanded, sequence), "comparing every value with every boundary")
     hits = cai.broadcasting_or(hits, isnan_values(expanded))
     dtype = torch.int32 if out_int32 else torch.int64
     return squeeze(cai.reduce_sum(cast(hits, dtype), i32([-1])), [rank_of(values)])
@@ -233,7 +236,7 @@ def bucketize(
     right: bool = False,
 ) -> ir.Value:
     values = _as_tensor(self, boundaries)
-    return _count_below(boundaries, values, right, out_int32)
+    return _count_below(cx, boundaries, values, right, out_int32)
 
 
 @lowering("aten::searchsorted.Tensor", "aten::searchsorted.Scalar")
@@ -250,7 +253,7 @@ def searchsorted(
     if sorter is not None:
         sequence = take(sequence, cast(sorter, torch.int32), rank_of(sequence) - 1)
     values = _as_tensor(self, sequence)
-    return _count_below(sequence, values, right or side == "right", out_int32)
+    return _count_below(cx, sequence, values, right or side == "right", out_int32)
 
 
 # ------------------------------------------------------------------------ histc, mode ------
@@ -276,10 +279,11 @@ def histc(
     position = floor_values(cai.broadcasting_divide(scaled, cai.broadcasting_sub(hi, lo)))
     position = cai.broadcasting_minimum(position, const_like(float(bins - 1), x))
     edges = cai.constant(np.arange(bins, dtype=np.float32))
-    hits = cai.broadcasting_and(
+    hits = cai.broadcasting_and(  # (elements, bins)
         cai.broadcasting_equal(unsqueeze(position, [1]), cast(edges, dtype_of(x))),
         unsqueeze(inside, [1]),
     )
+    check_size(cx, hits, "counting every element against every bin")
     counts = squeeze(cai.reduce_sum(cast(hits, dtype_of(x)), i32([0])), [0])
     return cast(counts, cx.out_dtype)
 
@@ -296,6 +300,7 @@ def mode(
     axis = normalize_dim(dim, rank_of(x))
     key = cast(x, torch.uint8) if dtype_of(x) == torch.bool else x
     equal = cai.broadcasting_equal(unsqueeze(key, [axis + 1]), unsqueeze(key, [axis]))
+    check_size(cx, equal, "comparing every element with every other one")
     counts = squeeze(cai.reduce_sum(cast(equal, torch.int32), i32([axis + 1])), [axis + 1])
     best = cai.broadcasting_equal(counts, cai.reduce_max(counts, i32([axis])))
     dtype = dtype_of(key)

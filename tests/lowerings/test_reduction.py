@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from coreai_torch import TorchConverter
+from coreai_torch.errors import ConversionError
 from coreai_torch.verify import export_decomposed
 from tests.helpers import check_runs
-from tests.lowerings.support import Fn, check_fn
+from tests.lowerings.support import Fn, check_fn, convert_fn
 from tests.lowerings.values import NAN, Case, bools, check_cases, floats, grouped, ints
 
 
@@ -325,3 +326,8 @@ def test_distances() -> None:
         )  # fmt: skip
 
     check_fn(f, a, b, c, floats(30, 3), atol=1e-4, rtol=1e-4)
+
+
+def test_pairwise_formulations_reject_huge_intermediates() -> None:
+    with pytest.raises(ConversionError, match="intermediate of"):
+        convert_fn(lambda x: torch.mode(x), floats(9000))
