@@ -438,16 +438,6 @@ def abs_(cx: LoweringContext, self: ir.Value) -> ir.Value:
     return cai.abs_(self)
 
 
-@lowering("aten::sign.default", "aten::sgn.default")
-def sign(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return sign_values(self)
-
-
-@lowering("aten::signbit.default")
-def signbit(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return signbit_values(self)
-
-
 @lowering("aten::reciprocal.default")
 def reciprocal(cx: LoweringContext, self: ir.Value) -> ir.Value:
     x = cast(self, cx.out_dtype)
@@ -538,21 +528,6 @@ def float_power(cx: LoweringContext, self: Operand, exponent: Operand) -> ir.Val
 
 
 # ------------------------------------------------------------------------------- rounding --
-
-
-@lowering("aten::floor.default")
-def floor(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return floor_values(self)
-
-
-@lowering("aten::ceil.default")
-def ceil(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return ceil_values(self)
-
-
-@lowering("aten::trunc.default", "aten::fix.default")
-def trunc(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return trunc_values(self)
 
 
 @lowering("aten::frac.default")
@@ -680,30 +655,31 @@ for _name, _fn in {
     lowering(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar")(_comparison(_fn))
 
 
-@lowering("aten::isnan.default")
-def isnan(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return isnan_values(self)
-
-
-@lowering("aten::isinf.default")
-def isinf(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return isinf_values(self)
-
-
 def _equals(x: ir.Value, value: float) -> ir.Value:
     if not is_float_value(x):
         return all_false(x)
     return cai.broadcasting_equal(x, const_like(value, x))
 
 
-@lowering("aten::isposinf.default")
-def isposinf(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return _equals(self, float("inf"))
+def _same_dtype_rule(fn: Callable[[ir.Value], ir.Value]) -> Callable:
+    def rule(cx: LoweringContext, self: ir.Value) -> ir.Value:
+        return fn(self)
+
+    return rule
 
 
-@lowering("aten::isneginf.default")
-def isneginf(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    return _equals(self, float("-inf"))
+for _names, _fn in {
+    ("sign", "sgn"): sign_values,
+    ("signbit",): signbit_values,
+    ("floor",): floor_values,
+    ("ceil",): ceil_values,
+    ("trunc", "fix"): trunc_values,
+    ("isnan",): isnan_values,
+    ("isinf",): isinf_values,
+    ("isposinf",): lambda x: _equals(x, float("inf")),
+    ("isneginf",): lambda x: _equals(x, float("-inf")),
+}.items():
+    lowering(*(f"aten::{n}.default" for n in _names))(_same_dtype_rule(_fn))
 
 
 @lowering("aten::isfinite.default")
