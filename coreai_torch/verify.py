@@ -129,7 +129,8 @@ def compare(
     nan_mismatch = np.isnan(e64) != np.isnan(a64)
     inf_mismatch = np.isinf(e64) & (e64 != a64)
     finite = np.isfinite(e64) & np.isfinite(a64)
-    diff = np.abs(e64 - a64)[finite]
+    with np.errstate(invalid="ignore"):  # inf - inf where both are inf; masked out below
+        diff = np.abs(e64 - a64)[finite]
     max_abs = float(diff.max()) if diff.size else 0.0
     scale = max(1.0, float(np.abs(e64[finite]).max()) if finite.any() else 1.0)
     max_rel = max_abs / scale

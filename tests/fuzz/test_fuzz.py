@@ -55,7 +55,7 @@ def _run_fuzzer(examples: int, seed: int, max_steps: int, timeout: float) -> dic
 
 def test_fuzz_bounded() -> None:
     """A few dozen programs, always the same ones (fixed seed), in well under a minute."""
-    _run_fuzzer(examples=32, seed=0, max_steps=6, timeout=600)
+    _run_fuzzer(examples=48, seed=0, max_steps=6, timeout=600)
 
 
 @pytest.mark.slow
