@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JOBS ?= 2
 
-.PHONY: demo test test-all bench lint ops-table clean
+.PHONY: demo test test-all bench lint ops-table opinfo clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,11 +19,11 @@ demo: $(STAMP)
 
 ## The fast suite (run by CI).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS) -m "not slow"
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup -m "not slow"
 
 ## Every test, including the slow sweeps.
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(JOBS)
+	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 
 ## Conversion time, peak memory and runtime latency of the benchmark models.
 bench: $(STAMP)
@@ -35,6 +35,11 @@ lint: $(STAMP)
 
 ## Regenerate docs/ops.md, the op coverage table.
 ops-table: $(STAMP)
+	$(BIN)/python -m coreai_torch.coverage --write docs/ops.md
+
+## Only the OpInfo sweep (every op_db entry, JOBS workers): tests/opinfo/results.json + docs/ops.md.
+opinfo: $(STAMP)
+	$(BIN)/python -m tests.opinfo.sweep --jobs $(JOBS)
 	$(BIN)/python -m coreai_torch.coverage --write docs/ops.md
 
 clean:

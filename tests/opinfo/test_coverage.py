@@ -1,0 +1,119 @@
+"""What the coverage table claims: every op a decomposed program can contain is handled.
+
+``run_decompositions(get_decomp_table())`` leaves Core ATen ops, the composites the table
+keeps, the ops real programs carry (asserts, sizes, views...) and ops without a PyTorch
+decomposition (those the OpInfo sweep met are read from its results file).  Each must be
+lowered, decomposed by the table, left out (backward / random / dropout), or listed in
+``coreai_torch.coverage.KNOWN_GAPS`` with a reason — a strict xfail, so lowering it shows up.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from coreai_torch import coverage, get_decomp_table
+from coreai_torch.decomp import COMPOSITE_OPS
+from coreai_torch.lowerings import BUILTIN_LOWERINGS
+from tests.opinfo import results
+
+
+def _names() -> list[str]:
+    names = set(coverage.core_aten_ops()) | set(coverage.composite_ops())
+    names |= set(coverage.PROGRAM_OPS) | set(coverage.KNOWN_GAPS)
+    data = results.load_results()
+    if data:
+        for summary in data["entries"].values():
+            for info in summary["dtypes"].values():
+                names.update(info["ops"])
+    return sorted(n for n in names if not coverage.left_out_reason(n))
+
+
+def _params() -> list[Any]:
+    params = []
+    for name in _names():
+        marks = []
+        if name in coverage.KNOWN_GAPS:
+            marks.append(pytest.mark.xfail(reason=coverage.KNOWN_GAPS[name], strict=True))
+        params.append(pytest.param(name, id=name, marks=marks))
+    return params
+
+
+_DECOMPOSED = coverage._decomposed()
+_LOWERED = BUILTIN_LOWERINGS.names()
+
+
+@pytest.mark.parametrize("name", _params())
+def test_op_is_lowered(name: str) -> None:
+    status = coverage.op_status(name, _LOWERED, _DECOMPOSED)
+    assert status.supported, (
+        f"{name} can appear in a decomposed program but has no lowering and "
+        "get_decomp_table() does not decompose it: lower it, or list it in "
+        "coreai_torch.coverage.KNOWN_GAPS with the reason"
+    )
+
+
+def test_core_aten_set() -> None:
+    core = coverage.core_aten_ops()
+    # 189 overloads are listed by iterating torch.ops.aten; the dispatcher also knows
+    # adaptive_avg_pool1d, avg_pool1d, resize_ and sym_is_contiguous.
+    assert len(core) == 193
+    assert "aten::add.Tensor" in core and "aten::avg_pool1d.default" in core
+
+
+def test_decomp_table_keeps_composites() -> None:
+    table = get_decomp_table()
+    for op in COMPOSITE_OPS:
+        assert op not in table, f"get_decomp_table() must keep {op} for its composite lowering"
+
+
+def test_known_gaps_are_not_left_out() -> None:
+    left = [n for n in coverage.KNOWN_GAPS if coverage.left_out_reason(n)]
+    assert not left, f"left-out ops need no KNOWN_GAPS entry: {left}"
+
+
+def test_render_covers_every_core_op() -> None:
+    fake = {
+        "meta": {
+            "torch": "x",
+            "coreai_core": "y",
+            "date": "d",
+            "seconds": 1.0,
+            "jobs": 1,
+            "float32_cap": 16,
+            "other_cap": 8,
+        },
+        "totals": {
+            "entries": 1,
+            "left_out": 0,
+            "float32_pass": 1,
+            "by_status": {"float32 pass": 1},
+            "samples": {"pass": 2},
+            "aborts": 0,
+        },
+        "left_out": {"bernoulli": "random numbers"},
+        "entries": {
+            "add": {
+                "left_out": None,
+                "errors": [],
+                "dtypes": {
+                    "float32": {
+                        "status": "pass",
+                        "tested": 2,
+                        "counts": {"pass": 2},
+                        "failures": [],
+                        "ops": ["aten::add.Tensor"],
+                        "verified": [["aten::add.Tensor", "float32"]],
+                        "failing_ops": [],
+                    }
+                },
+            }
+        },
+    }
+    text = coverage.render(fake)
+    for name in coverage.core_aten_ops():
+        assert f"| `{name}` |" in text
+    row = next(line for line in text.splitlines() if line.startswith("| `aten::add.Tensor` |"))
+    assert "native" in row and "float32" in row
+    assert "| `add` | ✅ 2/2 |" in text
