@@ -39,6 +39,12 @@ NATIVE_OPS: tuple[torch._ops.OpOverload, ...] = (
     aten._upsample_bicubic2d_aa.vec,
     aten.roll.default,
     aten.select_scatter.default,
+    # solvers whose decompositions add error checks as effects (token inputs) to the program
+    aten.linalg_cholesky.default,
+    aten.linalg_inv.default,
+    aten.linalg_solve.default,
+    aten.linalg_lu_factor.default,
+    aten.linalg_tensorinv.default,
     # constants computed by PyTorch itself at conversion time
     aten.linspace.default,
     aten.logspace.default,
