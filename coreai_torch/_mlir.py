@@ -12,9 +12,10 @@ from coreai._compiler import ir
 from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import (
     run_pre_compilation_rewrite,
 )
+from coreai._compiler._mlir_libs._coreaiIR._bindings.mlir import clone_module
 from coreai._compiler.dialects import coreai as cai
 
-__all__ = ["ca", "cai", "ir", "new_context", "run_pre_compilation_rewrite"]
+__all__ = ["ca", "cai", "clone_module", "ir", "new_context", "run_pre_compilation_rewrite"]
 
 
 def new_context() -> ir.Context:

@@ -271,6 +271,13 @@ class GraphImporter:
             skip=lambda node: _overridden(node, user_rules) or node in self.dropped,
         )
         self.fold_frontier = frontier(ep.graph, self.folded)
+        #: placeholders read by something that is not folded away
+        self.read = {
+            arg.name
+            for node in ep.graph.nodes
+            if node.name not in self.folded
+            for arg in node.all_input_nodes
+        }
 
     # -- public -------------------------------------------------------------------------------
 
@@ -311,7 +318,7 @@ class GraphImporter:
                 values[inp.node] = arg
             with named_location("weights"):
                 for name, tensor in sig.weights.items():
-                    if self.placeholders[name].users:
+                    if name in self.read:
                         values[name] = self.builder.weights.constant(
                             tensor, sig.weight_targets.get(name, name)
                         )
@@ -348,7 +355,7 @@ class GraphImporter:
             self.builder.nodes.setdefault(node.name, node)
             if node.op == "placeholder":
                 if (
-                    node.users
+                    any(user.name not in self.folded for user in node.users)
                     and node.name not in values
                     and node.name not in self.signature.scalar_inputs
                 ):

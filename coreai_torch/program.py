@@ -7,10 +7,11 @@ documented there) with an ``optimize()`` method and a readable ``str()``.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Self
 
-from coreai_torch._mlir import ca, ir, run_pre_compilation_rewrite
+from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
 from coreai_torch.safe_rewrite import protect_from_misfolds
 from coreai_torch.signature import ProgramSignature
@@ -67,18 +68,28 @@ class AIProgram(ca.AIProgram):
     def optimize(self) -> Self:
         """Run Core AI's pre-compilation rewrite (constant folding, CSE, DCE, canonicalisation).
 
-        Idempotent and numerics-preserving (patterns the rewrite would fold wrongly are put
-        into an equivalent form first, see :mod:`coreai_torch.safe_rewrite`); modifies the
-        program in place and returns it.
+        Idempotent and numerics-preserving: patterns the rewrite folds wrongly are put into an
+        equivalent form first (:mod:`coreai_torch.safe_rewrite`), and the rewrite works on a
+        copy, so a program it cannot handle stays as it was (valid and runnable) with a
+        warning.  Modifies the program in place and returns it.
         """
         module = self.mlir_module
-        try:
-            with module.context:
-                protect_from_misfolds(module)
-                run_pre_compilation_rewrite(module=module)
-        except RuntimeError as error:
-            raise VerificationError(f"optimize() failed: {error}") from error
-        _verify(module, "after optimize()")
+        with module.context:
+            candidate = clone_module(module=module)
+            protect_from_misfolds(candidate)
+            try:
+                run_pre_compilation_rewrite(module=candidate)
+                _verify(candidate, "after optimize()")
+            except (RuntimeError, VerificationError) as error:
+                reason = str(error).strip().splitlines()[0][:300]
+                warnings.warn(
+                    "optimize(): Core AI's pre-compilation rewrite failed on this program, "
+                    f"which is kept unoptimized (it is valid and runs as is): {reason}",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return self
+        self._module._mlir_module = candidate
         return self
 
     def save_asset(

@@ -76,10 +76,14 @@ def _minus_one(like: ir.Value) -> ir.Value:
 
 
 def protect_from_misfolds(module: ir.Module) -> int:
-    """Rewrite ``A - C`` (float, ``C`` constant, feeding a mul/div) into ``A + (-1 * C)``.
+    """Put the patterns the rewrite folds wrongly into equivalent forms it folds correctly.
 
     Returns the number of rewritten ops.
     """
+    return sum(guard(module, _all_ops(module)) for guard in _GUARDS)
+
+
+def _all_ops(module: ir.Module) -> list[ir.Operation]:
     ops: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
@@ -87,6 +91,11 @@ def protect_from_misfolds(module: ir.Module) -> int:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(collect)
+    return ops
+
+
+def _protect_constant_shifts(module: ir.Module, ops: list[ir.Operation]) -> int:
+    """``A - C`` (float, ``C`` constant, feeding a mul/div) -> ``A + (-1 * C)``."""
     candidates = [op for op in ops if op.name in _SUB_OPS]
     if not candidates:
         return 0
@@ -111,6 +120,58 @@ def protect_from_misfolds(module: ir.Module) -> int:
             op.erase()
             rewritten += 1
     return rewritten
+
+
+# ---------------------------------------------------------------------------------------------
+# The rewrite also moves a reshape feeding a matmul operand behind the matmul
+# (matmul(A, reshape(B)) -> reshape(matmul(A, B))) when B's sizes merely happen to line up,
+# e.g. B: 1x1x4x4x6 reshaped to 1x4x24: it then contracts over the wrong dimension.  Moving a
+# reshape through a matmul is only valid when it leaves the matrix dimensions alone (the last
+# two of the right operand, the last of the left one); for every other reshape a `* 1` between
+# the reshape and the matmul keeps the rewrite from touching it (the compiler drops the `* 1`).
+
+_MATMUL_OPS = frozenset({"coreai.batch_matmul", "coreai.decomposable.broadcasting_batch_matmul"})
+
+
+def _static_shape(value: ir.Value) -> list[int] | None:
+    if not ir.RankedTensorType.isinstance(value.type):
+        return None
+    t = ir.RankedTensorType(value.type)
+    return list(t.shape) if t.has_static_shape else None
+
+
+def _reshape_changes_matrix_dims(reshape: ir.Operation, operand_index: int) -> bool:
+    before, after = _static_shape(reshape.operands[0]), _static_shape(reshape.result)
+    if before is None or after is None:
+        return True
+    kept = 1 if operand_index == 0 else 2
+    return before[-kept:] != after[-kept:]
+
+
+def _protect_reshaped_matmul_operands(module: ir.Module, ops: list[ir.Operation]) -> int:
+    from coreai_torch.lowerings.common import constant
+
+    protected = 0
+    with module.context:
+        for op in ops:
+            if op.name not in _MATMUL_OPS:
+                continue
+            for index in (0, 1):
+                source = _owner(op.operands[index])
+                if source is None or source.name != "coreai.reshape":
+                    continue
+                if not _reshape_changes_matrix_dims(source, index):
+                    continue
+                value = op.operands[index]
+                element = ir.ShapedType(value.type).element_type
+                with ir.InsertionPoint(op), op.location:
+                    one = constant(1, dtypes.to_torch(element))
+                    op.operands[index] = cai.broadcasting_mul(value, one)
+                protected += 1
+    return protected
+
+
+_GUARDS = (_protect_constant_shifts, _protect_reshaped_matmul_operands)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -133,3 +133,52 @@ def test_guard_handles_long_dependency_chains() -> None:
                 cai.output([cai.broadcasting_mul(cai.broadcasting_sub(x, c), c)])
         assert protect_from_misfolds(module) == 1
         module.operation.verify()
+
+
+class ReshapedMatmul(nn.Module):
+    """A reshape feeding a matmul operand whose sizes only line up by coincidence."""
+
+    def forward(self, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(w, x.reshape(1, 4, 24))  # right operand: 4x6 -> 24 columns
+
+
+RESHAPED_ARGS = (torch.randn(1, 2, 4), torch.randn(1, 1, 4, 4, 6))
+
+
+def test_optimize_keeps_reshapes_feeding_matmuls_exact() -> None:
+    """The rewrite moves a reshape through a matmul when sizes merely coincide (it then
+    contracts over the wrong dimension); optimize() keeps such programs exact."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_module(ReshapedMatmul(), RESHAPED_ARGS)
+    assert not [w for w in caught if "kept unoptimized" in str(w.message)]  # rewrite ran
+
+
+def test_raw_core_ai_rewrite_still_misfolds_reshaped_matmuls() -> None:
+    """Documents the upstream bug behind the reshape guard (see the test above)."""
+    model = ReshapedMatmul()
+    ep = export_decomposed(model, RESHAPED_ARGS)
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    module = program.mlir_module
+    with module.context:
+        run_pre_compilation_rewrite(module=module)
+    assert not verify(model, RESHAPED_ARGS, program=program).ok
+
+
+class RewriteBreaker(nn.Module):
+    """A program Core AI's rewrite fails on (it builds an invalid broadcast_in_dims)."""
+
+    def forward(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(a.reshape(1, 6, 4), x[0, 0])
+
+
+def test_a_program_the_rewrite_cannot_handle_stays_valid_and_runs() -> None:
+    model, args = RewriteBreaker(), (torch.randn(2, 12), torch.randn(1, 1, 4, 4, 6))
+    program = TorchConverter().add_exported_program(export_decomposed(model, args)).to_coreai()
+    before = program.to_mlir()
+    with pytest.warns(RuntimeWarning, match="kept unoptimized"):
+        assert program.optimize() is program
+    assert program.to_mlir() == before
+    assert verify(model, args, program=program).ok
