@@ -30,8 +30,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
 lint: $(STAMP)
-	$(BIN)/ruff check coreai_torch tests benchmarks examples
-	$(BIN)/ruff format --check coreai_torch tests benchmarks examples
+	$(BIN)/ruff check coreai_torch tests benchmarks
+	$(BIN)/ruff format --check coreai_torch tests benchmarks
 
 ## Regenerate docs/ops.md, the op coverage table.
 ops-table: $(STAMP)

@@ -49,6 +49,8 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::_native_batch_norm_legit.default": _TRAINING_BATCH_NORM,
     "aten::_native_batch_norm_legit.no_stats": _TRAINING_BATCH_NORM,
     "aten::_native_batch_norm_legit_functional.default": _TRAINING_BATCH_NORM,
+    "aten::_to_sparse.default": "sparse tensors: Core AI has dense tensors only",
+    "aten::_to_sparse.sparse_dim": "sparse tensors: Core AI has dense tensors only",
     "aten::_unique2.default": _DATA_DEPENDENT,
     "aten::bincount.default": _DATA_DEPENDENT,
     "aten::complex.default": _COMPLEX,
@@ -185,7 +187,8 @@ class OpStatus:
     notes: list[str] = field(default_factory=list)
     verified: set[str] = field(default_factory=set)
     failing_entries: set[str] = field(default_factory=set)
-    entries: set[str] = field(default_factory=set)
+    #: how many OpInfo entries use the op after decomposition
+    entries: int = 0
 
     @property
     def supported(self) -> bool:
@@ -194,14 +197,13 @@ class OpStatus:
 
 def _decomposed() -> dict[str, str]:
     """Ops ``get_decomp_table()`` rewrites before conversion -> whose decomposition."""
-    ours = get_decomp_table()
-    theirs = torch.export.default_decompositions()
-    out = {}
-    for op, fn in ours.items():
-        if isinstance(op, torch._ops.OpOverload):
-            same = op in theirs and theirs[op] is fn
-            out[qualified_name(op)] = "PyTorch" if same else "coreai-torch"
-    return out
+    from coreai_torch.decomp import _REPLACEMENTS
+
+    return {
+        qualified_name(op): "coreai-torch" if op in _REPLACEMENTS else "PyTorch"
+        for op in get_decomp_table()
+        if isinstance(op, torch._ops.OpOverload)
+    }
 
 
 def op_status(name: str, lowered: set[str], decomposed: dict[str, str]) -> OpStatus:
@@ -230,33 +232,20 @@ def collect(results: dict[str, Any] | None) -> dict[str, OpStatus]:
     for name, evidence in seen.items():
         status = table[name]
         status.verified |= evidence["verified"]
-        status.entries |= evidence["entries"]
+        status.entries = evidence["entries"] or 0
         status.failing_entries |= evidence["failing"]
     return table
 
 
-def _seen_ops(results: dict[str, Any] | None) -> dict[str, dict[str, set[str]]]:
-    seen: dict[str, dict[str, set[str]]] = defaultdict(
-        lambda: {"verified": set(), "entries": set(), "failing": set()}
-    )
-    if not results:
-        return seen
-    for entry, summary in results["entries"].items():
-        for info in summary["dtypes"].values():
-            for op in info["ops"]:
-                seen[op]["entries"].add(entry)
-            for op, dtype in info["verified"]:
-                seen[op]["verified"].add(dtype)
-            for group in info["failures"]:
-                if group["status"] != "fail":
-                    continue
-                for op in _ops_named(group["reason"]):
-                    seen[op]["failing"].add(entry)
+def _seen_ops(results: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    seen: dict[str, dict[str, Any]] = {}
+    for op, evidence in (results or {}).get("ops", {}).items():
+        seen[op] = {
+            "verified": set(evidence["verified"]),
+            "failing": set(evidence["failing"]),
+            "entries": evidence["entries"],
+        }
     return seen
-
-
-def _ops_named(text: str) -> list[str]:
-    return re.findall(r"(?:aten|higher_order|prims)::[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)?", text)
 
 
 # ------------------------------------------------------------------------------ render ----

@@ -1,6 +1,6 @@
 """``make demo`` / ``coreai-torch demo``: convert a small transformer, run it, compare with PyTorch.
 
-    python -m coreai_torch.demo [--out build/demo]
+python -m coreai_torch.demo [--out build/demo]
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ class TransformerBlock(nn.Module):
 class TinyLM(nn.Module):
     """Token embedding, two transformer blocks and a language-model head."""
 
-    def __init__(self, vocab: int = 256, dim: int = 64, heads: int = 4, layers: int = 2,
-                 context: int = 32) -> None:
+    def __init__(
+        self, vocab: int = 256, dim: int = 64, heads: int = 4, layers: int = 2, context: int = 32
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, dim)
         self.pos = nn.Parameter(torch.randn(context, dim) * 0.1)
@@ -60,23 +61,31 @@ class TinyLM(nn.Module):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("build/demo"),
-                        help="directory for the .aimodel (default: build/demo)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("build/demo"),
+        help="directory for the .aimodel (default: build/demo)",
+    )
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)
     model = TinyLM().eval()
     token_ids = torch.randint(0, 256, (1, 16), dtype=torch.int64)
-    print(f"model: TinyLM, {sum(p.numel() for p in model.parameters()):,} parameters; "
-          f"input token_ids {tuple(token_ids.shape)} int64")
+    print(
+        f"model: TinyLM, {sum(p.numel() for p in model.parameters()):,} parameters; "
+        f"input token_ids {tuple(token_ids.shape)} int64"
+    )
 
     start = time.perf_counter()
     ep = export_decomposed(model, (token_ids,))
     export_s = time.perf_counter() - start
     start = time.perf_counter()
-    program = TorchConverter().add_exported_program(
-        ep, input_names=["token_ids"], output_names=["logits", "next_token"]
-    ).to_coreai()
+    program = (
+        TorchConverter()
+        .add_exported_program(ep, input_names=["token_ids"], output_names=["logits", "next_token"])
+        .to_coreai()
+    )
     convert_s = time.perf_counter() - start
     start = time.perf_counter()
     program.optimize()
@@ -87,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     program.save_asset(path)
     save_s = time.perf_counter() - start
-    print(f"torch.export + decompositions {export_s:.2f} s | to_coreai {convert_s:.3f} s | "
-          f"optimize {optimize_s:.3f} s | save_asset {save_s:.3f} s -> {path}")
+    print(
+        f"torch.export + decompositions {export_s:.2f} s | to_coreai {convert_s:.3f} s | "
+        f"optimize {optimize_s:.3f} s | save_asset {save_s:.3f} s -> {path}"
+    )
 
     from coreai_torch.runtime import Session
 

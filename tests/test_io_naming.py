@@ -151,10 +151,14 @@ def test_input_returned_unchanged_and_same_tensor_twice() -> None:
         ({"input_names": ["a", ""]}, "input_names contains an empty name"),
         ({"input_names": ["a", 3]}, "input_names must contain only strings"),
         ({"input_names": "ab"}, "input_names must be a sequence of strings"),
-        ({"input_names": ["q", "c"], "output_names": ["q", "o"]},
-         "name 'q' is used in both input_names and output_names"),
-        ({"state_names": ["k", "p", "y"], "input_names": ["k", "c"]},
-         "name 'k' is used in both state_names and input_names"),
+        (
+            {"input_names": ["q", "c"], "output_names": ["q", "o"]},
+            "name 'q' is used in both input_names and output_names",
+        ),
+        (
+            {"state_names": ["k", "p", "y"], "input_names": ["k", "c"]},
+            "name 'k' is used in both state_names and input_names",
+        ),
         ({"output_names": ["x", "o"]}, "default name 'x' of one of the input_names collides"),
     ],
 )
@@ -179,10 +183,12 @@ def test_int64_token_ids_keep_their_dtype_at_the_boundary() -> None:
     ids = torch.randint(0, 30, (2, 5))
     model = Tok().eval()
     ep = torch.export.export(model, (ids,)).run_decompositions(get_decomp_table())
-    program = TorchConverter().add_exported_program(
-        ep, input_names=["ids"], output_names=["emb", "next_ids"]
-    ).to_coreai()
-    assert "tensor<2x5xsi64> {coreai.name = \"ids\"}" in str(program)
+    program = (
+        TorchConverter()
+        .add_exported_program(ep, input_names=["ids"], output_names=["emb", "next_ids"])
+        .to_coreai()
+    )
+    assert 'tensor<2x5xsi64> {coreai.name = "ids"}' in str(program)
     with Session(program) as s:
         d = s.descriptor()
         assert d.input_descriptor("ids").dtype == "int64"

@@ -11,7 +11,10 @@ SCRIPT = Path(__file__).parent / "seed_examples" / "seed001_workflows.py"
 
 def test_seed001_examples_verbatim() -> None:
     result = subprocess.run(
-        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=600,
+        [sys.executable, str(SCRIPT)],
+        capture_output=True,
+        text=True,
+        timeout=600,
         cwd=Path(__file__).parent.parent,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

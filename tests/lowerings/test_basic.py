@@ -15,17 +15,32 @@ def test_mlp() -> None:
     check_module(model, (torch.randn(3, 8),))
 
 
-@pytest.mark.parametrize("act", [nn.ReLU(), nn.SiLU(), nn.Sigmoid(), nn.Tanh(), nn.Hardtanh(),
-                                 nn.LeakyReLU(0.2), nn.GELU(approximate="tanh")])
+@pytest.mark.parametrize(
+    "act",
+    [
+        nn.ReLU(),
+        nn.SiLU(),
+        nn.Sigmoid(),
+        nn.Tanh(),
+        nn.Hardtanh(),
+        nn.LeakyReLU(0.2),
+        nn.GELU(approximate="tanh"),
+    ],
+)
 def test_activations(act: nn.Module) -> None:
     check_module(nn.Sequential(nn.Linear(8, 8), act).eval(), (torch.randn(2, 8),))
 
 
 def test_cnn_block() -> None:
     model = nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
-        nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, stride=2, groups=2), nn.AdaptiveAvgPool2d(1),
-        nn.Flatten(), nn.Linear(8, 5),
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.BatchNorm2d(8),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(8, 8, 3, stride=2, groups=2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 5),
     ).eval()
     with torch.no_grad():
         model[1].running_mean.uniform_(-1, 1)

@@ -138,13 +138,17 @@ def test_activation(names: list[str]) -> None:
     check_cases([_activation(n) for n in names])
 
 
-@pytest.mark.xfail(
-    reason="PyTorch's float32/bfloat16 exact gelu(+inf) is NaN (its float16 and tanh variants "
-    "give +inf, like Core AI's gelu); not matched to keep gelu one op",
-    strict=True,
-)
 def test_gelu_of_positive_infinity() -> None:
-    check_fn(F.gelu, torch.tensor([float("inf"), 1.0]))
+    """gelu(+inf) is +inf (its limit). PyTorch's own float32 CPU kernel gives +inf on some
+    machines and NaN on others (vectorized vs scalar erf path), so compare with the limit."""
+    from coreai_torch.runtime import run_program
+    from tests.lowerings.support import convert_fn
+
+    x = torch.tensor([float("inf"), 1.0, -2.0])
+    program = convert_fn(F.gelu, x)
+    (got,) = run_program(program, {"args_0": x.numpy()}).values()
+    assert got[0] == float("inf")
+    torch.testing.assert_close(torch.from_numpy(got[1:]), F.gelu(x[1:]), atol=1e-5, rtol=1e-5)
 
 
 def test_activations_in_model() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -97,16 +98,15 @@ def write_results(
     path: Path = RESULTS_FILE,
 ) -> dict[str, Any]:
     """Write the results file read by ``python -m coreai_torch.coverage``."""
-    import coreai
     import torch
 
     from tests.opinfo import catalog
 
-    entries = {k: summaries[k] for k in sorted(summaries)}
+    entries = {k: _compact(summaries[k]) for k in sorted(summaries)}
     data = {
         "meta": {
             "torch": torch.__version__,
-            "coreai_core": getattr(coreai, "__version__", "?"),
+            "coreai_core": _version("coreai-core"),
             "python": platform.python_version(),
             "date": time.strftime("%Y-%m-%d"),
             "seconds": round(seconds, 1),
@@ -114,12 +114,94 @@ def write_results(
             "float32_cap": catalog.FLOAT_CAP,
             "other_cap": catalog.OTHER_CAP,
         },
-        "totals": totals(entries, left_out),
+        "totals": totals(summaries, left_out),
         "left_out": dict(sorted(left_out.items())),
+        "ops": op_evidence(summaries),
         "entries": entries,
     }
-    path.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n")
+    path.write_text(_dumps(data))
     return data
+
+
+_OP_NAME = re.compile(r"(?:aten|higher_order|prims|torch_nn)::[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)?")
+
+
+def ops_named(text: str) -> list[str]:
+    """Qualified op names mentioned in a failure reason."""
+    return _OP_NAME.findall(text)
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "?"
+
+
+def _compact(summary: dict[str, Any]) -> dict[str, Any]:
+    """An entry's summary without its per-op lists (those go to the ``ops`` section)."""
+    dtypes = {}
+    for dtype, info in summary["dtypes"].items():
+        kept = {k: v for k, v in info.items() if k not in ("ops", "verified", "failing_ops")}
+        kept["failures"] = [
+            {**g, "reason": _clip(g["reason"], 240), "example": _clip(g["example"], 100)}
+            for g in info["failures"]
+        ]
+        dtypes[dtype] = kept
+    return {**summary, "dtypes": dtypes}
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def op_evidence(summaries: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per ATen op: the input dtypes of passing samples that use it, how many entries use it,
+    and the entries with a failure whose reason names it."""
+    ops: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"verified": set(), "entries": 0, "failing": set()}
+    )
+    for entry, summary in summaries.items():
+        used: set[str] = set()
+        for info in summary["dtypes"].values():
+            used.update(info["ops"])
+            for op, dtype in info["verified"]:
+                ops[op]["verified"].add(dtype)
+            for group in info["failures"]:
+                if group["status"] == "fail":
+                    for op in ops_named(group["reason"]):
+                        ops[op]["failing"].add(entry)
+        for op in used:
+            ops[op]["entries"] += 1
+    return {
+        op: {
+            "verified": sorted(ops[op]["verified"]),
+            "entries": ops[op]["entries"],
+            "failing": sorted(ops[op]["failing"]),
+        }
+        for op in sorted(ops)
+    }
+
+
+def _dumps(data: dict[str, Any]) -> str:
+    """JSON with one line per op and per entry (readable diffs, moderate size)."""
+    lines = ["{"]
+    sections = list(data.items())
+    for i, (key, value) in enumerate(sections):
+        comma = "," if i + 1 < len(sections) else ""
+        if key in ("ops", "entries"):
+            lines.append(f"  {json.dumps(key)}: {{")
+            items = list(value.items())
+            for j, (name, item) in enumerate(items):
+                end = "," if j + 1 < len(items) else ""
+                lines.append(f"    {json.dumps(name)}: {json.dumps(item)}{end}")
+            lines.append(f"  }}{comma}")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def totals(entries: dict[str, dict[str, Any]], left_out: dict[str, str]) -> dict[str, Any]:
@@ -207,3 +289,69 @@ def merge_left_out(ids: Iterable[str]) -> dict[str, str]:
     from tests.opinfo import catalog
 
     return {i: r for i in ids if (r := catalog.left_out_reason(i))}
+
+
+def failure_reason(info: dict[str, Any], limit: int = 110) -> str:
+    """One short reason for a dtype that does not pass (for ``expected_failures.py``)."""
+    if info["status"] == "export-failed":
+        first = info["failures"][0]["reason"] if info["failures"] else ""
+        return _clip(f"torch.export cannot export it ({first})", limit)
+    fails = [g for g in info["failures"] if g["status"] == "fail"] or info["failures"]
+    if not fails:
+        return info["status"]
+    missing = sorted(
+        {
+            op.strip()
+            for g in fails
+            if g["reason"].startswith("UnsupportedOpError: no lowering for ")
+            for op in g["reason"].removeprefix("UnsupportedOpError: no lowering for ").split(",")
+        }
+    )
+    if missing and all(g["reason"].startswith("UnsupportedOpError: no lowering") for g in fails):
+        return _clip("no lowering for " + ", ".join(missing), limit)
+    top = max(fails, key=lambda g: g["count"])
+    prefix = {"compare": "mismatch: ", "abort": "runtime abort: ", "timeout": "timeout: "}
+    return _clip(prefix.get(top["stage"], "") + top["reason"], limit)
+
+
+def expected_entries(data: dict[str, Any]) -> dict[str, str | dict[str, str]]:
+    """What ``EXPECTED_FAILURES`` would say for these results: every swept dtype that fails."""
+    table: dict[str, str | dict[str, str]] = {}
+    for op_id, summary in data["entries"].items():
+        if summary["left_out"]:
+            continue
+        failing = {
+            dtype: failure_reason(info)
+            for dtype, info in summary["dtypes"].items()
+            if info["status"] != "pass"
+        }
+        if not failing:
+            continue
+        reasons = set(failing.values())
+        table[op_id] = (
+            reasons.pop()
+            if len(reasons) == 1 and len(failing) == len(summary["dtypes"])
+            else failing
+        )
+    return table
+
+
+def expected_differences(
+    data: dict[str, Any], table: dict[str, str | dict[str, str]]
+) -> tuple[list[str], list[str]]:
+    """``(unexpected failures, unexpected passes)`` of recorded results against ``table``."""
+    actual = expected_entries(data)
+    failures, passes = [], []
+    for op_id, summary in data["entries"].items():
+        if summary["left_out"]:
+            continue
+        got, want = actual.get(op_id), table.get(op_id)
+        for dtype in summary["dtypes"]:
+            fails = got is not None and (isinstance(got, str) or dtype in got)
+            expected = want is not None and (isinstance(want, str) or dtype in want)
+            if fails and not expected:
+                reason = got if isinstance(got, str) else got[dtype]  # type: ignore[index]
+                failures.append(f"{op_id} [{dtype}]: {reason}")
+            elif expected and not fails:
+                passes.append(f"{op_id} [{dtype}]")
+    return failures, passes

@@ -501,29 +501,50 @@ def compare_sample(
     return (not problems), "; ".join(problems[:3])
 
 
-def ties_reordered(op_id: str, sample: Prepared, indices: np.ndarray) -> bool:
-    """Whether sort/argsort indices differ from PyTorch's only in the order of equal keys.
+#: ops whose index output PyTorch leaves unspecified among equal values -> position of
+#: ``dim`` in their arguments
+_TIE_OPS = {"sort": 0, "argsort": 0, "topk": 1, "kthvalue": 1, "mode": 0, "median": 0}
+_TIE_OPS["nanmedian"] = 0
 
-    Without ``stable=True`` PyTorch leaves the order of equal keys unspecified (and its CPU
-    kernel does reorder them), so any permutation that sorts the input is right.
+
+def ties_reordered(op_id: str, sample: Prepared, indices: np.ndarray) -> bool:
+    """Whether an index output differs from PyTorch's only in how it picks among equal values.
+
+    PyTorch leaves that choice unspecified for these ops (``sort`` without ``stable=True``,
+    ``topk``, ``kthvalue``, ``mode``, ``median``), and its CPU kernels do not pick the first.
+    Any indices that select the same values (a permutation for sorts, distinct for topk) are
+    right.
     """
-    if op_id not in ("sort", "argsort"):
+    if op_id not in _TIE_OPS:
         return False
     inp, args, kwargs = pytree.tree_unflatten(sample.leaves, sample.spec)
-    dim = kwargs.get("dim", args[0] if args else -1)
-    stable = kwargs.get("stable", args[2] if len(args) > 2 else False)
-    if stable or not isinstance(inp, torch.Tensor) or inp.dim() == 0:
+    pos = _TIE_OPS[op_id]
+    dim = kwargs.get("dim", args[pos] if len(args) > pos else -1)
+    if not isinstance(inp, torch.Tensor) or inp.dim() == 0 or not isinstance(dim, int):
         return False
+    dim %= inp.dim()
     got = torch.from_numpy(np.asarray(indices)).long()
     want = sample.expected[-1]
-    if got.shape != want.shape or got.min() < 0 or got.max() >= inp.shape[dim]:
+    if got.shape != want.shape or got.numel() == 0:
         return False
-    positions = torch.arange(inp.shape[dim]).view(
-        [-1 if d == dim % inp.dim() else 1 for d in range(inp.dim())]
-    )
-    is_permutation = torch.equal(got.sort(dim).values, positions.expand_as(got))
-    keys_match = same([torch.take_along_dim(inp, got, dim)], [torch.take_along_dim(inp, want, dim)])
-    return is_permutation and keys_match
+    if got.min() < 0 or got.max() >= inp.shape[dim]:
+        return False
+    if op_id in ("sort", "argsort"):
+        if kwargs.get("stable", args[2] if len(args) > 2 else False):
+            return False
+        positions = torch.arange(inp.shape[dim]).view(
+            [-1 if d == dim else 1 for d in range(inp.dim())]
+        )
+        if not torch.equal(got.sort(dim).values, positions.expand_as(got)):
+            return False
+    elif op_id == "topk":
+        ordered = got.sort(dim).values
+        if (ordered.diff(dim=dim) == 0).any():
+            return False
+    elif not kwargs.get("keepdim", args[pos + 1] if len(args) > pos + 1 else False):
+        got, want = got.unsqueeze(dim), want.unsqueeze(dim)
+    picked = torch.take_along_dim(inp, got, dim)
+    return same([picked], [torch.take_along_dim(inp, want, dim)])
 
 
 # ----------------------------------------------------------------------------- engine ----
@@ -656,9 +677,15 @@ class EntryRunner:
         empty = isinstance(error, RuntimeHazardError) and "zero elements" in str(error)
         reason = short_reason(error)
         if isinstance(error, UnsupportedOpError) and getattr(error, "ops", None):
+            # the error lists the ops of every sample of the batch: name this sample's
             used = {key for key, _ in ops}
-            missing = sorted(key for key in error.ops if key in used) or sorted(error.ops)
-            reason = f"UnsupportedOpError: no lowering for {', '.join(missing)}"
+            mine = ", ".join(sorted(key for key in error.ops if key in used) or sorted(error.ops))
+            if "have no Core AI lowering" in str(error):
+                reason = f"UnsupportedOpError: no lowering for {mine}"
+            else:
+                headline = str(error).splitlines()[0]
+                headline = re.sub(r"^entry point '[^']*': |\b\d+ ", "", headline).rstrip(":")
+                reason = f"UnsupportedOpError: {headline}: {mine}"
         self._set(sample, "rejected-empty" if empty else "fail", "convert", reason, ops)
 
     def _run(

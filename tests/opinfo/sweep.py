@@ -3,6 +3,7 @@
     python -m tests.opinfo.sweep --jobs 2                 # full sweep -> tests/opinfo/results.json
     python -m tests.opinfo.sweep --ops add,mul -v         # a few entries, printed
     python -m tests.opinfo.sweep --report failures.md     # also write the failure report
+    python -m tests.opinfo.sweep --check                  # recorded results vs expected_failures.py
 
 The pytest suite (``tests/opinfo/test_opinfo.py``) runs the same tasks.
 """
@@ -63,8 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", help="comma-separated OpInfo ids (default: every entry)")
     parser.add_argument("--out", type=Path, help="results file (default: full sweep only)")
     parser.add_argument("--report", type=Path, help="write the failure report (markdown) here")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="do not run: compare the recorded results with expected_failures.py",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.check:
+        return check(args.out or results.RESULTS_FILE)
 
     all_ids = list(catalog.op_db_by_id())
     requested = args.ops.split(",") if args.ops else all_ids
@@ -89,6 +97,22 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(data["totals"], indent=1))
     print(f"{seconds:.0f} s")
     return 0
+
+
+def check(path: Path) -> int:
+    from tests.opinfo.expected_failures import EXPECTED_FAILURES
+
+    data = results.load_results(path)
+    if data is None:
+        print(f"no results at {path}; run the sweep first")
+        return 2
+    failures, passes = results.expected_differences(data, EXPECTED_FAILURES)
+    for line in failures:
+        print(f"unexpected failure: {line}")
+    for line in passes:
+        print(f"unexpected pass (remove from expected_failures.py): {line}")
+    print(f"{len(failures)} unexpected failure(s), {len(passes)} unexpected pass(es)")
+    return 1 if failures or passes else 0
 
 
 if __name__ == "__main__":
