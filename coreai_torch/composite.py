@@ -206,8 +206,9 @@ def build_graph(
     op_name: str | None = None,
     op_attrs: Mapping[str, Any] | None = None,
     output_names: Sequence[str] | None = None,
+    private: bool = True,
 ) -> str:
-    """Build a private ``noinline`` graph and return its symbol name.
+    """Build a ``noinline`` graph (private unless said otherwise) and return its symbol name.
 
     The graph is inserted in front of the graph currently being built; ``body`` receives the
     graph arguments and returns the results.  With ``op_name`` the graph carries a composite
@@ -222,7 +223,7 @@ def build_graph(
     pending = f"__pending_composite_{len(cache.types)}"
     with ir.InsertionPoint(_top_level_op(ip)):
         graph = cai.GraphOp(
-            pending, list(input_types), [], input_names, private=True, no_inline=True
+            pending, list(input_types), [], input_names, private=private, no_inline=True
         )
     try:
         with graph.block:

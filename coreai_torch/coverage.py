@@ -33,11 +33,9 @@ RESULTS_FILE = Path(__file__).resolve().parents[1] / "tests" / "opinfo" / "resul
 #: against the registry both ways (a newly lowered op must be removed from it).
 _COMPLEX = "complex numbers: Core AI has no complex dtype"
 _DATA_DEPENDENT = "the output shape depends on the values, which Core AI programs cannot express"
-_TRAINING_BATCH_NORM = "training-mode batch norm (batch statistics, running-stat updates)"
 _NOT_YET = "not lowered yet"
 
 KNOWN_GAPS: dict[str, str] = {
-    "aten::_batch_norm_with_update_functional.default": _TRAINING_BATCH_NORM,
     "aten::_conj.default": _COMPLEX,
     "aten::_conj_physical.default": _COMPLEX,
     "aten::_fft_c2c.default": f"{_COMPLEX} (FFT)",
@@ -46,9 +44,6 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::_histogramdd_bin_edges.default": _NOT_YET,
     "aten::_histogramdd_from_bin_cts.default": _NOT_YET,
     "aten::_histogramdd_from_bin_tensors.default": _NOT_YET,
-    "aten::_native_batch_norm_legit.default": _TRAINING_BATCH_NORM,
-    "aten::_native_batch_norm_legit.no_stats": _TRAINING_BATCH_NORM,
-    "aten::_native_batch_norm_legit_functional.default": _TRAINING_BATCH_NORM,
     "aten::_to_sparse.default": "sparse tensors: Core AI has dense tensors only",
     "aten::_to_sparse.sparse_dim": "sparse tensors: Core AI has dense tensors only",
     "aten::_unique2.default": _DATA_DEPENDENT,

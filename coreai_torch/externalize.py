@@ -915,6 +915,8 @@ def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
         op_name=spec.composite_op_name,
         op_attrs=target.op_attrs() if spec.is_composite else None,
         output_names=_unique_names(output_names),
+        # seed 004: a composite op is a private graph, a simple boundary a plain noinline one
+        private=spec.is_composite,
     )
     found = (graph, [index for _, index in arguments])
     memo[("externalized", call.key)] = found

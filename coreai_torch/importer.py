@@ -332,14 +332,13 @@ class GraphImporter:
                 progress.finish(self.name)
 
             outputs: list[tuple[str, ir.Value]] = []
-            for out in sig.outputs:
-                with location(output_node):
+            with location(output_node):
+                for out in sig.outputs:
                     outputs.append((out.name, self._output_value(out, values)))
-            for state, handle, token in zip(sig.states, handles, tokens, strict=True):
-                with location(output_node):
+                for state, handle, token in zip(sig.states, handles, tokens, strict=True):
                     update = self._state_update(values[state.update], handle)
                     outputs.append((state.name, cai.write_handle(handle, update, token)))
-            graph.outputs_spec = outputs
+                graph.outputs_spec = outputs
         self.builder.graph_names.append(self.name)
 
     def lower_nodes(

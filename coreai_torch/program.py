@@ -53,7 +53,11 @@ class AIProgram(ca.AIProgram):
 
     @property
     def function_names(self) -> list[str]:
-        """Names of the public graphs (the runtime's function names), in order."""
+        """Names of the entry points (the runtime functions callers use), in order.
+
+        Private graphs (composite ops) and the plain graphs of simple externalization are
+        called from the entry points with ``coreai.invoke`` and are not listed.
+        """
         names = []
         for op in self.mlir_module.body.operations:
             if op.operation.name == "coreai.graph":
@@ -61,8 +65,10 @@ class AIProgram(ca.AIProgram):
                 if "priv" in attrs or (
                     "sym_visibility" in attrs and str(attrs["sym_visibility"]) == '"private"'
                 ):
-                    continue  # private graphs (e.g. composite ops) are not runtime functions
-                names.append(ir.StringAttr(attrs["sym_name"]).value)
+                    continue
+                name = ir.StringAttr(attrs["sym_name"]).value
+                if not self.signatures or name in self.signatures:
+                    names.append(name)
         return names
 
     def optimize(self) -> Self:

@@ -306,5 +306,7 @@ def test_debug_shows_the_traceback(work: Path, capsys: pytest.CaptureFixture) ->
 
 def test_demo(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["demo", "--out", str(tmp_path)]) == 0
-    assert "MATCH: the converted program reproduces PyTorch" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "MATCH: the converted program reproduces PyTorch" in out
+    assert "max|err|" in out and "to_coreai" in out  # per-output error and conversion time
     assert (tmp_path / "tiny_lm.aimodel").is_dir()

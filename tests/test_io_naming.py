@@ -54,16 +54,26 @@ def _desc(program, entrypoint="main"):
         return list(d.input_names), list(d.output_names), list(d.state_names)
 
 
-def test_seed_stateless_linear_names_in_descriptor() -> None:
-    ep = torch.export.export(Linear().eval(), args=(torch.randn(1, 8),))
+def test_seed_stateless_linear_runs_with_its_names() -> None:
+    model = Linear().eval()
+    ep = torch.export.export(model, args=(torch.randn(1, 8),))
     ep = ep.run_decompositions(get_decomp_table())
     program = (
         TorchConverter()
-        .add_exported_program(ep, input_names=["features"], output_names=["logits"])
+        .add_exported_program(
+            ep,
+            input_names=["features"],
+            output_names=["logits"],
+        )
         .to_coreai()
+        .optimize()
     )
-    program.optimize()
     assert _desc(program) == (["features"], ["logits"], [])
+    x = torch.randn(1, 8)
+    with Session(program) as s:
+        out = s.run({"features": x})
+    with torch.no_grad():
+        np.testing.assert_allclose(out["logits"], model(x).numpy(), atol=1e-4)
 
 
 def test_default_names_follow_the_fx_graph() -> None:
@@ -91,8 +101,8 @@ def test_seed_stateful_kv_cache_runs_three_times_like_pytorch() -> None:
             output_names=["attn_out", "scaled"],
         )
         .to_coreai()
+        .optimize()
     )
-    program.optimize()
     model = KVCache().eval()
     x, y, z = torch.randn(1, 4), torch.randn(1, 4), torch.randn(1, 4)
     y_torch = y.clone()

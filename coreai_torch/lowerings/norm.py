@@ -96,6 +96,146 @@ def batch_norm_inference(
     return [out, None, None]
 
 
+def _batch_statistics(
+    x: ir.Value, eps: float
+) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """``(normalized, mean, rstd, biased var)`` over every dim but the channel dim 1; the
+    statistics are (C,) vectors."""
+    rank = rank_of(x)
+    if rank < 2:
+        raise ValueError("batch norm needs an (N, C, ...) input")
+    axes = [0, *range(2, rank)]
+    dtype = dtype_of(x)
+    mean = cai.reduce_mean(x, i32(axes))
+    centered = cai.broadcasting_sub(x, mean)
+    var = cai.reduce_mean(cai.broadcasting_mul(centered, centered), i32(axes))
+    rstd = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
+    channels = [shape_of(x)[1]]
+    return (
+        cai.broadcasting_mul(centered, rstd),
+        reshape(mean, channels),
+        reshape(rstd, channels),
+        reshape(var, channels),
+    )
+
+
+def _updated_running_stats(
+    cx: LoweringContext,
+    x: ir.Value,
+    mean: ir.Value,
+    var: ir.Value,
+    running_mean: ir.Value,
+    running_var: ir.Value,
+    momentum: float,
+) -> tuple[ir.Value, ir.Value]:
+    """PyTorch's running-stat update: ``(1 - m) * running + m * batch`` with the unbiased
+    batch variance."""
+    shape = shape_of(x)
+    if None in shape:
+        raise cx.unsupported("updating running statistics of an input with dynamic shape")
+    count = math.prod(shape) // shape[1]
+    correction = count / (count - 1) if count > 1 else math.inf
+
+    def blend(running: ir.Value, batch: ir.Value, scale: float) -> ir.Value:
+        dtype = dtype_of(running)
+        keep = cai.broadcasting_mul(running, constant(1.0 - momentum, dtype))
+        new = cai.broadcasting_mul(cast(batch, dtype), constant(momentum * scale, dtype))
+        return cai.broadcasting_add(keep, new)
+
+    return blend(running_mean, mean, 1.0), blend(running_var, var, correction)
+
+
+@lowering("aten::_native_batch_norm_legit.no_stats")
+def batch_norm_batch_stats(
+    cx: LoweringContext,
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> list[ir.Value | None]:
+    """Batch norm with the batch's own statistics (``track_running_stats=False``, also in
+    eval mode)."""
+    if not training:
+        raise cx.unsupported("batch norm without running statistics needs training=True")
+    y, mean, rstd, _ = _batch_statistics(input, eps)
+    _, mean_val, rstd_val = cx.out
+    out = _channel_affine(y, weight, bias, rank_of(input))
+    return [out, cast(mean, mean_val.dtype), cast(rstd, rstd_val.dtype)]
+
+
+@lowering("aten::_native_batch_norm_legit_functional.default")
+def batch_norm_functional(
+    cx: LoweringContext,
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    running_mean: ir.Value,
+    running_var: ir.Value,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> list[ir.Value | None]:
+    """Training-mode batch norm: normalizes with the batch statistics and returns the updated
+    running statistics (which the program stores back into its state)."""
+    if not training:
+        out = batch_norm_inference(
+            cx, input, weight, bias, running_mean, running_var, momentum, eps
+        )[0]
+        return [out, None, None, running_mean, running_var]
+    y, mean, rstd, var = _batch_statistics(input, eps)
+    new_mean, new_var = _updated_running_stats(
+        cx, input, mean, var, running_mean, running_var, momentum
+    )
+    _, mean_val, rstd_val, _, _ = cx.out
+    out = _channel_affine(y, weight, bias, rank_of(input))
+    return [out, cast(mean, mean_val.dtype), cast(rstd, rstd_val.dtype), new_mean, new_var]
+
+
+@lowering("aten::_batch_norm_with_update_functional.default")
+def batch_norm_with_update_functional(
+    cx: LoweringContext,
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    running_mean: ir.Value,
+    running_var: ir.Value,
+    momentum: float,
+    eps: float,
+) -> list[ir.Value | None]:
+    """``_batch_norm_with_update`` without mutation: like the training-mode functional op,
+    plus an (empty, unused) reserve buffer."""
+    out, mean, rstd, new_mean, new_var = batch_norm_functional(
+        cx, input, weight, bias, running_mean, running_var, True, momentum, eps
+    )
+    return [out, mean, rstd, None, new_mean, new_var]
+
+
+@lowering("aten::_native_batch_norm_legit.default")
+def batch_norm_legit(
+    cx: LoweringContext,
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    running_mean: ir.Value,
+    running_var: ir.Value,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> list[ir.Value | None]:
+    """The in-place form: with ``training=False`` it is inference batch norm; in training mode
+    it updates the running statistics in place, which exported programs express with
+    ``_native_batch_norm_legit_functional`` instead."""
+    if training:
+        raise cx.unsupported(
+            "training-mode batch norm updating running statistics in place; export the model "
+            "with torch.export (which makes the update functional) or call model.eval()"
+        )
+    out = batch_norm_inference(cx, input, weight, bias, running_mean, running_var, momentum, eps)
+    return [out[0], None, None]
+
+
 def _layer_norm(
     input: ir.Value,
     weight: ir.Value | None,

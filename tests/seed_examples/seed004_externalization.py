@@ -79,7 +79,7 @@ program = convert(norm_model, norm_sample, [RMSNorm])
 text = str(program)
 print(text)
 graph = re.search(
-    r"coreai\.graph private noinline @(norm_[0-9a-f]{8})\(%arg0: tensor<1x10xf32> "
+    r"coreai\.graph noinline @(norm_[0-9a-f]{8})\(%arg0: tensor<1x10xf32> "
     r'\{coreai\.name = "x"\}\) -> \(tensor<1x10xf32> \{coreai\.name = "output"\}\) \{',
     text,
 )
