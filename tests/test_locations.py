@@ -25,7 +25,9 @@ class Block(nn.Module):
 
 
 def _line_of(marker: str) -> int:
-    for number, text in enumerate(open(__file__).read().splitlines(), 1):
+    with open(__file__) as source:
+        lines = source.read().splitlines()
+    for number, text in enumerate(lines, 1):
         if text.endswith(f"# LINE: {marker}"):
             return number
     raise AssertionError(marker)
