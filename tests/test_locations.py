@@ -41,9 +41,7 @@ def test_every_op_has_a_location_naming_its_node_and_user_line() -> None:
     assert len(ops) > 10
     assert all(loc != "unknown" for _, loc in ops), text
     here = re.escape(__file__)
-    user_lines = {
-        int(m.group(1)) for _, loc in ops if (m := re.search(rf'"{here}":(\d+):0', loc))
-    }
+    user_lines = {int(m.group(1)) for _, loc in ops if (m := re.search(rf'"{here}":(\d+):0', loc))}
     assert user_lines == {_line_of("relu"), _line_of("tail")}, text
     # every op computed from a node (not a weight) points at one of the user's lines
     computed = [(op, loc) for op, loc in ops if '"weights"' not in loc and op != "coreai.output"]

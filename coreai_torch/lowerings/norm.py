@@ -96,9 +96,7 @@ def batch_norm_inference(
     return [out, None, None]
 
 
-def _batch_statistics(
-    x: ir.Value, eps: float
-) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+def _batch_statistics(x: ir.Value, eps: float) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """``(normalized, mean, rstd, biased var)`` over every dim but the channel dim 1; the
     statistics are (C,) vectors."""
     rank = rank_of(x)
