@@ -121,6 +121,27 @@ def test_composite_graphs_names_attributes_instances_and_optional() -> None:
     assert report.max_abs < 1e-5
 
 
+class ExplicitNone(nn.Module):
+    """Calls an optional tensor argument with an explicit ``None`` (keyword and positional)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kw = SDPA()
+        self.pos = SDPA(is_causal=True)
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return self.kw(q, q, q, attn_mask=None) + self.pos(q, q, q, None)
+
+
+def test_optional_argument_passed_as_explicit_none_is_left_out() -> None:
+    program, report = check_externalized(
+        ExplicitNone().eval(), (torch.randn(1, 2, 4, 4),), [SDPA_SPEC]
+    )
+    for g in composites(program, "sdpa"):
+        assert g.decl_inputs == g.input_names == ["query", "key", "value"], g.name
+    assert report.max_abs < 1e-5
+
+
 class Linear2(nn.Module):
     """A module owning weights and a bias-like buffer; forward(x, extra=None)."""
 
