@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import TorchConverter
+from coreai_torch.runtime import run_program
 from coreai_torch.verify import export_decomposed, verify
 
 
@@ -50,8 +51,6 @@ def test_folding_can_be_switched_off() -> None:
 
 
 def _run(program, x: torch.Tensor):
-    from coreai_torch.runtime import run_program
-
     return next(iter(run_program(program, {"x": x}).values()))
 
 
@@ -86,13 +85,36 @@ class TiedHead(nn.Module):
         return h @ self.embed.weight.t()
 
 
-def test_a_weight_also_read_directly_keeps_its_run_time_transpose() -> None:
+def test_a_tied_embedding_table_is_stored_transposed_and_looked_up_by_column() -> None:
     model, ids = TiedHead().eval(), torch.randint(0, 100, (2, 5))
-    program = TorchConverter().add_exported_program(export_decomposed(model, (ids,)))
+    converter = TorchConverter().add_exported_program(export_decomposed(model, (ids,)))
+    program = converter.to_coreai().optimize()
+    text = str(program)
+    assert "dense_resource<embed.weight>" not in text and "coreai.gather_nd" not in text
+    assert "dense_resource<embed.weight.T> : tensor<32x100xf32>" in text
+    assert "coreai.gather_along_axis" in text
+    reference = converter.to_coreai().optimize(transpose_weights=False)
+    assert "coreai.gather_nd" in str(reference)
+    (expected,) = run_program(reference, {"ids": ids}).values()
+    (actual,) = run_program(program, {"ids": ids}).values()
+    np.testing.assert_array_equal(actual, expected)
+
+
+class BothWays(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(32, 32, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x) + x @ self.proj.weight
+
+
+def test_a_weight_also_read_directly_keeps_its_run_time_transpose() -> None:
+    model, x = BothWays().eval(), torch.randn(2, 32)
+    program = TorchConverter().add_exported_program(export_decomposed(model, (x,)))
     text = str(program.to_coreai().optimize())
-    # the table is gathered from and read transposed: stored once, transposed at run time
-    assert "dense_resource<embed.weight>" in text and "embed.weight.T" not in text
-    assert "dense_resource<proj.weight.T>" in text
+    # stored once, transposed at run time, rather than stored twice
+    assert "dense_resource<proj.weight>" in text and "proj.weight.T" not in text
     assert text.count("coreai.transpose") == 1
 
 
