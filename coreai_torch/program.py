@@ -103,8 +103,12 @@ class AIProgram(ca.AIProgram):
                     stacklevel=2,
                 )
                 return self
-        if transpose_weights and self.weights is not None:
-            pretranspose_weights(candidate, self.weights)
+        if (
+            transpose_weights
+            and self.weights is not None
+            and pretranspose_weights(candidate, self.weights)
+        ):
+            _verify(candidate, "after storing weights transposed")
         self._module._mlir_module = candidate
         return self
 
