@@ -27,7 +27,7 @@ test-all: $(STAMP)
 
 ## Conversion time, peak memory and runtime latency of the benchmark models.
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run --ablation
 
 lint: $(STAMP)
 	$(BIN)/ruff check coreai_torch tests benchmarks

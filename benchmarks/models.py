@@ -26,24 +26,41 @@ class _LogitsOnly(nn.Module):
         return out[0]
 
 
-def llama_decoder() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Llama-style decoder: hidden 1024, 16 layers, 16 heads, MLP 2816, vocab 32000 (~0.27B)."""
+def llama(
+    hidden: int = 1024,
+    layers: int = 16,
+    heads: int = 16,
+    mlp: int = 2816,
+    vocab: int = 32000,
+    tokens: int = 128,
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Hugging Face Llama decoder returning logits for ``tokens`` token ids."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        hidden_size=1024,
-        num_hidden_layers=16,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        intermediate_size=2816,
-        vocab_size=32000,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        intermediate_size=mlp,
+        vocab_size=vocab,
         max_position_embeddings=512,
         use_cache=False,
         attn_implementation="sdpa",
     )
     model = LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, config.vocab_size, (1, 128), dtype=torch.int64)
+    ids = torch.randint(0, config.vocab_size, (1, tokens), dtype=torch.int64)
     return _LogitsOnly(model).eval(), (ids,)
+
+
+def llama_decoder() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Llama-style decoder: hidden 1024, 16 layers, 16 heads, MLP 2816, vocab 32000 (~0.27B)."""
+    return llama()
+
+
+def _small_llama(tokens: int) -> Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]:
+    """The benchmark Llama's layout at a quarter of its size: hidden 512, 4 layers."""
+    return lambda: llama(hidden=512, layers=4, heads=8, mlp=1408, vocab=8000, tokens=tokens)
 
 
 def vit_b16() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
@@ -85,5 +102,18 @@ MODELS = {
         ),
         BenchModel("vit-b16", vit_b16, "ViT-B/16, 224x224"),
         BenchModel("resnet50", resnet50, "ResNet-50, 224x224"),
+    ]
+}
+
+#: Models of the IR ablation (``--ablation``): small enough to load every variant at once.
+ABLATION_MODELS = {
+    m.name: m
+    for m in [
+        BenchModel(
+            "llama-small-128", _small_llama(128), "Llama decoder, 4 layers, hidden 512, 128 tokens"
+        ),
+        BenchModel(
+            "llama-small-1", _small_llama(1), "the same, 1 token (the shape of a decode step)"
+        ),
     ]
 }

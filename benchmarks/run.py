@@ -1,69 +1,64 @@
-"""`make bench`: conversion time, peak memory and runtime latency of the benchmark models.
+"""`make bench`: conversion time, peak memory and runtime latency of the benchmark models, and
+(``--ablation``) what each IR simplification buys in latency.
 
-Each model runs in a fresh subprocess so memory baselines are clean.  Results are printed as a
-table and written to ``bench_results/results.json``.
+Each model runs in a fresh subprocess (started in the repository root), which first converts,
+saves, loads and runs a tiny model so that one-time costs (imports, MLIR and runtime set-up) are
+not charged to the model.  Memory is the peak RSS of each phase above one baseline taken before
+conversion (see ``benchmarks/memory.py``).  Results are printed as tables and written to
+``bench_results/results.json``.
 
-    python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10]
+    python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import psutil
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench_results"
 
-RESULTS = Path("bench_results")
-
-
-class PeakRSS:
-    """Samples this process's RSS in a background thread; ``peak - baseline`` per phase."""
-
-    def __init__(self, interval: float = 0.002) -> None:
-        self._proc = psutil.Process(os.getpid())
-        self._interval = interval
-        self._stop = threading.Event()
-        self.baseline = 0
-        self.peak = 0
-
-    def __enter__(self) -> PeakRSS:
-        self.baseline = self.peak = self._proc.memory_info().rss
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self._proc.memory_info().rss)
-            time.sleep(self._interval)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self._proc.memory_info().rss)
-
-    @property
-    def delta(self) -> int:
-        return self.peak - self.baseline
+#: Targets: to_coreai adds at most 10% of the weight bytes to the peak RSS ...
+RSS_TARGET = 0.10
+#: ... the asset is at most the weights + 5% ...
+ASSET_TARGET = 1.05
+#: ... and to_coreai runs "well under a second" for the 0.27B Llama (taken as half a second).
+TO_COREAI_TARGET_S = 0.5
+TO_COREAI_TARGET_MODEL = "llama-0.27b"
+#: Outputs match eager PyTorch within TOLERANCE * max(1, max|ref|).
+TOLERANCE = 1e-4
 
 
 def _dir_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _warm_up() -> None:
+    """Convert, optimize, save, load and run a tiny model once."""
+    import torch
+
+    from coreai_torch import TorchConverter
+    from coreai_torch.runtime import Session
+    from coreai_torch.verify import export_decomposed, run_entrypoint
+
+    model, args = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), (torch.randn(2, 4),)
+    program = TorchConverter().add_exported_program(export_decomposed(model, args)).to_coreai()
+    with Session(program.optimize()) as session:
+        run_entrypoint(session, program, args)
+
+
 def measure(name: str, runs: int) -> dict[str, Any]:
     """Convert, save, load and run one model; returns the measurements."""
     import torch
 
+    from benchmarks.memory import PhaseMemory
     from benchmarks.models import MODELS
     from coreai_torch import TorchConverter
     from coreai_torch.runtime import Session
@@ -77,35 +72,32 @@ def measure(name: str, runs: int) -> dict[str, Any]:
     start = time.perf_counter()
     ep = export_decomposed(model, args)
     result["export_s"] = time.perf_counter() - start
+    _warm_up()
 
-    with PeakRSS() as mem:
+    memory = PhaseMemory()
+    result["memory_method"] = memory.method
+    with memory.phase("to_coreai"):
         start = time.perf_counter()
         program = TorchConverter().add_exported_program(ep).to_coreai()
         result["to_coreai_s"] = time.perf_counter() - start
-    result["to_coreai_rss"] = mem.delta
-
-    with PeakRSS() as mem:
+    with memory.phase("optimize"):
         start = time.perf_counter()
         program.optimize()
         result["optimize_s"] = time.perf_counter() - start
-    result["optimize_rss"] = mem.delta
-
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.aimodel"
-        with PeakRSS() as mem:
+        with memory.phase("save"):
             start = time.perf_counter()
             program.save_asset(path)
             result["save_s"] = time.perf_counter() - start
-        result["save_rss"] = mem.delta
         result["asset_bytes"] = _dir_size(path)
 
-        with PeakRSS() as mem:
+        with memory.phase("load"):
             start = time.perf_counter()
             session = Session(path)
             session.open()
             session.function("main")
             result["load_s"] = time.perf_counter() - start
-        result["load_rss"] = mem.delta
         try:
             actual = run_entrypoint(session, program, args)  # warm-up
             latencies = []
@@ -115,6 +107,7 @@ def measure(name: str, runs: int) -> dict[str, Any]:
                 latencies.append(time.perf_counter() - start)
         finally:
             session.close()
+    result.update({f"{phase}_rss": peak for phase, peak in memory.peaks.items()})
     result["latency_ms"] = statistics.median(latencies) * 1000
 
     expected = eager_outputs(model, args)
@@ -128,68 +121,154 @@ def measure(name: str, runs: int) -> dict[str, Any]:
     result["max_abs_err"] = max(
         compare("out", e, a).max_abs for e, a in zip(expected, actual, strict=True)
     )
+    result["max_ref"] = max(float(e.abs().max()) for e in expected)
+    result["targets"] = targets(result)
     return result
+
+
+def measure_ablation(name: str, runs: int) -> dict[str, Any]:
+    """The IR ablation of one model (see ``benchmarks/ablation.py``)."""
+    import torch
+
+    from benchmarks import ablation
+    from benchmarks.models import ABLATION_MODELS
+    from coreai_torch.verify import export_decomposed
+
+    torch.manual_seed(0)
+    model, args = ABLATION_MODELS[name].build()
+    ep = export_decomposed(model, args)
+    _warm_up()
+    return {"model": name, "runs": runs, "ablation": ablation.measure_ablation(ep, args, runs)}
+
+
+def targets(r: dict[str, Any]) -> dict[str, bool | None]:
+    """Pass (True) / fail (False) per target; None where a target does not apply."""
+    weights = r["weight_bytes"]
+    return {
+        "to_coreai_rss": r["to_coreai_rss"] <= RSS_TARGET * weights,
+        "asset": r["asset_bytes"] <= ASSET_TARGET * weights,
+        "to_coreai_s": (
+            r["to_coreai_s"] <= TO_COREAI_TARGET_S if r["model"] == TO_COREAI_TARGET_MODEL else None
+        ),
+        "max_abs_err": r["max_abs_err"] <= TOLERANCE * max(1.0, r["max_ref"]),
+    }
 
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:,.0f} MB"
 
 
+def _share(n: float, weights: int) -> str:
+    return f"{_mb(n)} ({100 * n / weights:.1f}%)"
+
+
+def _mark(ok: bool | None) -> str:
+    return "—" if ok is None else ("pass" if ok else "FAIL")
+
+
 def table(results: list[dict[str, Any]]) -> str:
-    head = (
-        "| model | weights | to_coreai | +RSS to_coreai | optimize | save_asset | +RSS save | "
-        "asset | load | latency | eager | max abs err |"
-    )
-    lines = [head, "|" + "---|" * 12]
+    """Measurements (times, peak RSS above the pre-conversion baseline, sizes) and targets."""
+    lines = [
+        "| model | weights | to_coreai | optimize | save_asset | load | +RSS to_coreai | "
+        "+RSS optimize | +RSS save | +RSS load | asset | latency | eager |",
+        "|" + "---|" * 13,
+    ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | failed: {r['error'][:80]} |" + " |" * 10)
+            lines.append(f"| {r['model']} | failed: {r['error'][:80]} |" + " |" * 11)
             continue
+        w = r["weight_bytes"]
         lines.append(
-            f"| {r['model']} | {_mb(r['weight_bytes'])} | {r['to_coreai_s']:.3f} s | "
-            f"{_mb(r['to_coreai_rss'])} ({100 * r['to_coreai_rss'] / r['weight_bytes']:.1f}%) | "
-            f"{r['optimize_s']:.2f} s | {r['save_s']:.2f} s | {_mb(r['save_rss'])} | "
-            f"{_mb(r['asset_bytes'])} ({100 * r['asset_bytes'] / r['weight_bytes']:.1f}%) | "
-            f"{r['load_s']:.2f} s | {r['latency_ms']:.1f} ms | {r['eager_ms']:.1f} ms | "
-            f"{r['max_abs_err']:.1e} |"
+            f"| {r['model']} | {_mb(w)} | {r['to_coreai_s']:.3f} s | {r['optimize_s']:.2f} s | "
+            f"{r['save_s']:.2f} s | {r['load_s']:.2f} s | {_share(r['to_coreai_rss'], w)} | "
+            f"{_share(r['optimize_rss'], w)} | {_share(r['save_rss'], w)} | "
+            f"{_share(r['load_rss'], w)} | {_share(r['asset_bytes'], w)} | "
+            f"{r['latency_ms']:.1f} ms | {r['eager_ms']:.1f} ms |"
+        )
+    lines += [
+        "",
+        f"| model | to_coreai +RSS ≤ {RSS_TARGET:.0%} of weights | asset ≤ weights + "
+        f"{ASSET_TARGET - 1:.0%} | to_coreai ≤ {TO_COREAI_TARGET_S} s ({TO_COREAI_TARGET_MODEL}) "
+        f"| max abs err ≤ {TOLERANCE:g}·max(1, max abs ref) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        if "error" in r:
+            continue
+        t, w = r["targets"], r["weight_bytes"]
+        tol = TOLERANCE * max(1.0, r["max_ref"])
+        lines.append(
+            f"| {r['model']} | {100 * r['to_coreai_rss'] / w:.1f}% {_mark(t['to_coreai_rss'])} | "
+            f"{100 * r['asset_bytes'] / w:.1f}% {_mark(t['asset'])} | "
+            f"{r['to_coreai_s']:.3f} s {_mark(t['to_coreai_s'])} | "
+            f"{r['max_abs_err']:.1e} ≤ {tol:.1e} {_mark(t['max_abs_err'])} |"
         )
     return "\n".join(lines)
 
 
+def _child(kind: str, name: str, runs: int) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter started in the repository root."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.run", kind, name, "--runs", str(runs)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        print("   failed:\n   " + "\n   ".join(tail))
+        return {"model": name, "error": " / ".join(tail)}
+    return json.loads(line[len("RESULT ") :])
+
+
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.models import MODELS
+    from benchmarks.ablation import ablation_table
+    from benchmarks.models import ABLATION_MODELS, MODELS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument(
+        "--ablation",
+        action="store_true",
+        help=f"also measure the IR ablation on {', '.join(ABLATION_MODELS)}",
+    )
+    parser.add_argument("--ablation-runs", type=int, default=15)
     parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
         print("RESULT " + json.dumps(measure(args.one, args.runs)))
         return 0
+    if args.one_ablation:
+        print("RESULT " + json.dumps(measure_ablation(args.one_ablation, args.runs)))
+        return 0
 
-    results = []
+    results, ablations = [], []
     for name in args.models:
         print(f"== {name}: {MODELS[name].description}", flush=True)
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.run", "--one", name, "--runs", str(args.runs)],
-            capture_output=True,
-            text=True,
-        )
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-        if line is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-            results.append({"model": name, "error": " / ".join(tail)})
-            print("   failed:\n   " + "\n   ".join(tail))
-            continue
-        results.append(json.loads(line[len("RESULT ") :]))
+        results.append(_child("--one", name, args.runs))
+    if args.ablation:
+        for name, spec in ABLATION_MODELS.items():
+            print(f"== IR ablation, {name}: {spec.description}", flush=True)
+            ablations.append(_child("--one-ablation", name, args.ablation_runs))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "results.json").write_text(json.dumps(results, indent=2))
-    print()
-    print(table(results))
-    print(f"\nJSON: {RESULTS / 'results.json'}")
-    return 0 if all("error" not in r for r in results) else 1
+    out = RESULTS / "results.json"
+    out.write_text(json.dumps({"models": results, "ablation": ablations}, indent=2))
+    if results:
+        method = next((r["memory_method"] for r in results if "memory_method" in r), "?")
+        print(f"\nPeak RSS above the pre-conversion baseline ({method}).\n")
+        print(table(results))
+    if ablations:
+        print(
+            f"\nIR ablation: median / min latency over {args.ablation_runs} interleaved rounds "
+            "(Δ: median vs full).\n"
+        )
+        print(ablation_table(ablations))
+    print(f"\nJSON: {out}")
+    return 0 if all("error" not in r for r in results + ablations) else 1
 
 
 if __name__ == "__main__":

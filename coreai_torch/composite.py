@@ -162,6 +162,8 @@ class _Graphs:
         self.types: dict[str, tuple[list[ir.Type], list[ir.Type]]] = {}
         #: free-form per-context memo for callers (e.g. externalized call -> graph name)
         self.memo: dict[Any, Any] = {}
+        #: whether :func:`aten_composite` emits composite ops (else it inlines their bodies)
+        self.aten_composites = True
 
 
 _GRAPHS: weakref.WeakKeyDictionary[ir.Context, _Graphs] = weakref.WeakKeyDictionary()
@@ -185,6 +187,12 @@ def _top_level_op(ip: ir.InsertionPoint) -> ir.Operation:
     if op.parent is None:
         raise RuntimeError("composite ops can only be emitted inside a coreai.graph")
     return op
+
+
+def set_aten_composites(enabled: bool) -> None:
+    """Whether ATen ops are emitted as composite ops in the current MLIR context
+    (``TorchConverter(aten_composites=...)``); when off, their bodies are inlined."""
+    graphs().aten_composites = enabled
 
 
 def symbol_name(prefix: str) -> str:
@@ -324,9 +332,13 @@ def aten_composite(
 
     ``inputs`` are the op's tensor arguments by schema name (``None`` ones are left out of
     the composite); ``body(**inputs)`` emits the reference implementation from the graph
-    arguments.  The graph is named after the node's module path and ``op_name``.
+    arguments.  The graph is named after the node's module path and ``op_name``.  With
+    ATen composites switched off (:func:`set_aten_composites`) the body is emitted inline.
     """
     from coreai_torch.locations import module_path
+
+    if not graphs().aten_composites:
+        return body(**inputs)
 
     present = [(name, value) for name, value in inputs.items() if value is not None]
 

@@ -13,6 +13,7 @@ from torch.export import ExportedProgram
 
 from coreai_torch import _mlir
 from coreai_torch._mlir import ir
+from coreai_torch.composite import set_aten_composites
 from coreai_torch.decomp import check_decomposed
 from coreai_torch.dtype_checks import check_complex
 from coreai_torch.errors import ConversionError, InvalidSignatureError
@@ -63,9 +64,20 @@ class TorchConverter:
 
     Stage programs with :meth:`add_exported_program` / :meth:`add_pytorch_module` (each becomes
     one entry point), then call :meth:`to_coreai`.
+
+    The keyword-only options switch IR simplifications off (both are on by default), e.g. to
+    measure what they buy or to hand a compiler the plainest IR:
+
+    - ``fold_constants``: evaluate input-independent nodes (masks, rotary tables, position
+      ids, ...) with PyTorch at conversion time (:mod:`coreai_torch.folding`).
+    - ``aten_composites``: emit ``layer_norm``, ``rms_norm``, ``group_norm``,
+      ``instance_norm``, ``pixel_shuffle`` and ``scaled_dot_product_attention`` as composite
+      ops; ``False`` inlines their reference implementation.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, fold_constants: bool = True, aten_composites: bool = True) -> None:
+        self.fold_constants = fold_constants
+        self.aten_composites = aten_composites
         self._staged: dict[str, StagedProgram] = {}
         self._lowerings = LoweringTable(fallback=BUILTIN_LOWERINGS)
         self._kernels: dict[str, TorchMetalKernel] = {}
@@ -273,7 +285,14 @@ class TorchConverter:
         try:
             with context, ir.Location.unknown():
                 module = ir.Module.create()
-                builder = ProgramBuilder(context, module, diagnostics, progress=progress)
+                builder = ProgramBuilder(
+                    context,
+                    module,
+                    diagnostics,
+                    progress=progress,
+                    fold_constants=self.fold_constants,
+                )
+                set_aten_composites(self.aten_composites)
                 for name in names:
                     staged = self._staged[name]
                     start = time.perf_counter()
@@ -293,6 +312,7 @@ class TorchConverter:
         self.last_stats = stats
         program = AIProgram._from_mlir_module(module)
         program.signatures = {name: self._staged[name].signature for name in names}
+        program.weights = builder.weights
         return program
 
     def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> None:

@@ -15,6 +15,7 @@ aten = torch.ops.aten
 #: ATen ops the converter lowers as composite ops, so decomposition must keep them.
 COMPOSITE_OPS: tuple[torch._ops.OpOverload, ...] = (
     aten.layer_norm.default,
+    aten.rms_norm.default,
     aten.instance_norm.default,
     aten.group_norm.default,
     aten.pixel_shuffle.default,

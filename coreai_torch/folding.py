@@ -7,7 +7,8 @@ of the ops that compute it (causal masks, rotary tables, position ids, ...): les
 time, and values bit-identical to PyTorch's.
 
 Large results derived from weights (a transposed weight matrix, say) are *not* folded: that
-would copy the weight at conversion time and store it twice in the asset.
+would copy the weight at conversion time, which stays zero-copy.  ``AIProgram.optimize()``
+stores weights read only transposed transposed instead (:mod:`coreai_torch.pretranspose`).
 """
 
 from __future__ import annotations

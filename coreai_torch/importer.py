@@ -32,7 +32,9 @@ from coreai_torch.errors import (
 )
 from coreai_torch.folding import fold_constants, frontier
 from coreai_torch.locations import describe, location, named_location, qualified_name, user_frame
+from coreai_torch.lowerings.norm import rms_norm_composite
 from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
+from coreai_torch.patterns import find_rms_norms
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
 
@@ -85,6 +87,8 @@ class ProgramBuilder:
     graph_names: list[str] = field(default_factory=list)
     #: receives per-node progress of each entry point (``coreai_torch.progress``), or None
     progress: Any = None
+    #: evaluate input-independent nodes with PyTorch (``TorchConverter(fold_constants=...)``)
+    fold_constants: bool = True
 
 
 # ------------------------------------------------------------------------------ analysis ----
@@ -265,12 +269,26 @@ class GraphImporter:
         self.dropped = droppable_empty_nodes(ep)
         #: nodes PyTorch evaluates at conversion time, and those of them emitted as constants
         user_rules = set(lowerings.own_names())
-        self.folded = fold_constants(
-            ep.graph,
-            signature.weights,
-            skip=lambda node: _overridden(node, user_rules) or node in self.dropped,
+        self.folded = (
+            fold_constants(
+                ep.graph,
+                signature.weights,
+                skip=lambda node: _overridden(node, user_rules) or node in self.dropped,
+            )
+            if builder.fold_constants
+            else {}
         )
         self.fold_frontier = frontier(ep.graph, self.folded)
+        #: hand-written RMSNorms, by their last node, and the nodes they absorb
+        self.rms_norms = find_rms_norms(
+            ep.graph,
+            lambda node: (
+                not _overridden(node, user_rules)
+                and node.name not in self.folded
+                and node not in self.dropped
+            ),
+        )
+        self.absorbed = {n for match in self.rms_norms.values() for n in match.absorbed}
         #: placeholders read by something that is not folded away
         self.read = {
             arg.name
@@ -366,7 +384,9 @@ class GraphImporter:
             elif node.op == "call_function":
                 if node.name in self.folded:
                     self._emit_folded(node, values)
-                else:
+                elif node in self.rms_norms:
+                    self._emit_rms_norm(node, values)
+                elif node not in self.absorbed:
                     self.lower_node(node, values)
                 if progress is not None:
                     progress.advance(self.name)
@@ -459,6 +479,15 @@ class GraphImporter:
                     values[f"{node.name}#{i}"] = self.builder.weights.constant(item, node.name)
             else:
                 values[node.name] = self.builder.weights.constant(value, node.name)
+
+    def _emit_rms_norm(self, node: torch.fx.Node, values: ValueMap) -> None:
+        """A hand-written RMSNorm ending at ``node``, as the ``rms_norm`` composite op."""
+        match = self.rms_norms[node]
+        weight = values[match.weight.name] if match.weight is not None else None
+        with location(node):
+            values[node.name] = rms_norm_composite(
+                node, values[match.input.name], weight, match.normalized_shape, match.eps
+            )
 
     def _store_result(self, node: torch.fx.Node, key: str, result: Any, values: ValueMap) -> None:
         """Check what a lowering returned and record it (``"name#i"`` for multi-result ops)."""

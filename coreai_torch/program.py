@@ -13,8 +13,10 @@ from typing import Any, Self
 
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
+from coreai_torch.pretranspose import pretranspose_weights
 from coreai_torch.safe_rewrite import protect_from_misfolds
 from coreai_torch.signature import ProgramSignature
+from coreai_torch.weights import WeightStore
 
 
 def _verify(module: ir.Module, when: str) -> None:
@@ -41,10 +43,13 @@ class AIProgram(ca.AIProgram):
 
     #: entry point -> its inputs, outputs and states (set by ``TorchConverter.to_coreai``)
     signatures: dict[str, ProgramSignature]
+    #: the program's weights (set by ``TorchConverter.to_coreai``; None for other programs)
+    weights: WeightStore | None
 
     def __init__(self, module: ca.Module) -> None:
         super().__init__(module)
         self.signatures = {}
+        self.weights = None
 
     @property
     def mlir_module(self) -> ir.Module:
@@ -71,13 +76,16 @@ class AIProgram(ca.AIProgram):
                     names.append(name)
         return names
 
-    def optimize(self) -> Self:
-        """Run Core AI's pre-compilation rewrite (constant folding, CSE, DCE, canonicalisation).
+    def optimize(self, *, transpose_weights: bool = True) -> Self:
+        """Run Core AI's pre-compilation rewrite (constant folding, CSE, DCE, canonicalisation),
+        then store weights that are only read transposed (``nn.Linear``) transposed.
 
         Idempotent and numerics-preserving: patterns the rewrite folds wrongly are put into an
         equivalent form first (:mod:`coreai_torch.safe_rewrite`), and the rewrite works on a
         copy, so a program it cannot handle stays as it was (valid and runnable) with a
-        warning.  Modifies the program in place and returns it.
+        warning.  ``transpose_weights=False`` keeps those weights zero-copy and transposed at
+        run time (see :mod:`coreai_torch.pretranspose` for the trade-off).  Modifies the
+        program in place and returns it.
         """
         module = self.mlir_module
         with module.context:
@@ -95,6 +103,12 @@ class AIProgram(ca.AIProgram):
                     stacklevel=2,
                 )
                 return self
+        if (
+            transpose_weights
+            and self.weights is not None
+            and pretranspose_weights(candidate, self.weights)
+        ):
+            _verify(candidate, "after storing weights transposed")
         self._module._mlir_module = candidate
         return self
 

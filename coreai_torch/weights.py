@@ -6,7 +6,8 @@ copied at conversion time.  The tensors must stay alive and unmodified until the
 saved; the MLIR context keeps a reference to each buffer.
 
 One :class:`WeightStore` serves every graph of a program, so a tensor used by several entry
-points (e.g. prefill and decode) is stored once.
+points (e.g. prefill and decode) is stored once.  It stays with the program, so that
+``AIProgram.optimize()`` can store a weight transposed (:meth:`WeightStore.transposed`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class WeightStore:
         self._names: set[str] = set()
         #: every tensor handed in stays alive while the store lives: keys are addresses
         self._tensors: list[torch.Tensor] = []
+        #: resource name -> the tensor it holds
+        self.by_name: dict[str, torch.Tensor] = {}
         self.total_bytes = 0
 
     @staticmethod
@@ -76,10 +79,23 @@ class WeightStore:
         attr = self._attrs.get(key)
         if attr is None:
             self._tensors.append(tensor)
-            buffer = _buffer(tensor)
-            attr = ir.DenseResourceElementsAttr.get_from_buffer(
-                buffer, self._unique_name(name), ttype
-            )
+            attr = self._resource(tensor, name)
             self._attrs[key] = attr
-            self.total_bytes += buffer.nbytes
+            self.total_bytes += tensor.numel() * tensor.element_size()
         return cai.ConstantOp(value=attr).result
+
+    def _resource(self, tensor: torch.Tensor, name: str) -> ir.Attribute:
+        ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
+        unique = self._unique_name(name)
+        self.by_name[unique] = tensor
+        return ir.DenseResourceElementsAttr.get_from_buffer(_buffer(tensor), unique, ttype)
+
+    def transposed(self, name: str, perm: tuple[int, ...]) -> ir.Attribute | None:
+        """A new resource holding weight ``name`` permuted by ``perm`` (one copy, made now),
+        named ``<name>.T``; None if ``name`` is not a weight of this store."""
+        tensor = self.by_name.get(name)
+        if tensor is None or len(perm) != tensor.dim():
+            return None
+        copy = tensor.detach().permute(perm).contiguous()
+        self._tensors.append(copy)
+        return self._resource(copy, f"{name}.T")

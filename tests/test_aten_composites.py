@@ -1,5 +1,6 @@
-"""ATen-derived composite ops (layer/group/instance norm, pixel_shuffle, SDPA) and
-``generate_composite_decl`` / ``emit_composite`` for user lowerings."""
+"""ATen-derived composite ops (layer/RMS/group/instance norm, pixel_shuffle, SDPA), the
+hand-written RMSNorm recognised as ``rms_norm``, and ``generate_composite_decl`` /
+``emit_composite`` for user lowerings."""
 
 from __future__ import annotations
 
@@ -98,6 +99,102 @@ class Attention(nn.Module):
             F.scaled_dot_product_attention(q[0], k3, v3),  # (3-D) query, broadcasting batch
             F.scaled_dot_product_attention(q[0, 0], k, v),  # 2-D query against 4-D keys
         )
+
+
+class RMSNorms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rms = nn.RMSNorm(8)
+        self.rms_plain = nn.RMSNorm([3, 8], eps=1e-3, elementwise_affine=False)
+
+    def forward(self, x: torch.Tensor):
+        return (
+            self.rms(x),
+            self.rms_plain(x),
+            F.rms_norm(x.half(), [8], self.rms.weight.half()),  # computed in float32
+        )
+
+
+def test_rms_norm_is_a_composite() -> None:
+    model = RMSNorms().eval()
+    with torch.no_grad():
+        model.rms.weight.uniform_(0.5, 1.5)
+    sample = (3 * torch.randn(2, 3, 8),)
+    program = convert(model, sample)
+    found = composites(program, "rms_norm")
+    assert len(found) == 3
+    affine = next(g for g in found if g.name.startswith("rms.rms_norm_"))
+    assert affine.private and affine.no_inline
+    assert affine.decl_inputs == ["input", "weight"] and affine.decl_outputs == ["output"]
+    # eps=None is PyTorch's default: the machine epsilon of the compute dtype (float32)
+    assert affine.attrs == {
+        "eps": "1.1920929E-7 : f32",
+        "normalized_shape": "[8 : si64]",
+        "version": "1 : si64",
+    }
+    plain = next(g for g in found if g.name.startswith("rms_plain.rms_norm_"))
+    assert plain.decl_inputs == ["input"]
+    assert plain.attrs["normalized_shape"] == "[3 : si64, 8 : si64]"
+    assert plain.attrs["eps"] == "1.000000e-03 : f32"
+    half = next(g for g in found if "xf16" in g.text)
+    assert "tensor<2x3x8xf32>" in half.text  # upcast inside, as ATen does
+    report = verify(model, sample, program=program.optimize(), atol=1e-6, rtol=1e-6)
+    assert report.ok, report
+
+
+class HandWrittenRMSNorm(nn.Module):
+    """Hugging Face's LlamaRMSNorm, verbatim."""
+
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(size) + 0.5)
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class HandWrittenNorms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = HandWrittenRMSNorm(8)
+        self.half_norm = HandWrittenRMSNorm(8).half()
+
+    def forward(self, x: torch.Tensor):
+        h = x.half()
+        variance = h.float().pow(2).mean(-1, keepdim=True)  # also used below: stays raw ops
+        shared = h.float() * torch.rsqrt(variance + 1e-5)
+        return self.norm(x), self.half_norm(h), shared + variance
+
+
+def test_hand_written_rms_norm_becomes_the_rms_norm_composite() -> None:
+    model = HandWrittenNorms().eval()
+    sample = (3 * torch.randn(2, 3, 8),)
+    program = convert(model, sample)
+    found = {g.name.split(".rms_norm_")[0]: g for g in composites(program, "rms_norm")}
+    assert set(found) == {"norm", "half_norm"}
+    assert found["norm"].decl_inputs == ["input", "weight"]
+    assert found["norm"].attrs["eps"] == "9.99999997E-7 : f32"
+    # in half precision the weight multiplies after the cast back: not part of the composite
+    assert found["half_norm"].decl_inputs == ["input"]
+    assert "coreai.rsqrt" in graphs(program)["main"].text  # the chain whose values are reused
+    report = verify(model, sample, program=program.optimize(), atol=0, rtol=0)
+    assert report.ok, report  # bit-identical
+
+
+def test_aten_composites_can_be_switched_off() -> None:
+    model = RMSNorms().eval()
+    sample = (torch.randn(2, 3, 8),)
+    ep = export_decomposed(model, sample)
+    program = TorchConverter(aten_composites=False).add_exported_program(ep).to_coreai()
+    assert list(graphs(program)) == ["main"] and "coreai.rsqrt" in str(program)
+    assert verify(model, sample, program=program.optimize(), atol=1e-6, rtol=1e-6).ok
+    with pytest.raises(TypeError):
+        TorchConverter(False)  # type: ignore[misc]  # the options are keyword-only
 
 
 def test_sdpa_composite_variants() -> None:

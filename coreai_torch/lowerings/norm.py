@@ -1,8 +1,9 @@
-"""Normalisations and softmax: batch/layer/group/instance norm, softmax, log_softmax.
+"""Normalisations and softmax: batch/layer/RMS/group/instance norm, softmax, log_softmax.
 
-``layer_norm``, ``group_norm`` and ``instance_norm`` (kept whole by ``get_decomp_table()``) are
-emitted as composite ops named after the ATen op: a private graph holding the reference
-implementation, marked with a composite declaration and invoked from the caller.
+``layer_norm``, ``rms_norm``, ``group_norm`` and ``instance_norm`` (kept whole by
+``get_decomp_table()``) are emitted as composite ops named after the ATen op: a private graph
+holding the reference implementation, marked with a composite declaration and invoked from the
+caller.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+import torch.fx
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.composite import aten_composite
@@ -27,6 +29,7 @@ from coreai_torch.lowerings.common import (
     reshape_dynamic,
     shape_of,
 )
+from coreai_torch.lowerings.elementwise import opmath
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
@@ -264,6 +267,63 @@ def layer_norm(
         {"input": input, "weight": weight, "bias": bias},
         {"normalized_shape": normalized_shape, "eps": float(eps)},
         lambda input, weight, bias: _layer_norm(input, weight, bias, normalized_shape, eps),
+    )
+
+
+def _rms_norm(
+    input: ir.Value,
+    weight: ir.Value | None,
+    normalized_shape: Sequence[int],
+    eps: float,
+    out_dtype: torch.dtype,
+) -> ir.Value:
+    """ATen's ``rms_norm``: ``x * rsqrt(mean(x², normalized dims) + eps) * weight`` computed
+    in float32 for 16-bit inputs, then cast to the result dtype."""
+    compute = opmath(dtype_of(input))
+    x = cast(input, compute)
+    rank = rank_of(x)
+    axes = i32(list(range(rank - len(normalized_shape), rank)))
+    mean_square = cai.reduce_mean(cai.broadcasting_mul(x, x), axes)
+    y = cai.broadcasting_mul(
+        x, cai.rsqrt(cai.broadcasting_add(mean_square, constant(eps, compute)))
+    )
+    if weight is not None:
+        y = cai.broadcasting_mul(y, cast(weight, compute))
+    return cast(y, out_dtype)
+
+
+@lowering("aten::rms_norm.default")
+def rms_norm(
+    cx: LoweringContext,
+    input: ir.Value,
+    normalized_shape: Sequence[int],
+    weight: ir.Value | None = None,
+    eps: float | None = None,
+) -> ir.Value:
+    """The ``rms_norm`` composite op (attributes ``normalized_shape``, ``eps``; an ``eps`` of
+    None is resolved to PyTorch's default, the machine epsilon of the compute dtype)."""
+    if eps is None:
+        eps = torch.finfo(opmath(dtype_of(input))).eps
+    return rms_norm_composite(cx.node, input, weight, normalized_shape, eps)
+
+
+def rms_norm_composite(
+    node: torch.fx.Node,
+    input: ir.Value,
+    weight: ir.Value | None,
+    normalized_shape: Sequence[int],
+    eps: float,
+) -> ir.Value:
+    """The ``rms_norm`` composite op computing ``node``'s result (also used for the
+    hand-written RMSNorm that :mod:`coreai_torch.patterns` recognises)."""
+    normalized_shape = [int(d) for d in normalized_shape]
+    out_dtype = node.meta["val"].dtype
+    return aten_composite(
+        node,
+        "rms_norm",
+        {"input": input, "weight": weight},
+        {"normalized_shape": normalized_shape, "eps": float(eps)},
+        lambda input, weight: _rms_norm(input, weight, normalized_shape, eps, out_dtype),
     )
 
 

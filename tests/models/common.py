@@ -117,7 +117,7 @@ def check_model(
     tol = model_tolerance(reference)
     report = check_module(model, args, atol=tol, rtol=0.0)
     print(f"max|ref| {peak:.3g}  max|err| {report.max_abs:.3e}  tolerance {tol:.3e}")
-    _record(peak, report.max_abs, tol)
+    record_errors(peak, report.max_abs, tol)
     return report
 
 
@@ -141,7 +141,7 @@ def check_model_dynamic(
     return reports
 
 
-def _record(peak: float, max_abs: float, tol: float) -> None:
+def record_errors(peak: float, max_abs: float, tol: float) -> None:
     """Append the errors to the JSON-lines file named by ``COREAI_MODEL_ERRORS`` (if set)."""
     path = os.environ.get("COREAI_MODEL_ERRORS")
     if path:

@@ -62,7 +62,7 @@ def test_llama_with_padding_mask() -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="aten::index.Tensor does not support dynamic dimensions (the causal mask gathers "
-    "with arange(seq)); notes/model_failures.md #3",
+    "with arange(seq)); docs/control_flow_and_dynamic_shapes.md, 'Dynamic shapes'",
 )
 def test_llama_dynamic_sequence_length() -> None:
     """One program for every prompt length (``torch.export.Dim`` on the sequence axis)."""

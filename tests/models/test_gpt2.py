@@ -6,7 +6,6 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.helpers import check_module
 from tests.models.common import check_model, redraw_weights
 
 
@@ -31,15 +30,11 @@ def test_gpt2_two_layers_matches_pytorch() -> None:
         use_cache=False,
         attn_implementation="sdpa",
     )
-    model = GPT2LMHeadModel(config).eval()
-    with torch.no_grad():  # O(1) activations, so broken attention cannot hide behind tiny weights
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3 if "wte" in name or "wpe" in name else 0.15)
+    # O(1) activations, so broken attention cannot hide behind tiny weights; the head is tied
+    # to the token embeddings, which stay small so logits stay O(1)
+    model = redraw_weights(GPT2LMHeadModel(config).eval(), embedding_std=0.15)
     ids = torch.randint(0, 128, (2, 16), dtype=torch.int64)
-    ref = LogitsOnly(model)(ids)
-    assert ref.abs().max() > 1.0
-    check_module(LogitsOnly(model).eval(), (ids,), atol=1e-4, rtol=1e-4)
+    check_model(LogitsOnly(model).eval(), (ids,))
 
 
 @pytest.mark.slow

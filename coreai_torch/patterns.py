@@ -1,0 +1,152 @@
+"""Hand-written RMSNorm recognised as the ``rms_norm`` composite op.
+
+Hugging Face decoders (Llama, Mistral, Qwen, Gemma, T5, ...) write RMSNorm with raw ops rather
+than ``F.rms_norm``, so it reaches the converter as::
+
+    pow(x, 2) -> mean(dims, keepdim=True) -> add(eps) -> rsqrt -> mul(x, .) [-> mul(weight, .)]
+
+:func:`find_rms_norms` finds these chains in an FX graph; the importer lowers each one as the
+``rms_norm`` composite op ATen's ``rms_norm`` becomes (:mod:`coreai_torch.lowerings.norm`).
+A chain is only taken where ``aten.rms_norm`` computes exactly the same values:
+
+- every value is float32 or float64, of one dtype (no casts inside the chain: for 16-bit
+  inputs Hugging Face multiplies by the weight after casting back, ATen before);
+- the exponent is 2, the mean is over the trailing dimensions with ``keepdim=True`` and no
+  dtype, ``eps`` is a Python number;
+- the weight (optional) has exactly the normalized shape and the input's dtype;
+- every intermediate value is used only by the next op of the chain (and by
+  ``_assert_tensor_metadata`` checks, which emit nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx
+
+from coreai_torch.lowerings.registry import bind_arguments
+
+aten = torch.ops.aten
+
+_FLOATS = (torch.float32, torch.float64)
+
+
+@dataclass
+class RMSNormMatch:
+    """One hand-written RMSNorm: its input, weight, attributes and the nodes it replaces."""
+
+    input: torch.fx.Node
+    weight: torch.fx.Node | None
+    normalized_shape: list[int]
+    eps: float
+    #: the chain's other nodes (and the metadata checks on them), not lowered on their own
+    absorbed: list[torch.fx.Node] = field(default_factory=list)
+
+
+def _is_assert(node: torch.fx.Node) -> bool:
+    return node.target is aten._assert_tensor_metadata.default
+
+
+def _only_user(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The single user of ``node`` besides metadata checks, else None."""
+    users = [u for u in node.users if not _is_assert(u)]
+    return users[0] if len(users) == 1 else None
+
+
+def _dtype(node: object) -> torch.dtype | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _other(node: torch.fx.Node, known: torch.fx.Node) -> object:
+    """The argument of binary ``node`` that is not ``known`` (None if neither is)."""
+    a, b = node.args[:2]
+    return b if a is known else a if b is known else None
+
+
+def _normalized_dims(mean: torch.fx.Node, rank: int) -> int | None:
+    """How many trailing dimensions ``mean`` reduces (with keepdim=True), else None."""
+    if mean.target is not aten.mean.dim:
+        return None
+    args = bind_arguments(mean)
+    if not args["keepdim"] or not args["dim"] or args["dtype"] is not None:
+        return None
+    normalized = sorted(d % rank for d in args["dim"])
+    if normalized != list(range(rank - len(normalized), rank)):
+        return None
+    return len(normalized)
+
+
+def _eps(add: torch.fx.Node, mean: torch.fx.Node) -> float | None:
+    if add.target not in (aten.add.Tensor, aten.add.Scalar) or bind_arguments(add)["alpha"] != 1:
+        return None
+    eps = _other(add, mean)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None
+    return float(eps)
+
+
+def _match(
+    pow_node: torch.fx.Node, usable: Callable[[torch.fx.Node], bool]
+) -> tuple[torch.fx.Node, RMSNormMatch] | None:
+    """The chain starting at ``pow(x, 2)``: (its last node, the match), else None."""
+    if len(pow_node.args) < 2 or pow_node.args[1] != 2 or isinstance(pow_node.args[1], bool):
+        return None
+    x = pow_node.args[0]
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dtype not in _FLOATS or val.dim() == 0:
+        return None
+    mean = _only_user(pow_node)
+    add = _only_user(mean) if mean is not None else None
+    rsqrt = _only_user(add) if add is not None else None
+    scaled = _only_user(rsqrt) if rsqrt is not None else None
+    if scaled is None or rsqrt.target is not aten.rsqrt.default:
+        return None
+    count = _normalized_dims(mean, val.dim())
+    eps = _eps(add, mean)
+    if count is None or eps is None:
+        return None
+    if scaled.target is not aten.mul.Tensor or _other(scaled, rsqrt) is not x:
+        return None
+    chain = [pow_node, mean, add, rsqrt, scaled]
+    if any(_dtype(n) != val.dtype or not usable(n) for n in chain):
+        return None
+    shape = val.shape[val.dim() - count :]
+    if not all(isinstance(d, int) for d in shape):
+        return None
+    normalized_shape = [int(d) for d in shape]
+    last, weight = scaled, None
+    scale = _only_user(scaled)
+    if scale is not None and scale.target is aten.mul.Tensor and usable(scale):
+        candidate = _other(scale, scaled)
+        wval = candidate.meta.get("val") if isinstance(candidate, torch.fx.Node) else None
+        if (
+            candidate not in chain
+            and isinstance(wval, torch.Tensor)
+            and wval.dtype == val.dtype
+            and list(wval.shape) == normalized_shape
+            and _dtype(scale) == val.dtype
+        ):
+            last, weight = scale, candidate
+    absorbed = [n for n in chain if n is not last]
+    absorbed += [u for n in absorbed for u in n.users if _is_assert(u)]
+    return last, RMSNormMatch(x, weight, normalized_shape, eps, absorbed)
+
+
+def find_rms_norms(
+    graph: torch.fx.Graph, usable: Callable[[torch.fx.Node], bool]
+) -> dict[torch.fx.Node, RMSNormMatch]:
+    """Hand-written RMSNorms of ``graph``, by the node whose value each one computes.
+
+    ``usable(node)`` says whether a node may be absorbed (e.g. not when the user registered
+    their own lowering for its op, or when it is folded at conversion time).
+    """
+    found: dict[torch.fx.Node, RMSNormMatch] = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is aten.pow.Tensor_Scalar:
+            match = _match(node, usable)
+            if match is not None:
+                found[match[0]] = match[1]
+    return found

@@ -1,0 +1,163 @@
+"""Weights stored in the layout the program reads them in.
+
+``nn.Linear`` computes ``x @ W.T``.  Conversion keeps ``W`` zero-copy (a resource over the
+parameter's memory), so the program holds ``transpose(constant W)`` and Core AI has no matmul
+with a transposed operand: the runtime transposes every weight matrix on every call, which
+dominates a decode step.  :func:`pretranspose_weights` (run by ``AIProgram.optimize()``)
+replaces each such transpose by a constant holding the weight already transposed.
+
+The transposed copy is made there, not at conversion (``to_coreai()`` stays zero-copy), and
+only for a weight the program reads through that one transpose everywhere: the asset then
+stores the transposed weight *instead of* the original, at the same size.  The one other
+reader handled is an embedding lookup of the same matrix (an output projection tied to the
+token embeddings, as in GPT-2): its rows are the columns of the transposed matrix, read with
+``gather_along_axis``.  A weight read in any other way keeps its run-time transpose rather than
+being stored twice.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.common import broadcast_to, i32, reshape, shape_of, transpose
+from coreai_torch.weights import WeightStore
+
+_RESOURCE = re.compile(r'^dense_resource<"?([^">]+)"?>')
+
+
+def _resource_name(op: ir.Operation) -> str | None:
+    """The resource name of a ``coreai.constant dense_resource<name>``, else None."""
+    if op.name != "coreai.constant":
+        return None
+    value = op.attributes["value"]
+    if not ir.DenseResourceElementsAttr.isinstance(value):
+        return None
+    match = _RESOURCE.match(str(value))
+    return match[1] if match else None
+
+
+def _permutation(op: ir.Operation) -> tuple[int, ...] | None:
+    """The constant permutation of a ``coreai.transpose``, else None."""
+    source = op.operands[1].owner
+    if isinstance(source, ir.Block) or source.operation.name != "coreai.constant":
+        return None
+    value = source.operation.attributes["value"]
+    if not ir.DenseIntElementsAttr.isinstance(value):
+        return None
+    return tuple(int(v) for v in ir.DenseIntElementsAttr(value))
+
+
+def _is_row_lookup(op: ir.Operation) -> bool:
+    """Whether ``op`` is ``gather_nd(matrix, indices[..., 1])`` with static shapes: rows of
+    a 2-D table by index, as ``aten.embedding`` lowers."""
+    if op.name != "coreai.gather_nd":
+        return False
+    table, indices = (ir.RankedTensorType(v.type) for v in op.operands)
+    return (
+        table.rank == 2
+        and indices.has_static_shape
+        and indices.rank >= 1
+        and indices.shape[-1] == 1
+    )
+
+
+@dataclass
+class _Readers:
+    """How a weight is read: per constant op, its transposes (by ``perm``) and row lookups."""
+
+    perm: tuple[int, ...]
+    #: (constant op, its transposes, its row lookups)
+    constants: list[tuple[ir.Operation, list[ir.Operation], list[ir.Operation]]] = field(
+        default_factory=list
+    )
+
+
+def _classify(ops: list[ir.Operation]) -> _Readers | None:
+    """The readers of one weight's constant ops, if they allow storing it transposed."""
+    perms: set[tuple[int, ...] | None] = set()
+    constants = []
+    for op in ops:
+        transposes, lookups = [], []
+        for use in op.result.uses:
+            user = use.owner.operation
+            if user.name == "coreai.transpose" and use.operand_number == 0:
+                perms.add(_permutation(user))
+                transposes.append(user)
+            elif use.operand_number == 0 and _is_row_lookup(user):
+                lookups.append(user)
+            else:
+                return None
+        constants.append((op, transposes, lookups))
+    if len(perms) != 1 or None in perms:
+        return None
+    perm = perms.pop()
+    if perm != (1, 0) and any(lookups for _, _, lookups in constants):
+        return None
+    return _Readers(perm, constants)  # type: ignore[arg-type]
+
+
+def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers]:
+    """The weights of ``store`` that can be stored transposed, by resource name."""
+    constants: dict[str, list[ir.Operation]] = defaultdict(list)
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = _resource_name(op)
+        if name is not None and name in store.by_name:
+            constants[name].append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    found = {}
+    for name, ops in constants.items():
+        readers = _classify(ops)
+        if readers is not None:
+            found[name] = readers
+    return found
+
+
+def _lookup_columns(transposed: ir.Value, lookup: ir.Operation) -> ir.Value:
+    """``gather_nd(W, indices)`` computed from ``W.T``: gather the columns, transpose them."""
+    indices = lookup.operands[1]
+    batch = shape_of(indices)[:-1]
+    count, width = math.prod(batch), shape_of(transposed)[0]
+    flat = broadcast_to(reshape(indices, [1, count]), [width, count])
+    columns = cai.gather_along_axis(transposed, flat, i32(1))
+    return reshape(transpose(columns, [1, 0]), [*batch, width])
+
+
+def _erase_transpose(op: ir.Operation, replacement: ir.Value) -> None:
+    perm = op.operands[1].owner.operation
+    op.result.replace_all_uses_with(replacement)
+    op.erase()
+    if not list(perm.result.uses):
+        perm.erase()
+
+
+def pretranspose_weights(module: ir.Module, store: WeightStore) -> list[str]:
+    """Store every weight of ``store`` that ``module`` reads only through one transpose (and
+    row lookups) transposed: ``transpose(constant W)`` becomes ``constant W.T``.
+
+    Returns the names of the weights now stored transposed (as ``<name>.T``).
+    """
+    done = []
+    with module.context, ir.Location.unknown():
+        for name, readers in _weight_readers(module, store).items():
+            attr = store.transposed(name, readers.perm)
+            if attr is None:
+                continue
+            for const, transposes, lookups in readers.constants:
+                with ir.InsertionPoint(const), const.location:
+                    replacement = cai.ConstantOp(value=attr).result
+                for op in transposes:
+                    _erase_transpose(op, replacement)
+                for lookup in lookups:
+                    with ir.InsertionPoint(lookup), lookup.location:
+                        lookup.result.replace_all_uses_with(_lookup_columns(replacement, lookup))
+                    lookup.erase()
+                const.erase()
+            done.append(name)
+    return done
