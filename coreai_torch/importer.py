@@ -34,6 +34,7 @@ from coreai_torch.folding import fold_constants, frontier
 from coreai_torch.locations import describe, location, named_location, qualified_name, user_frame
 from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
 from coreai_torch.signature import ProgramSignature
+from coreai_torch.sizes import check_data_dependent_sizes
 from coreai_torch.weights import WeightStore
 
 #: Node targets the importer handles itself (no lowering needed).
@@ -294,6 +295,7 @@ class GraphImporter:
                 f"Core AI runtime cannot execute:\n{listed}\nRemove the empty tensors from the "
                 "model (or export with sizes > 0)."
             )
+        check_data_dependent_sizes(self.ep, self.name)
 
         state_types = [
             cai.HandleType.get(_val_type(self.placeholders[s.node].meta["val"])) for s in sig.states
