@@ -71,6 +71,10 @@ class TorchConverter:
         self._kernels: dict[str, TorchMetalKernel] = {}
         #: timings of the last to_coreai() call
         self.last_stats = ConversionStats()
+        #: modules of earlier conversions that ran this converter's own lowerings: kept alive
+        #: so that values a lowering wrongly kept between calls are reported, not dereferenced
+        #: after they were freed (which would crash the process)
+        self._kept_modules: list[ir.Module] = []
         #: progress of to_coreai(): None (follow ``coreai_torch.progress`` blocks and the
         #: COREAI_TORCH_PROGRESS variable), True (a progress bar), False, or a listener /
         #: ``callback(entrypoint, done, total)``
@@ -270,6 +274,7 @@ class TorchConverter:
         diagnostics = Diagnostics(context)
         stats = ConversionStats()
         progress = resolve_progress(self.progress)
+        builder: ProgramBuilder | None = None
         try:
             with context, ir.Location.unknown():
                 module = ir.Module.create()
@@ -290,6 +295,8 @@ class TorchConverter:
             diagnostics.detach()
             if progress is not None:
                 progress.close()
+            if builder is not None and builder.ran_own_lowerings:
+                self._kept_modules.append(builder.module)
         self.last_stats = stats
         program = AIProgram._from_mlir_module(module)
         program.signatures = {name: self._staged[name].signature for name in names}

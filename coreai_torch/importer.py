@@ -86,6 +86,8 @@ class ProgramBuilder:
     graph_names: list[str] = field(default_factory=list)
     #: receives per-node progress of each entry point (``coreai_torch.progress``), or None
     progress: Any = None
+    #: whether a lowering registered on the converter (not a built-in one) ran
+    ran_own_lowerings: bool = False
 
 
 # ------------------------------------------------------------------------------ analysis ----
@@ -433,19 +435,39 @@ class GraphImporter:
             raise unsupported_op_error({key: [node]}, self.name)
         loc = location(node)
         self.builder.diagnostics.take()
+        own = self.lowerings.is_own(key)
+        if own:
+            self.builder.ran_own_lowerings = True
+            block = ir.InsertionPoint.current.block
+            start = len(block.operations)
         try:
             with loc:
                 result = rule(values, node, loc)
         except ConversionError as error:
+            if own:
+                _drop_foreign_uses(block, start, None)
             if node.name in str(error):
                 raise
             raise type(error)(f"{describe(node)}: {error}") from error
         except Exception as error:
+            if own:
+                _drop_foreign_uses(block, start, None)
             details = "; ".join(msg for _, msg in self.builder.diagnostics.take())
             reason = f"{type(error).__name__}: {error}" + (f" ({details})" if details else "")
             raise LoweringError(
                 f"lowering failed for {describe(node)}: {reason}{_raised_in(rule, error)}"
             ) from error
+        if own and _drop_foreign_uses(block, start, result):
+            fn = inspect.unwrap(rule)
+            code = getattr(fn, "__code__", None)
+            where = f" at {code.co_filename}:{code.co_firstlineno}" if code else ""
+            raise LoweringError(
+                f"the lowering of '{key}' ({getattr(fn, '__qualname__', fn)}{where}) used a Core "
+                f"AI value created during an earlier to_coreai() call for {describe(node)}; a "
+                "value belongs to the conversion that built it. Build values anew every time "
+                "the lowering runs instead of keeping them between calls (keep numpy arrays "
+                "and call cai.constant(...) each time), then call to_coreai() again."
+            )
         self._store_result(node, key, result, values)
 
     # -- helpers ------------------------------------------------------------------------------
@@ -552,6 +574,50 @@ class GraphImporter:
         if update.type != inner:
             update = cai.cast(update, ir.RankedTensorType(inner))
         return update
+
+
+def _graph_of(value: ir.Value) -> ir.Operation | None:
+    """The ``coreai.graph`` (or top-level op) a value is defined in."""
+    owner = value.owner
+    op = owner.owner if isinstance(owner, ir.Block) else owner
+    op = op.operation if op is not None else None
+    while op is not None and op.name != "coreai.graph":
+        parent = op.parent
+        op = parent.operation if parent is not None else None
+    return op
+
+
+def _drop_foreign_uses(block: ir.Block, start: int, result: Any) -> bool:
+    """Whether a user lowering used values of another conversion (a graph other than
+    ``block``'s): as operands of the ops it added to ``block`` after position ``start``, or
+    in ``result``.  Those ops are erased so that no op of this module keeps using another
+    module's values (the converter keeps earlier modules alive so the check is safe)."""
+    graph = _graph_of_block(block)
+    ops = block.operations  # indexing walks the block in C; no Python object per old op
+    added = [ops[i] for i in range(start, len(ops))]
+    operands: list[ir.Value] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        operands.extend(op.operands)
+        return ir.WalkResult.ADVANCE
+
+    for op in added:
+        op.operation.walk(collect)
+    returned = result if isinstance(result, (list, tuple, ir.OpResultList)) else [result]
+    values = [v for v in map(_as_value, returned) if isinstance(v, ir.Value)]
+    foreign = any(_graph_of(v) != graph for v in operands + values)
+    if foreign:
+        for op in reversed(added):
+            op.operation.erase()
+    return foreign
+
+
+def _graph_of_block(block: ir.Block) -> ir.Operation | None:
+    op = block.owner.operation
+    while op is not None and op.name != "coreai.graph":
+        parent = op.parent
+        op = parent.operation if parent is not None else None
+    return op
 
 
 def _scalar(value: bool | int | float) -> ir.Value:
