@@ -199,7 +199,21 @@ class TorchConverter:
                 f"{what}(entrypoints=...) expects a sequence of names, got the string "
                 f"{entrypoints!r}; use entrypoints=[{entrypoints!r}]"
             )
-        names = list(entrypoints)
+        try:
+            names = list(entrypoints)
+        except TypeError:
+            raise TypeError(
+                f"{what}(entrypoints=...) expects a sequence of entry point names, got "
+                f"{type(entrypoints).__name__} {entrypoints!r}; use e.g. "
+                f"entrypoints={list(self._staged)[:1]!r}"
+            ) from None
+        repeated = sorted({n for n in names if names.count(n) > 1}, key=names.index)
+        if repeated:
+            raise InvalidSignatureError(
+                f"{what}(entrypoints=...) names {', '.join(repr(n) for n in repeated)} more than "
+                f"once: {names!r}; list each entry point once (staged entry points are "
+                f"{list(self._staged)})"
+            )
         unknown = [n for n in names if n not in self._staged]
         if unknown:
             raise InvalidSignatureError(
