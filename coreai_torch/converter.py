@@ -20,7 +20,12 @@ from coreai_torch.hazards import check_runtime_hazards
 from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder, lowering_key
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
 from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
-from coreai_torch.metal import TorchMetalKernel, check_kernels_registered, register_kernels
+from coreai_torch.metal import (
+    METAL_KERNEL_OP,
+    TorchMetalKernel,
+    check_kernels_registered,
+    register_kernels,
+)
 from coreai_torch.program import AIProgram, _verify
 from coreai_torch.progress import resolve as resolve_progress
 from coreai_torch.safe_rewrite import protect_from_runtime_misfolds
@@ -338,18 +343,28 @@ def _verify_with_sources(
         from coreai_torch.locations import describe, names_in_location
 
         text = str(error)
-        nodes, own = [], []
+        nodes, own, kernels = [], [], []
         for name in names_in_location(text):
             node = builder.nodes.get(name)
             if node is not None:
                 nodes.append(f"  - {describe(node)}")
                 key = lowering_key(node)
+                if key == METAL_KERNEL_OP:
+                    kernels.append(str(node.args[1]))
+                    continue
                 registered = lowerings.own_names() if lowerings is not None else []
                 if key and (key in registered or key.rsplit(".", 1)[0] in registered):
                     own.append(key)
         if nodes:
             text += "\nproduced by:\n" + "\n".join(nodes)
-        if own:
+        if kernels:
+            fix = (
+                f"\nThe call of Metal kernel '{kernels[0]}' (registered with "
+                "register_custom_kernels) built this invalid coreai.metal4_kernel op: check the "
+                "dtypes and shapes of the tensors passed to the kernel and returned by its "
+                "torch_defn against the verifier message, then call to_coreai() again."
+            )
+        elif own:
             fix = (
                 f"\nThe lowering registered with register_torch_lowering({own[0]!r}) built "
                 "this invalid op: fix the operands it passes (types, ranks, index dtypes) as "
