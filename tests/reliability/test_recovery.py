@@ -16,6 +16,7 @@ import torch.nn as nn
 import coreai_torch
 from coreai_torch import (
     ConversionError,
+    ExternalizationError,
     InvalidSignatureError,
     LoweringError,
     NotDecomposedError,
@@ -156,6 +157,53 @@ def test_after_export_fn_failures() -> None:
         entrypoint_name="tiled",
     )
     _runs_correctly(converter)
+
+
+class NormThenScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = coreai_torch.composite_ops.RMSNorm(3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x) * 3
+
+
+def test_after_an_externalization_failure() -> None:
+    """A bad ExternalizeSpec or a failing export_fn while externalizing leaves the module as it
+    was (forward restored, same eager output) and nothing staged; fixing it works."""
+    from coreai_torch.composite_ops import RMSNormImpl
+
+    model = NormThenScale().eval()
+    inner = model.norm.norm
+    expected = model(X)
+    forwards = (model.forward, inner.forward)
+
+    def export_fn(m: nn.Module) -> torch.export.ExportedProgram:
+        ep = torch.export.export(m, (X,))
+        return ep.run_decompositions(coreai_torch.get_decomp_table())
+
+    def raises(m: nn.Module) -> torch.export.ExportedProgram:
+        raise ValueError("bad sample")
+
+    converter = TorchConverter()
+    converter.add_exported_program(export_decomposed(Scale(), (X,)), entrypoint_name="scale")
+    bad_spec = coreai_torch.ExternalizeSpec(RMSNormImpl, "rms_norm", ["eps", "epsilon"])
+    with pytest.raises(ExternalizationError, match=r"names 'epsilon', which is not an attribute"):
+        converter.add_pytorch_module(model, export_fn, [bad_spec], entrypoint_name="norm")
+    good_spec = coreai_torch.ExternalizeSpec(RMSNormImpl, "rms_norm", ["eps"])
+    with pytest.raises(ConversionError, match=r"export_fn raised ValueError .*: bad sample"):
+        converter.add_pytorch_module(model, raises, [good_spec], entrypoint_name="norm")
+    assert converter.entrypoints == ["scale"]
+    assert (model.forward, inner.forward) == forwards  # the module is restored
+    torch.testing.assert_close(model(X), expected)
+
+    converter.add_pytorch_module(model, export_fn, [good_spec], entrypoint_name="norm")
+    program = converter.to_coreai()
+    assert program.function_names == ["scale", "norm"]
+    assert "rms_norm" in str(program)
+    with Session(program) as session:
+        (got,) = session.run({"x": X}, entrypoint="norm").values()
+    np.testing.assert_allclose(got, expected.detach().numpy(), atol=1e-5)
 
 
 KEPT_VALUES = """
