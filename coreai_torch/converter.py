@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -244,11 +245,41 @@ class TorchConverter:
         ``higher_order``, ``coreai``, ``coreaix``) or a name already registered here, unless
         ``allow_override=True`` (which replaces silently).
         """
+        if callable(qualified_name):
+            fn_name = getattr(qualified_name, "__name__", repr(qualified_name))
+            raise TypeError(
+                f"register_torch_lowering was applied directly to {fn_name!r}; it needs the "
+                "op's qualified name: decorate with "
+                "@converter.register_torch_lowering('namespace::op_name.overload') (with "
+                "parentheses)"
+            )
+        if not isinstance(allow_override, bool):
+            raise TypeError(
+                f"register_torch_lowering: allow_override must be True or False, got "
+                f"{type(allow_override).__name__} {allow_override!r}"
+            )
         check_user_lowering_name(qualified_name, self._lowerings, allow_override)
 
         def decorate(fn: LoweringFn) -> LoweringFn:
+            expected = "fn(values_map, node, loc) returning a Core AI value (or a list of them)"
             if not callable(fn):
-                raise TypeError(f"register_torch_lowering expects a function, got {fn!r}")
+                raise TypeError(
+                    f"register_torch_lowering({qualified_name!r}) decorates a lowering "
+                    f"function {expected}; got {type(fn).__name__} {fn!r}"
+                )
+            try:
+                signature = inspect.signature(fn)
+            except (TypeError, ValueError):  # builtins without a signature: trust the caller
+                signature = None
+            if signature is not None:
+                try:
+                    signature.bind(None, None, None)
+                except TypeError:
+                    raise TypeError(
+                        f"register_torch_lowering({qualified_name!r}): the lowering "
+                        f"{getattr(fn, '__qualname__', fn)!r} takes {signature}, but lowerings "
+                        f"are called as {expected}"
+                    ) from None
             check_user_lowering_name(qualified_name, self._lowerings, allow_override)
             self._lowerings.register(qualified_name, fn, allow_override=True)
             return fn
