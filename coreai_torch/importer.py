@@ -566,7 +566,8 @@ class GraphImporter:
             )
         raise ConversionError(
             f"output '{out.name}' is a Python {type(constant).__name__} ({constant!r}); Core AI "
-            "programs can only return tensors"
+            "programs can only return tensors (and numbers): return it from a wrapper outside "
+            "the exported module instead"
         )
 
     def _state_update(self, update: ir.Value, handle: ir.Value) -> ir.Value:

@@ -119,7 +119,10 @@ def _check_names(
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise InvalidSignatureError(f"{what} contains '{name}' more than once: {names!r}")
+            raise InvalidSignatureError(
+                f"{what} contains '{name}' more than once: {names!r}; every input, output and "
+                "state needs its own name"
+            )
         seen.add(name)
     return names
 

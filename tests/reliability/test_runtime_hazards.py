@@ -77,6 +77,24 @@ with Session(pm) as s:
 out["int_min_div_minus_one"] = [g.tolist() for g in got]
 out["int_min_expected"] = [t.tolist() for t in MinDiv()(imin, neg1)]
 
+small = {}
+for dtype in (torch.int8, torch.int16, torch.uint8):
+    signs = [1, -1, -1, 1, 1] if dtype.is_signed else [1] * 5
+    xs = torch.tensor([7 * signs[0], 100 * signs[1], 5 * signs[2], 9, 3], dtype=dtype)
+    ys = torch.tensor([2, 0, 3 * signs[2], 0, 1], dtype=dtype)
+    ps = program(IntDiv(), (xs, ys))
+    with Session(ps) as s:
+        got = ordered(ps, s.run({"x": xs, "y": ys}))
+    nzs = (ys != 0).numpy()
+    want = [t.numpy() for t in IntDiv()(xs, torch.where(ys == 0, 1, ys))]
+    small[str(dtype)] = {
+        "nonzero_match": all(np.array_equal(g[nzs], e[nzs]) for g, e in zip(got, want)),
+        "dtypes": sorted({str(g.dtype) for g in got}),
+        "by_zero": [g[~nzs].tolist() for g in got],
+        "dividend": xs[~torch.from_numpy(nzs)].tolist(),
+    }
+out["small_int_division"] = small
+
 class ConstDiv(nn.Module):
     def __init__(self):
         super().__init__()
@@ -185,6 +203,21 @@ def test_integer_division_by_a_zero_tensor_divisor_does_not_abort(child: dict[st
     # PyTorch raises for these elements; the program returns the documented values
     # (x // 0 == x, x % 0 == 0, trunc(x / 0) == x, fmod(x, 0) == 0) instead of aborting.
     assert child["int_div_by_zero_values"] == [[-7, -9], [0, 0], [-7, -9], [0, 0]]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "numpy_dtype"),
+    [("torch.int8", "int8"), ("torch.int16", "int16"), ("torch.uint8", "uint8")],
+)
+def test_small_integer_tensor_divisors_containing_zero_do_not_abort(
+    child: dict[str, Any], dtype: str, numpy_dtype: str
+) -> None:
+    """int8/int16/uint8 divisors are guarded like int32 ones (``//``, ``%``, trunc, fmod)."""
+    result = child["small_int_division"][dtype]
+    assert result["nonzero_match"]
+    assert result["dtypes"] == [numpy_dtype]  # no silent promotion
+    dividend = result["dividend"]
+    assert result["by_zero"] == [dividend, [0, 0], dividend, [0, 0]]
 
 
 def test_int_min_divided_by_minus_one_wraps_like_pytorch(child: dict[str, Any]) -> None:
@@ -454,19 +487,63 @@ def test_huge_pads_are_rejected_before_they_abort_the_runtime() -> None:
     assert "Reduce the sizes" in message
 
 
-class IntDivByScalarZero(nn.Module):
+class FloorDivByZero(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x // 0
 
 
-def test_integer_division_by_literal_zero_is_rejected() -> None:
-    from coreai_torch import ConversionError
+class ModuloByZero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x % 0
 
-    with pytest.raises(ConversionError) as info:
-        _convert(IntDivByScalarZero(), torch.tensor([1, 2]))
+
+class FmodByZero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.fmod(x, 0)
+
+
+class RemainderByZero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.remainder(x, 0)
+
+
+class TruncDivByZero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.div(x, 0, rounding_mode="trunc")
+
+
+@pytest.mark.parametrize(
+    ("model", "node", "source"),
+    [
+        (FloorDivByZero(), "node 'div' (op aten::div.Tensor_mode)", "return x // 0"),
+        (ModuloByZero(), "node 'remainder' (op aten::remainder.Scalar)", "return x % 0"),
+        (FmodByZero(), "node 'fmod' (op aten::fmod.Scalar)", "return torch.fmod(x, 0)"),
+        (
+            RemainderByZero(),
+            "node 'remainder' (op aten::remainder.Scalar)",
+            "return torch.remainder(x, 0)",
+        ),
+        (
+            TruncDivByZero(),
+            "node 'div' (op aten::div.Tensor_mode)",
+            'return torch.div(x, 0, rounding_mode="trunc")',
+        ),
+    ],
+)
+def test_integer_division_by_literal_zero_is_rejected(
+    model: nn.Module, node: str, source: str
+) -> None:
+    from coreai_torch import UnsupportedOpError
+
+    with pytest.raises(UnsupportedOpError) as info:
+        _convert(model, torch.tensor([1, 2]))
     message = str(info.value)
-    assert "integer division by zero" in message and "ZeroDivisionError" in message
-    assert "test_runtime_hazards.py" in message and "x // 0" in message
+    assert message.startswith(f"{node} at ")
+    assert "test_runtime_hazards.py" in message and source in message
+    assert message.endswith(
+        ": integer division by zero (PyTorch raises ZeroDivisionError; the Core AI runtime "
+        "would abort): divide by a non-zero constant or remove the division"
+    )
 
 
 _lib = torch.library.Library("rel_hazard", "DEF")
