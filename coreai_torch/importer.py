@@ -463,10 +463,11 @@ class GraphImporter:
             where = f" at {code.co_filename}:{code.co_firstlineno}" if code else ""
             raise LoweringError(
                 f"the lowering of '{key}' ({getattr(fn, '__qualname__', fn)}{where}) used a Core "
-                f"AI value created during an earlier to_coreai() call for {describe(node)}; a "
-                "value belongs to the conversion that built it. Build values anew every time "
-                "the lowering runs instead of keeping them between calls (keep numpy arrays "
-                "and call cai.constant(...) each time), then call to_coreai() again."
+                f"AI value created during an earlier to_coreai() call (or for another graph) for "
+                f"{describe(node)}; a value belongs to the conversion and graph that built it. "
+                "Build values anew every time the lowering runs instead of keeping them between "
+                "calls (keep numpy arrays and call cai.constant(...) each time), then call "
+                "to_coreai() again."
             )
         self._store_result(node, key, result, values)
 
@@ -577,10 +578,8 @@ class GraphImporter:
         return update
 
 
-def _graph_of(value: ir.Value) -> ir.Operation | None:
-    """The ``coreai.graph`` (or top-level op) a value is defined in."""
-    owner = value.owner
-    op = owner.owner if isinstance(owner, ir.Block) else owner
+def _enclosing_graph(op: Any) -> ir.Operation | None:
+    """The ``coreai.graph`` op that contains ``op`` (or is it), None outside any graph."""
     op = op.operation if op is not None else None
     while op is not None and op.name != "coreai.graph":
         parent = op.parent
@@ -588,12 +587,19 @@ def _graph_of(value: ir.Value) -> ir.Operation | None:
     return op
 
 
+def _graph_of(value: ir.Value) -> ir.Operation | None:
+    """The ``coreai.graph`` a value is defined in (a block argument's: its block's)."""
+    owner = value.owner
+    return _enclosing_graph(owner.owner if isinstance(owner, ir.Block) else owner)
+
+
 def _drop_foreign_uses(block: ir.Block, start: int, result: Any) -> bool:
-    """Whether a user lowering used values of another conversion (a graph other than
-    ``block``'s): as operands of the ops it added to ``block`` after position ``start``, or
-    in ``result``.  Those ops are erased so that no op of this module keeps using another
-    module's values (the converter keeps earlier modules alive so the check is safe)."""
-    graph = _graph_of_block(block)
+    """Whether a user lowering used values of another graph (of an earlier conversion, or
+    another entry point): as operands of the ops it added to ``block`` after position
+    ``start``, or in ``result``.  Those ops are erased so that no op of this module keeps
+    using another graph's values (the converter keeps the modules of earlier conversions
+    alive, so the check never touches freed IR)."""
+    graph = _enclosing_graph(block.owner)
     ops = block.operations  # indexing walks the block in C; no Python object per old op
     added = [ops[i] for i in range(start, len(ops))]
     operands: list[ir.Value] = []
@@ -611,14 +617,6 @@ def _drop_foreign_uses(block: ir.Block, start: int, result: Any) -> bool:
         for op in reversed(added):
             op.operation.erase()
     return foreign
-
-
-def _graph_of_block(block: ir.Block) -> ir.Operation | None:
-    op = block.owner.operation
-    while op is not None and op.name != "coreai.graph":
-        parent = op.parent
-        op = parent.operation if parent is not None else None
-    return op
 
 
 def _scalar(value: bool | int | float) -> ir.Value:

@@ -606,3 +606,33 @@ def test_facade_values_and_single_result_ops_are_accepted() -> None:
 
     args = (torch.randn(3), torch.randn(3))
     check(converter_with("cl_test::scaled_add.default", lower), ScaledAdd(), args)
+
+
+def test_lowering_that_reuses_a_value_across_entry_points() -> None:
+    """A value cached while lowering one entry point and reused in the next graph of the same
+    conversion is reported like one from an earlier call (it would not dominate its use)."""
+    kept: dict[str, Any] = {}
+
+    def keeps_scale(values_map, node, loc):
+        x, y = get_operands(values_map, node, [0, 1], loc)
+        kept.setdefault("scale", coreai.constant(np.full(3, 0.5, np.float32)))
+        return coreai.broadcasting_add(x, coreai.broadcasting_mul(y, kept["scale"]))
+
+    converter = converter_with("cl_test::scaled_add.default", keeps_scale)
+    ep = export_decomposed(ScaledAdd().eval(), (torch.randn(3), torch.randn(3)))
+    converter.add_exported_program(ep, entrypoint_name="first")
+    converter.add_exported_program(ep, entrypoint_name="second")
+    with pytest.raises(LoweringError) as info:
+        converter.to_coreai()
+    message = str(info.value)
+    assert message.startswith(
+        "the lowering of 'cl_test::scaled_add.default' "
+        "(test_lowering_that_reuses_a_value_across_entry_points.<locals>.keeps_scale at "
+    )
+    assert (
+        "used a Core AI value created during an earlier to_coreai() call (or for another "
+        in message
+    )
+    assert "Build values anew every time the lowering runs" in message
+    kept.clear()  # a cache per conversion and graph would work; so does no cache
+    assert converter.to_coreai(entrypoints=["first"]).function_names == ["first"]
