@@ -220,7 +220,7 @@ class InputSizes:
             if binding.input not in feeds:
                 continue
             fed = binding.read(feeds[binding.input])
-            self._check_range(binding, binding.expr, fed, entrypoint)
+            self._check_range(binding, fed, entrypoint)
             if isinstance(binding.expr, sympy.Symbol):
                 known = symbols.get(binding.expr)
                 if known is not None and known != fed:
@@ -236,16 +236,23 @@ class InputSizes:
         for binding, fed in pending:  # derived dims (e.g. 2 * batch): solve, then compare
             unknown = [s for s in binding.expr.free_symbols if s not in symbols]
             if len(unknown) == 1:
-                solutions = sympy.solve(sympy.Eq(binding.expr, fed), unknown[0])
+                try:
+                    solutions = sympy.solve(sympy.Eq(binding.expr, fed), unknown[0])
+                except Exception:  # e.g. FloorDiv/Mod sympy cannot invert: compare below
+                    solutions = []
                 whole = [s for s in solutions if s.is_integer]
                 if whole:
                     symbols[unknown[0]] = int(whole[0])
                     origin[unknown[0]] = binding
             value = self._evaluate(binding.expr, symbols)
             if value is not None and value != fed:
+                legend = ", ".join(
+                    f"{s} being {origin[s].describe()} = {symbols[s]}"
+                    for s in sorted(binding.expr.free_symbols, key=str)
+                )
                 raise ValueError(
                     f"'{entrypoint}': {binding.describe()} is {fed}, but the program was "
-                    f"exported with it equal to {binding.expr} = {value} (derived "
+                    f"exported with it equal to {binding.expr} = {value} ({legend}; a derived "
                     "torch.export.Dim). Feed sizes that satisfy the relation."
                 )
         for expr, (lower, upper) in self.ranges.items():
@@ -282,10 +289,10 @@ class InputSizes:
                 "torch._check(... >= 1) on that size and export again."
             )
 
-    def _check_range(self, binding: SizeBinding, expr: sympy.Expr, fed: int, ep: str) -> None:
-        if expr not in self.ranges:
+    def _check_range(self, binding: SizeBinding, fed: int, ep: str) -> None:
+        if binding.expr not in self.ranges:
             return
-        lower, upper = self.ranges[expr]
+        lower, upper = self.ranges[binding.expr]
         if (lower is None or fed >= lower) and (upper is None or fed <= upper):
             return
         why = {
@@ -306,7 +313,7 @@ class InputSizes:
         try:
             value = expr.xreplace({s: sympy.Integer(v) for s, v in symbols.items()})
             return int(value)
-        except (TypeError, ValueError):
+        except Exception:  # not a number (e.g. a division by zero in the expression)
             return None
 
 

@@ -10,6 +10,7 @@ process that must survive.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -452,6 +453,41 @@ def test_feed_checks_name_the_source_line() -> None:
     assert "node 'slice_1' (op aten::slice.Tensor) at " in message
     assert "test_runtime_hazards.py" in message and "return x[:n] * n" in message
     sizes.check({**feeds, "n": np.array(1, np.int64)}, "main")  # no error
+
+
+class FirstRows(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x[: y.shape[0]] + y
+
+
+def test_derived_dims_are_checked_before_the_runtime() -> None:
+    """``x`` exported with ``2 * b`` rows and ``y`` with ``b``: feeds must keep the relation
+    and the ranges (checked without calling the runtime)."""
+    b = torch.export.Dim("b", min=2, max=8)
+    ep = export_decomposed(
+        FirstRows(), (torch.randn(8, 3), torch.randn(4, 3)), dynamic_shapes=({0: 2 * b}, {0: b})
+    )
+    sizes = TorchConverter().add_exported_program(ep).to_coreai().signatures["main"].sizes
+
+    def feeds(x_rows: int, y_rows: int) -> dict[str, np.ndarray]:
+        return {"x": np.ones((x_rows, 3), np.float32), "y": np.ones((y_rows, 3), np.float32)}
+
+    sizes.check(feeds(6, 3), "main")
+    with pytest.raises(ValueError) as info:
+        sizes.check(feeds(8, 3), "main")
+    assert re.fullmatch(
+        r"'main': dimension 0 of input 'x' is 8, but the program was exported with it equal to "
+        r"2\*s\d+ = 6 \(s\d+ being dimension 0 of input 'y' = 3; a derived torch.export.Dim\)\. "
+        r"Feed sizes that satisfy the relation\.",
+        str(info.value),
+    ), str(info.value)
+    with pytest.raises(ValueError) as info:
+        sizes.check(feeds(18, 9), "main")
+    assert str(info.value) == (
+        "'main': dimension 0 of input 'x' is 18, outside the range [4, 16] the program was "
+        "exported for (its torch.export.Dim bounds). Feed a value within the range, or export "
+        "again with other bounds."
+    )
 
 
 def test_failed_item_range_check_names_the_item_line() -> None:
