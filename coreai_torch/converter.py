@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,12 @@ from coreai_torch.hazards import check_runtime_hazards
 from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder, lowering_key
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
 from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
-from coreai_torch.metal import TorchMetalKernel, check_kernels_registered, register_kernels
+from coreai_torch.metal import (
+    METAL_KERNEL_OP,
+    TorchMetalKernel,
+    check_kernels_registered,
+    register_kernels,
+)
 from coreai_torch.program import AIProgram, _verify
 from coreai_torch.progress import resolve as resolve_progress
 from coreai_torch.safe_rewrite import protect_from_runtime_misfolds
@@ -83,6 +89,10 @@ class TorchConverter:
         self._kernels: dict[str, TorchMetalKernel] = {}
         #: timings of the last to_coreai() call
         self.last_stats = ConversionStats()
+        #: modules of earlier conversions that ran this converter's own lowerings: kept alive
+        #: so that values a lowering wrongly kept between calls are reported, not dereferenced
+        #: after they were freed (which would crash the process)
+        self._kept_modules: list[ir.Module] = []
         #: progress of to_coreai(): None (follow ``coreai_torch.progress`` blocks and the
         #: COREAI_TORCH_PROGRESS variable), True (a progress bar), False, or a listener /
         #: ``callback(entrypoint, done, total)``
@@ -207,7 +217,21 @@ class TorchConverter:
                 f"{what}(entrypoints=...) expects a sequence of names, got the string "
                 f"{entrypoints!r}; use entrypoints=[{entrypoints!r}]"
             )
-        names = list(entrypoints)
+        try:
+            names = list(entrypoints)
+        except TypeError:
+            raise TypeError(
+                f"{what}(entrypoints=...) expects a sequence of entry point names, got "
+                f"{type(entrypoints).__name__} {entrypoints!r}; use e.g. "
+                f"entrypoints={list(self._staged)[:1]!r}"
+            ) from None
+        repeated = sorted({n for n in names if names.count(n) > 1}, key=names.index)
+        if repeated:
+            raise InvalidSignatureError(
+                f"{what}(entrypoints=...) names {', '.join(repr(n) for n in repeated)} more than "
+                f"once: {names!r}; list each entry point once (staged entry points are "
+                f"{list(self._staged)})"
+            )
         unknown = [n for n in names if n not in self._staged]
         if unknown:
             raise InvalidSignatureError(
@@ -233,11 +257,41 @@ class TorchConverter:
         ``higher_order``, ``coreai``, ``coreaix``) or a name already registered here, unless
         ``allow_override=True`` (which replaces silently).
         """
+        if callable(qualified_name):
+            fn_name = getattr(qualified_name, "__name__", repr(qualified_name))
+            raise TypeError(
+                f"register_torch_lowering was applied directly to {fn_name!r}; it needs the "
+                "op's qualified name: decorate with "
+                "@converter.register_torch_lowering('namespace::op_name.overload') (with "
+                "parentheses)"
+            )
+        if not isinstance(allow_override, bool):
+            raise TypeError(
+                f"register_torch_lowering: allow_override must be True or False, got "
+                f"{type(allow_override).__name__} {allow_override!r}"
+            )
         check_user_lowering_name(qualified_name, self._lowerings, allow_override)
 
         def decorate(fn: LoweringFn) -> LoweringFn:
+            expected = "fn(values_map, node, loc) returning a Core AI value (or a list of them)"
             if not callable(fn):
-                raise TypeError(f"register_torch_lowering expects a function, got {fn!r}")
+                raise TypeError(
+                    f"register_torch_lowering({qualified_name!r}) decorates a lowering "
+                    f"function {expected}; got {type(fn).__name__} {fn!r}"
+                )
+            try:
+                signature = inspect.signature(fn)
+            except (TypeError, ValueError):  # builtins without a signature: trust the caller
+                signature = None
+            if signature is not None:
+                try:
+                    signature.bind(None, None, None)
+                except TypeError:
+                    raise TypeError(
+                        f"register_torch_lowering({qualified_name!r}): the lowering "
+                        f"{getattr(fn, '__qualname__', fn)!r} takes {signature}, but lowerings "
+                        f"are called as {expected}"
+                    ) from None
             check_user_lowering_name(qualified_name, self._lowerings, allow_override)
             self._lowerings.register(qualified_name, fn, allow_override=True)
             return fn
@@ -282,6 +336,7 @@ class TorchConverter:
         diagnostics = Diagnostics(context)
         stats = ConversionStats()
         progress = resolve_progress(self.progress)
+        builder: ProgramBuilder | None = None
         try:
             with context, ir.Location.unknown():
                 module = ir.Module.create()
@@ -309,6 +364,8 @@ class TorchConverter:
             diagnostics.detach()
             if progress is not None:
                 progress.close()
+            if builder is not None and builder.ran_own_lowerings:
+                self._kept_modules.append(builder.module)
         self.last_stats = stats
         program = AIProgram._from_mlir_module(module)
         program.signatures = {name: self._staged[name].signature for name in names}
@@ -337,18 +394,28 @@ def _verify_with_sources(
         from coreai_torch.locations import describe, names_in_location
 
         text = str(error)
-        nodes, own = [], []
+        nodes, own, kernels = [], [], []
         for name in names_in_location(text):
             node = builder.nodes.get(name)
             if node is not None:
                 nodes.append(f"  - {describe(node)}")
                 key = lowering_key(node)
+                if key == METAL_KERNEL_OP:
+                    kernels.append(str(node.args[1]))
+                    continue
                 registered = lowerings.own_names() if lowerings is not None else []
                 if key and (key in registered or key.rsplit(".", 1)[0] in registered):
                     own.append(key)
         if nodes:
             text += "\nproduced by:\n" + "\n".join(nodes)
-        if own:
+        if kernels:
+            fix = (
+                f"\nThe call of Metal kernel '{kernels[0]}' (registered with "
+                "register_custom_kernels) built this invalid coreai.metal4_kernel op: check the "
+                "dtypes and shapes of the tensors passed to the kernel and returned by its "
+                "torch_defn against the verifier message, then call to_coreai() again."
+            )
+        elif own:
             fix = (
                 f"\nThe lowering registered with register_torch_lowering({own[0]!r}) built "
                 "this invalid op: fix the operands it passes (types, ranks, index dtypes) as "

@@ -80,11 +80,19 @@ def check_complex(ep: ExportedProgram, lowerings: LoweringTable, entrypoint: str
         lines.append(f"  - {what} [{names}]")
     if len(found) > 10:
         lines.append(f"  ... and {len(found) - 10} more")
-    lines.append(
-        "Keep complex data as real tensors with a trailing dimension of 2 (torch.view_as_real "
-        "outside the model) and do the arithmetic on real and imaginary parts, or register a "
-        "lowering for the op with converter.register_torch_lowering(...)."
-    )
+    if any(torch.complex128 in kinds for _, kinds in found):
+        lines.append(
+            "No lowering can handle complex128 values, since Core AI cannot hold them: pass "
+            "complex data as real tensors with a trailing dimension of 2 (torch.view_as_real "
+            "outside the model) and do the arithmetic on real and imaginary parts, or keep "
+            "the complex math outside the model."
+        )
+    else:
+        lines.append(
+            "Keep complex data as real tensors with a trailing dimension of 2 (torch.view_as_real "
+            "outside the model) and do the arithmetic on real and imaginary parts, or register "
+            "a lowering for the op with converter.register_torch_lowering(...)."
+        )
     raise UnsupportedOpError(
         "\n".join(lines),
         ops={qualified_name(n.target): [n] for n, _ in found if n.op == "call_function"},

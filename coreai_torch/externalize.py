@@ -71,6 +71,13 @@ class ExternalizeSpec:
     composite_attrs: list[str] | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.target_class, nn.Module):
+            cls = type(self.target_class).__qualname__
+            raise TypeError(
+                f"ExternalizeSpec.target_class must be an nn.Module subclass, got an instance "
+                f"of {cls}; pass the class {cls}, not an instance (every instance in the model "
+                "is externalized)"
+            )
         if not (isinstance(self.target_class, type) and issubclass(self.target_class, nn.Module)):
             raise TypeError(
                 "ExternalizeSpec.target_class must be an nn.Module subclass, got "
@@ -86,11 +93,15 @@ class ExternalizeSpec:
             attrs = self.composite_attrs
             if isinstance(attrs, str) or not all(isinstance(a, str) and a for a in attrs):
                 raise TypeError(
-                    "ExternalizeSpec.composite_attrs must be a list of attribute names, got "
-                    f"{attrs!r}"
+                    "ExternalizeSpec.composite_attrs must be a list of attribute names "
+                    f"(non-empty strings, e.g. ['eps']), got {attrs!r}"
                 )
             if len(set(attrs)) != len(attrs):
-                raise ValueError(f"ExternalizeSpec.composite_attrs lists a name twice: {attrs}")
+                twice = sorted({a for a in attrs if attrs.count(a) > 1})
+                raise ValueError(
+                    f"ExternalizeSpec.composite_attrs lists {', '.join(map(repr, twice))} more "
+                    f"than once: {attrs}; list each attribute once"
+                )
             if self.composite_op_name is None:
                 raise ValueError(
                     "ExternalizeSpec.composite_attrs needs composite_op_name: attributes are "
@@ -125,7 +136,8 @@ def normalize_specs(specs: Any) -> list[ExternalizeSpec]:
     for spec in result:
         if spec.target_class in seen:
             raise ValueError(
-                f"externalize_modules lists {spec.target_class.__qualname__} more than once"
+                f"externalize_modules lists {spec.target_class.__qualname__} more than once; "
+                "give one ExternalizeSpec per class (it applies to every instance)"
             )
         seen[spec.target_class] = spec
     return result
@@ -145,7 +157,8 @@ def _call_for_key(key: str) -> _Call:
         raise ConversionError(
             f"externalized module call '{key}' is unknown: programs with externalized "
             "submodules can only be run or converted while the TorchConverter that staged "
-            "them (add_pytorch_module) is alive"
+            "them (add_pytorch_module) is alive; keep a reference to that converter, or stage "
+            "the module again with add_pytorch_module(..., externalize_modules=...)"
         )
     return call
 
@@ -546,8 +559,9 @@ class _Call:
                 names.append("_".join(["output", *(_key_name(k) for k in path)]))
             elif isinstance(leaf, torch.SymInt | torch.SymFloat | torch.SymBool):
                 raise ExternalizationError(
-                    f"{target.label} returns a symbolic {type(leaf).__name__}; externalized "
-                    "modules must return tensors"
+                    f"{target.label} returns a symbolic {type(leaf).__name__} (a size known "
+                    "only at run time); externalized modules must return tensors: compute the "
+                    "size outside the module (e.g. from the returned tensor's shape)"
                 )
             else:
                 new_leaves.append(leaf)
@@ -559,8 +573,11 @@ class _Call:
         mutated += [("arg", i) for i, t in enumerate(args) if recorder.wrote(t)]
         if self._recorded and mutated != self.mutated:
             raise ExternalizationError(
-                f"{target.label} mutates different tensors from one call to the next "
-                f"({self.mutated} vs {mutated})"
+                f"{target.label} mutates {_mutations(mutated)} in this call but "
+                f"{_mutations(self.mutated)} in an earlier call with the same "
+                "arguments; an externalized module must update the same buffers and arguments "
+                "every time it is called: make the update unconditional (e.g. with "
+                "torch.where) or move it out of the module"
             )
         self.record(pytree.tree_unflatten(new_leaves, spec), names, mutated)
         mutated_values = [state[ref] if kind == "state" else args[ref] for kind, ref in mutated]
@@ -619,6 +636,15 @@ class _Call:
         program = _SubProgram(ep, target, user_inputs)
         plan.programs[cache_key] = program
         return program
+
+
+def _mutations(mutated: Sequence[tuple[str, Any]]) -> str:
+    """``buffer 'count'`` / ``argument 0`` / ``nothing`` for a recorded list of mutations."""
+    if not mutated:
+        return "nothing"
+    return ", ".join(
+        f"buffer '{ref}'" if kind == "state" else f"argument {ref}" for kind, ref in mutated
+    )
 
 
 def _example(dtype: torch.dtype, shape: list[int]) -> torch.Tensor:

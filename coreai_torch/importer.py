@@ -36,6 +36,7 @@ from coreai_torch.lowerings.norm import rms_norm_composite
 from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
 from coreai_torch.patterns import find_rms_norms
 from coreai_torch.signature import ProgramSignature
+from coreai_torch.sizes import check_data_dependent_sizes
 from coreai_torch.weights import WeightStore
 
 #: Node targets the importer handles itself (no lowering needed).
@@ -89,6 +90,8 @@ class ProgramBuilder:
     progress: Any = None
     #: evaluate input-independent nodes with PyTorch (``TorchConverter(fold_constants=...)``)
     fold_constants: bool = True
+    #: whether a lowering registered on the converter (not a built-in one) ran
+    ran_own_lowerings: bool = False
 
 
 # ------------------------------------------------------------------------------ analysis ----
@@ -312,6 +315,7 @@ class GraphImporter:
                 f"Core AI runtime cannot execute:\n{listed}\nRemove the empty tensors from the "
                 "model (or export with sizes > 0)."
             )
+        check_data_dependent_sizes(self.ep, self.name)
 
         state_types = [
             cai.HandleType.get(_val_type(self.placeholders[s.node].meta["val"])) for s in sig.states
@@ -451,19 +455,40 @@ class GraphImporter:
             raise unsupported_op_error({key: [node]}, self.name)
         loc = location(node)
         self.builder.diagnostics.take()
+        own = self.lowerings.is_own(key)
+        if own:
+            self.builder.ran_own_lowerings = True
+            block = ir.InsertionPoint.current.block
+            start = len(block.operations)
         try:
             with loc:
                 result = rule(values, node, loc)
         except ConversionError as error:
+            if own:
+                _drop_foreign_uses(block, start, None)
             if node.name in str(error):
                 raise
             raise type(error)(f"{describe(node)}: {error}") from error
         except Exception as error:
+            if own:
+                _drop_foreign_uses(block, start, None)
             details = "; ".join(msg for _, msg in self.builder.diagnostics.take())
             reason = f"{type(error).__name__}: {error}" + (f" ({details})" if details else "")
             raise LoweringError(
                 f"lowering failed for {describe(node)}: {reason}{_raised_in(rule, error)}"
             ) from error
+        if own and _drop_foreign_uses(block, start, result):
+            fn = inspect.unwrap(rule)
+            code = getattr(fn, "__code__", None)
+            where = f" at {code.co_filename}:{code.co_firstlineno}" if code else ""
+            raise LoweringError(
+                f"the lowering of '{key}' ({getattr(fn, '__qualname__', fn)}{where}) used a Core "
+                f"AI value created during an earlier to_coreai() call (or for another graph) for "
+                f"{describe(node)}; a value belongs to the conversion and graph that built it. "
+                "Build values anew every time the lowering runs instead of keeping them between "
+                "calls (keep numpy arrays and call cai.constant(...) each time), then call "
+                "to_coreai() again."
+            )
         self._store_result(node, key, result, values)
 
     # -- helpers ------------------------------------------------------------------------------
@@ -571,7 +596,8 @@ class GraphImporter:
             )
         raise ConversionError(
             f"output '{out.name}' is a Python {type(constant).__name__} ({constant!r}); Core AI "
-            "programs can only return tensors"
+            "programs can only return tensors (and numbers): return it from a wrapper outside "
+            "the exported module instead"
         )
 
     def _state_update(self, update: ir.Value, handle: ir.Value) -> ir.Value:
@@ -579,6 +605,47 @@ class GraphImporter:
         if update.type != inner:
             update = cai.cast(update, ir.RankedTensorType(inner))
         return update
+
+
+def _enclosing_graph(op: Any) -> ir.Operation | None:
+    """The ``coreai.graph`` op that contains ``op`` (or is it), None outside any graph."""
+    op = op.operation if op is not None else None
+    while op is not None and op.name != "coreai.graph":
+        parent = op.parent
+        op = parent.operation if parent is not None else None
+    return op
+
+
+def _graph_of(value: ir.Value) -> ir.Operation | None:
+    """The ``coreai.graph`` a value is defined in (a block argument's: its block's)."""
+    owner = value.owner
+    return _enclosing_graph(owner.owner if isinstance(owner, ir.Block) else owner)
+
+
+def _drop_foreign_uses(block: ir.Block, start: int, result: Any) -> bool:
+    """Whether a user lowering used values of another graph (of an earlier conversion, or
+    another entry point): as operands of the ops it added to ``block`` after position
+    ``start``, or in ``result``.  Those ops are erased so that no op of this module keeps
+    using another graph's values (the converter keeps the modules of earlier conversions
+    alive, so the check never touches freed IR)."""
+    graph = _enclosing_graph(block.owner)
+    ops = block.operations  # indexing walks the block in C; no Python object per old op
+    added = [ops[i] for i in range(start, len(ops))]
+    operands: list[ir.Value] = []
+
+    def collect(op: ir.Operation) -> ir.WalkResult:
+        operands.extend(op.operands)
+        return ir.WalkResult.ADVANCE
+
+    for op in added:
+        op.operation.walk(collect)
+    returned = result if isinstance(result, (list, tuple, ir.OpResultList)) else [result]
+    values = [v for v in map(_as_value, returned) if isinstance(v, ir.Value)]
+    foreign = any(_graph_of(v) != graph for v in operands + values)
+    if foreign:
+        for op in reversed(added):
+            op.operation.erase()
+    return foreign
 
 
 def _scalar(value: bool | int | float) -> ir.Value:

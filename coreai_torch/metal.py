@@ -52,6 +52,11 @@ __all__ = ["METAL_KERNEL_OP", "MetalParameter", "TorchMetalKernel"]
 #: Qualified name of the op every kernel call becomes in an exported program.
 METAL_KERNEL_OP = "coreai_torch::metal_kernel.default"
 
+#: Element types the ``coreai.metal4_kernel`` verifier accepts for inputs and results ("Metal 4
+#: supported element type"); coreai-core's Metal type table also maps si64, ui64 and i1, which
+#: the verifier rejects (tests/test_metal.py checks this list against the verifier).
+METAL_ELEMENT_TYPES = ("bf16", "f16", "f32", "si8", "ui8", "si16", "ui16", "si32", "ui32")
+
 #: Metal accepts at most this many kernel parameters (tensors + attribute parameters).
 PARAMETER_LIMIT = 31
 #: Apple GPUs run at most this many threads per threadgroup.
@@ -411,6 +416,18 @@ def _element(t: ir.Type) -> str:
     return str(ir.RankedTensorType(t).element_type)
 
 
+def _torch_dtype_text(element: ir.Type | str) -> str:
+    """`` (torch.int64)`` for an element type that has a torch dtype."""
+    try:
+        return f" ({dtypes.to_torch(element)})"  # type: ignore[arg-type]
+    except TypeError:
+        return ""
+
+
+def _dtype_list(elements: Sequence[str]) -> str:
+    return ", ".join(str(dtypes.to_torch(e)) for e in elements)  # type: ignore[arg-type]
+
+
 def _summary(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
@@ -561,22 +578,32 @@ def _lower(
     def fail(why: str) -> UnsupportedOpError:
         return UnsupportedOpError(f"{describe(node)}: Metal kernel '{name}': {why}")
 
-    supported = kernel.core.metal_type_mappings
+    supported = [t for t in METAL_ELEMENT_TYPES if t in kernel.core.metal_type_mappings]
+    accepted = _dtype_list(supported)
     values = [values_map[arg.name] for arg in inputs]  # type: ignore[union-attr]
     for input_name, value in zip(kernel.input_names, values, strict=True):
         t = ir.RankedTensorType(value.type)
         if not t.has_static_shape:
             raise fail(
-                f"input '{input_name}' has a dynamic shape ({t}); Metal kernels need static shapes"
+                f"input '{input_name}' has a dynamic shape ({t}); Metal kernels need static "
+                "shapes: export without dynamic dimensions for the kernel's inputs"
             )
         if _element(t) not in supported:
             raise fail(
-                f"input '{input_name}' has element type {t.element_type}, which Metal kernels "
-                f"do not support (supported: {', '.join(supported)})"
+                f"input '{input_name}' has element type {t.element_type}"
+                f"{_torch_dtype_text(t.element_type)}, which Metal kernels do not support "
+                f"(supported: {accepted}); cast it before the call, e.g. "
+                f"{input_name}.to(torch.int32)"
             )
     for what, counts in (("threads_per_grid", grid), ("threads_per_thread_group", group)):
-        if not all(isinstance(c, int) for c in counts):  # type: ignore[union-attr]
-            raise fail(f"{what} must be static; got {counts}")
+        dynamic = [c for c in counts if not isinstance(c, int)]  # type: ignore[union-attr]
+        if dynamic:
+            shown = tuple(str(c.meta.get("val", c)) if hasattr(c, "meta") else c for c in counts)
+            raise fail(
+                f"{what} must be static thread counts, got {shown} (computed from sizes that "
+                "are only known at run time); pass fixed counts (e.g. for the largest size) "
+                "and guard the kernel body against threads beyond the data"
+            )
     result_types = []
     for result_name, val in zip(kernel.result_names, node.meta["val"], strict=True):
         if not all(isinstance(d, int) for d in val.shape):
@@ -586,8 +613,10 @@ def _lower(
         t = dtypes.tensor_type(list(val.shape), val.dtype)
         if _element(t) not in supported:
             raise fail(
-                f"result '{result_name}' has dtype {val.dtype}, which Metal kernels do not "
-                f"support (supported: {', '.join(supported)})"
+                f"result '{result_name}' has dtype {val.dtype} (torch_defn's result), which "
+                f"Metal kernels do not support (supported: {accepted}); make torch_defn return "
+                "a supported dtype (e.g. .to(torch.int32) or .to(torch.uint8) for booleans) and "
+                "convert the result after the call"
             )
         result_types.append(t)
     return kernel.emit(values, grid, group, result_types)  # type: ignore[arg-type]

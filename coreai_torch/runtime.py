@@ -4,7 +4,11 @@
         out = session.run({"x": x})               # {output_name: np.ndarray}
         out = session.run({"x": x}, state={"kv": kv})   # states persist across calls
 
-The runtime's API is asynchronous; a session drives it on a private event loop.
+The runtime's API is asynchronous; a session drives it on a private event loop.  Before each
+call the session checks the feeds the runtime would abort on (wrong dtype or rank, empty
+tensors, and -- for programs from ``to_coreai()`` -- sizes outside the ranges the program was
+exported for or that would make a consumed value empty, see ``coreai_torch.sizes``); a failed
+``.item()`` range check inside the program becomes a ``ValueError`` naming the ``.item()`` line.
 """
 
 from __future__ import annotations
@@ -91,6 +95,12 @@ class Session:
         self._exec_cm: Any = None
         self.model: Any = None
         self._functions: dict[str, Any] = {}
+        #: entry point -> symbolic sizes its inputs determine (programs from to_coreai() only)
+        self._sizes: dict[str, Any] = {
+            name: signature.sizes
+            for name, signature in (getattr(program, "signatures", None) or {}).items()
+            if getattr(signature, "sizes", None)
+        }
         #: runtime state buffers per entry point, updated in place by each call
         self.states: dict[str, Any] = {}
 
@@ -169,9 +179,18 @@ class Session:
             self.states[entrypoint] = {k: _ndarray(v) for k, v in state.items()}
         feeds = {k: _ndarray(v) for k, v in inputs.items()}
         _check_feeds(fn.desc, feeds, self.states.get(entrypoint, {}), entrypoint)
+        if entrypoint in self._sizes:
+            self._sizes[entrypoint].check(feeds, entrypoint)
         current = self.states.get(entrypoint)
         coro = fn(feeds, state=current) if current else fn(feeds)
-        out = self._loop.run_until_complete(coro)
+        try:
+            out = self._loop.run_until_complete(coro)
+        except RuntimeError as error:  # e.g. a failed .item() range check (coreai_torch.sizes)
+            sizes = self._sizes.get(entrypoint)
+            explained = sizes.explain(error, entrypoint) if sizes else None
+            if explained is not None:
+                raise explained from error
+            raise
         return {k: v.numpy() for k, v in out.items()}
 
     def state_values(self, entrypoint: str = "main") -> dict[str, np.ndarray]:

@@ -27,6 +27,7 @@ from torch.export.graph_signature import (
 )
 
 from coreai_torch.errors import InvalidSignatureError
+from coreai_torch.sizes import InputSizes, input_sizes
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class ProgramSignature:
     user_inputs: list[str] = field(default_factory=list)
     #: state name -> the buffer's value at export time (buffer states only)
     initial_states: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: symbolic sizes the runtime inputs determine (checked by ``runtime.Session``)
+    sizes: InputSizes | None = None
 
     def feeds(self, flat_args: Sequence[object]) -> tuple[dict[str, object], dict[str, object]]:
         """Split flattened forward() arguments into runtime ``(inputs, states)`` by name."""
@@ -116,7 +119,10 @@ def _check_names(
     seen: set[str] = set()
     for name in names:
         if name in seen:
-            raise InvalidSignatureError(f"{what} contains '{name}' more than once: {names!r}")
+            raise InvalidSignatureError(
+                f"{what} contains '{name}' more than once: {names!r}; every input, output and "
+                "state needs its own name"
+            )
         seen.add(name)
     return names
 
@@ -278,4 +284,5 @@ def analyze_signature(
         name = given_outputs[k] if given_outputs else default(default_outputs[k], "output_names")
         taken.add(name)
         result.outputs.append(GraphOutput(node_name, name, constant))
+    result.sizes = input_sizes(ep, {i.node: i.name for i in result.inputs})
     return result

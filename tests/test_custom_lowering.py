@@ -230,8 +230,69 @@ def test_duplicates_raise_unless_allow_override_which_replaces_silently() -> Non
 
 
 def test_non_callable_is_a_type_error() -> None:
-    with pytest.raises(TypeError, match="expects a function"):
-        TorchConverter().register_torch_lowering("cl_test::scaled_add.default")(42)
+    converter = TorchConverter()
+    with pytest.raises(TypeError) as info:
+        converter.register_torch_lowering("cl_test::scaled_add.default")(42)
+    assert str(info.value) == (
+        "register_torch_lowering('cl_test::scaled_add.default') decorates a lowering function "
+        "fn(values_map, node, loc) returning a Core AI value (or a list of them); got int 42"
+    )
+    assert converter.lowerings.own_names() == []
+
+
+def test_decorator_without_the_op_name() -> None:
+    """``@converter.register_torch_lowering`` without parentheses would register nothing (and
+    used to fail with a confusing 'not in namespace::op_name form' ValueError)."""
+    converter = TorchConverter()
+    with pytest.raises(TypeError) as info:
+
+        @converter.register_torch_lowering
+        def lower(values_map, node, loc):
+            return None
+
+    assert str(info.value) == (
+        "register_torch_lowering was applied directly to 'lower'; it needs the op's qualified "
+        "name: decorate with @converter.register_torch_lowering('namespace::op_name.overload') "
+        "(with parentheses)"
+    )
+    assert converter.lowerings.own_names() == []
+
+
+@pytest.mark.parametrize(
+    ("fn", "shown"),
+    [
+        (lambda v: v, "(v)"),
+        (lambda v, n: v, "(v, n)"),
+        (lambda v, n, loc, extra: v, "(v, n, loc, extra)"),
+    ],
+)
+def test_lowering_with_the_wrong_signature(fn: Any, shown: str) -> None:
+    converter = TorchConverter()
+    with pytest.raises(TypeError) as info:
+        converter.register_torch_lowering("cl_test::scaled_add.default")(fn)
+    assert str(info.value) == (
+        "register_torch_lowering('cl_test::scaled_add.default'): the lowering "
+        f"'<lambda>' takes {shown}, but lowerings are called as fn(values_map, node, loc) "
+        "returning a Core AI value (or a list of them)"
+    )
+    assert converter.lowerings.own_names() == []
+
+
+def test_lowerings_with_defaults_or_varargs_are_accepted() -> None:
+    converter = TorchConverter()
+    for fn in (lambda v, n, loc=None: v, lambda *args: args[0], lambda v, n, loc, *, k=1: v):
+        converter.register_torch_lowering("cl_test::scaled_add.default", allow_override=True)(fn)
+        assert converter.lowerings.get("cl_test::scaled_add.default") is fn
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_allow_override_must_be_a_bool(flag: Any) -> None:
+    with pytest.raises(TypeError) as info:
+        TorchConverter().register_torch_lowering("aten::add.Tensor", allow_override=flag)
+    assert str(info.value) == (
+        "register_torch_lowering: allow_override must be True or False, got "
+        f"{type(flag).__name__} {flag!r}"
+    )
 
 
 # --------------------------------------------------------------------- isolation, clear ----
@@ -545,3 +606,33 @@ def test_facade_values_and_single_result_ops_are_accepted() -> None:
 
     args = (torch.randn(3), torch.randn(3))
     check(converter_with("cl_test::scaled_add.default", lower), ScaledAdd(), args)
+
+
+def test_lowering_that_reuses_a_value_across_entry_points() -> None:
+    """A value cached while lowering one entry point and reused in the next graph of the same
+    conversion is reported like one from an earlier call (it would not dominate its use)."""
+    kept: dict[str, Any] = {}
+
+    def keeps_scale(values_map, node, loc):
+        x, y = get_operands(values_map, node, [0, 1], loc)
+        kept.setdefault("scale", coreai.constant(np.full(3, 0.5, np.float32)))
+        return coreai.broadcasting_add(x, coreai.broadcasting_mul(y, kept["scale"]))
+
+    converter = converter_with("cl_test::scaled_add.default", keeps_scale)
+    ep = export_decomposed(ScaledAdd().eval(), (torch.randn(3), torch.randn(3)))
+    converter.add_exported_program(ep, entrypoint_name="first")
+    converter.add_exported_program(ep, entrypoint_name="second")
+    with pytest.raises(LoweringError) as info:
+        converter.to_coreai()
+    message = str(info.value)
+    assert message.startswith(
+        "the lowering of 'cl_test::scaled_add.default' "
+        "(test_lowering_that_reuses_a_value_across_entry_points.<locals>.keeps_scale at "
+    )
+    assert (
+        "used a Core AI value created during an earlier to_coreai() call (or for another "
+        in message
+    )
+    assert "Build values anew every time the lowering runs" in message
+    kept.clear()  # a cache per conversion and graph would work; so does no cache
+    assert converter.to_coreai(entrypoints=["first"]).function_names == ["first"]

@@ -355,17 +355,66 @@ def test_strict_export() -> None:
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
-        (lambda: ExternalizeSpec(int), TypeError, "must be an nn.Module subclass"),
-        (lambda: ExternalizeSpec(RMSNormImpl, "rms norm"), ValueError, "composite_op_name"),
-        (lambda: ExternalizeSpec(RMSNormImpl, "", None), ValueError, "composite_op_name"),
-        (lambda: ExternalizeSpec(RMSNormImpl, composite_attrs=["eps"]), ValueError, "needs"),
-        (lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", "eps"), TypeError, "list of attr"),
-        (lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", ["eps", "eps"]), ValueError, "twice"),
+        (
+            lambda: ExternalizeSpec(int),
+            TypeError,
+            "ExternalizeSpec.target_class must be an nn.Module subclass, got <class 'int'>",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl()),
+            TypeError,
+            "ExternalizeSpec.target_class must be an nn.Module subclass, got an instance of "
+            "RMSNormImpl; pass the class RMSNormImpl, not an instance (every instance in the "
+            "model is externalized)",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl, "rms norm"),
+            ValueError,
+            "ExternalizeSpec.composite_op_name 'rms norm' must be a non-empty name made of "
+            "letters, digits, '_', '.' or ':' (e.g. 'rms_norm')",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl, "", None),
+            ValueError,
+            "ExternalizeSpec.composite_op_name '' must be a non-empty name made of letters, "
+            "digits, '_', '.' or ':' (e.g. 'rms_norm')",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl, composite_attrs=["eps"]),
+            ValueError,
+            "ExternalizeSpec.composite_attrs needs composite_op_name: attributes are only "
+            "recorded on composite ops",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", "eps"),
+            TypeError,
+            "ExternalizeSpec.composite_attrs must be a list of attribute names (non-empty "
+            "strings, e.g. ['eps']), got 'eps'",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", [1]),
+            TypeError,
+            "ExternalizeSpec.composite_attrs must be a list of attribute names (non-empty "
+            "strings, e.g. ['eps']), got [1]",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", [""]),
+            TypeError,
+            "ExternalizeSpec.composite_attrs must be a list of attribute names (non-empty "
+            "strings, e.g. ['eps']), got ['']",
+        ),
+        (
+            lambda: ExternalizeSpec(RMSNormImpl, "rms_norm", ["eps", "axes", "eps"]),
+            ValueError,
+            "ExternalizeSpec.composite_attrs lists 'eps' more than once: ['eps', 'axes', "
+            "'eps']; list each attribute once",
+        ),
     ],
 )
 def test_invalid_spec(make, error: type, message: str) -> None:
-    with pytest.raises(error, match=message):
+    with pytest.raises(error) as info:
         make()
+    assert str(info.value) == message
 
 
 def _stage(model: nn.Module, sample: tuple, specs) -> TorchConverter:
@@ -379,7 +428,12 @@ def _stage(model: nn.Module, sample: tuple, specs) -> TorchConverter:
     [
         (RMS_SPEC, TypeError, "must be a list of ExternalizeSpec"),
         ([RMS_SPEC, "rms_norm"], TypeError, "entries must be ExternalizeSpec"),
-        ([RMS_SPEC, ExternalizeSpec(RMSNormImpl)], ValueError, "more than once"),
+        (
+            [RMS_SPEC, ExternalizeSpec(RMSNormImpl)],
+            ValueError,
+            r"^externalize_modules lists RMSNormImpl more than once; give one ExternalizeSpec "
+            r"per class \(it applies to every instance\)$",
+        ),
         (
             [ExternalizeSpec(RMSNormImpl, "rms_norm", ["eps", "epsilon"])],
             ExternalizationError,
@@ -600,3 +654,118 @@ class ParameterUpdate(nn.Module):
 def test_parameter_mutation_inside_externalized_modules_is_rejected() -> None:
     with pytest.raises(ExternalizationError, match=r"changes its parameter\(s\) \['scale'\]"):
         _stage(nn.Sequential(ParameterUpdate()), (torch.randn(3),), [ParameterUpdate])
+
+
+class CountsEverySecondCall(nn.Module):
+    """Updates its buffer only on every second call: not one fixed graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(1))
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            self.count.add_(1)
+        return x + self.count
+
+
+class CallsTwice(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = CountsEverySecondCall()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(self.inner(x))
+
+
+def test_mutating_different_tensors_from_call_to_call_is_rejected() -> None:
+    with pytest.raises(ExternalizationError) as info:
+        _stage(CallsTwice(), (torch.randn(3),), [CountsEverySecondCall])
+    assert str(info.value) == (
+        "CountsEverySecondCall at 'inner' mutates buffer 'count' in this call but nothing in "
+        "an earlier call with the same arguments; an externalized module must update the same "
+        "buffers and arguments every time it is called: make the update unconditional (e.g. "
+        "with torch.where) or move it out of the module"
+    )
+
+
+class ReturnsSize(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        return x * 2, x.shape[0]
+
+
+class UsesSize(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = ReturnsSize()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, n = self.inner(x)
+        return y * n
+
+
+def test_returning_a_symbolic_size_is_rejected() -> None:
+    rows = torch.export.Dim("rows", min=2, max=8)
+
+    def export_fn(m: nn.Module) -> torch.export.ExportedProgram:
+        ep = torch.export.export(m, (torch.randn(3, 2),), dynamic_shapes=({0: rows},))
+        return ep.run_decompositions(coreai_torch.get_decomp_table())
+
+    with pytest.raises(ExternalizationError) as info:
+        TorchConverter().add_pytorch_module(
+            UsesSize(), export_fn=export_fn, externalize_modules=[ReturnsSize]
+        )
+    assert str(info.value) == (
+        "ReturnsSize at 'inner' returns a symbolic SymInt (a size known only at run time); "
+        "externalized modules must return tensors: compute the size outside the module (e.g. "
+        "from the returned tensor's shape)"
+    )
+
+
+def test_a_module_that_cannot_be_exported_on_its_own_is_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each externalized module is exported again on its own; a failure there names it."""
+    real_export = torch.export.export
+
+    def export(module: nn.Module, *args, **kwargs):
+        if type(module).__name__ == "_Callee":
+            raise RuntimeError("cannot trace this")
+        return real_export(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", export)
+    converter = _stage(nn.Sequential(RMSNorm(4)), (torch.randn(2, 4),), [RMS_SPEC])
+    with pytest.raises(ExternalizationError) as info:
+        converter.to_coreai()
+    assert str(info.value) == (
+        "exporting externalized module RMSNormImpl at '0.norm' on its own failed: "
+        "RuntimeError: cannot trace this"
+    )
+    assert isinstance(info.value.__cause__, RuntimeError)
+    monkeypatch.setattr(torch.export, "export", real_export)
+    assert len(composites(converter.to_coreai(), "rms_norm")) == 1  # the converter recovers
+
+
+def test_exported_program_outliving_its_converter() -> None:
+    """The staged program's externalized calls refer to the converter that staged it."""
+    import gc
+
+    converter = _stage(nn.Sequential(RMSNorm(4)), (torch.randn(2, 4),), [RMS_SPEC])
+    ep = converter._staged["main"].exported_program
+    del converter
+    gc.collect()
+    for use in (
+        lambda: ep.module()(torch.randn(2, 4)),
+        lambda: TorchConverter().add_exported_program(ep).to_coreai(),
+    ):
+        with pytest.raises(coreai_torch.ConversionError) as info:
+            use()
+        assert re.fullmatch(
+            r"externalized module call '\d+' is unknown: programs with externalized submodules "
+            r"can only be run or converted while the TorchConverter that staged them "
+            r"\(add_pytorch_module\) is alive; keep a reference to that converter, or stage "
+            r"the module again with add_pytorch_module\(\.\.\., externalize_modules=\.\.\.\)",
+            str(info.value),
+        ), str(info.value)

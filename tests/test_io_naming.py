@@ -150,6 +150,30 @@ def test_input_returned_unchanged_and_same_tensor_twice() -> None:
     np.testing.assert_allclose(out["mul_1"], (x * 2).numpy())
 
 
+def test_input_returned_twice() -> None:
+    """``return x, x``: two outputs that are the same graph input get distinct default names
+    and both hold the input."""
+
+    class Twice(nn.Module):
+        def forward(self, x):
+            return x, x
+
+    ep = torch.export.export(Twice(), (torch.randn(3),)).run_decompositions(get_decomp_table())
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    assert [o.name for o in program.signatures["main"].outputs] == ["x_1", "x_2"]
+    x = torch.randn(3)
+    with Session(program) as s:
+        assert list(s.descriptor().output_names) == ["x_1", "x_2"]
+        out = s.run({"x": x})
+    np.testing.assert_array_equal(out["x_1"], x.numpy())
+    np.testing.assert_array_equal(out["x_2"], x.numpy())
+    named = TorchConverter().add_exported_program(ep, output_names=["a", "b"]).to_coreai()
+    with Session(named) as s:
+        out = s.run({"x": x})
+    assert sorted(out) == ["a", "b"]
+    np.testing.assert_array_equal(out["a"], out["b"])
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -158,6 +182,15 @@ def test_input_returned_unchanged_and_same_tensor_twice() -> None:
         ({"output_names": ["o"]}, r"output_names has 1 name\(s\) but the program has 2"),
         ({"state_names": ["s1", "s2"]}, r"state_names has 2 name\(s\) but the program has 3"),
         ({"input_names": ["a", "a"]}, "input_names contains 'a' more than once"),
+        (
+            {"state_names": ["k", "k", "y"]},
+            r"^state_names contains 'k' more than once: \['k', 'k', 'y'\]; every input, output "
+            r"and state needs its own name$",
+        ),
+        (
+            {"output_names": ["o", "o"]},
+            r"^output_names contains 'o' more than once: \['o', 'o'\]; every input",
+        ),
         ({"input_names": ["a", ""]}, "input_names contains an empty name"),
         ({"input_names": ["a", 3]}, "input_names must contain only strings"),
         ({"input_names": "ab"}, "input_names must be a sequence of strings"),

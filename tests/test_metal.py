@@ -352,10 +352,171 @@ def test_register_custom_kernels_errors(kernels: Any, error: type, match: str) -
         TorchConverter().register_custom_kernels(kernels)
 
 
-def test_unsupported_dtype_is_reported_at_conversion() -> None:
-    args = (torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64))
-    with pytest.raises(UnsupportedOpError, match=r"test_metal.py.*input 'x' has element type f64"):
-        convert(VectorAdd(), args, VECTOR_ADD)
+SUPPORTED = (
+    "supported: torch.bfloat16, torch.float16, torch.float32, torch.int8, torch.uint8, "
+    "torch.int16, torch.uint16, torch.int32, torch.uint32"
+)
+
+GREATER = TorchMetalKernel(
+    "greater", ["x", "y"], ["output"], "output[id] = x[id] > y[id];", lambda x, y: x > y, [ID]
+)
+
+
+class Greater(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return GREATER(x, y, threads_per_grid=(8, 1, 1), threads_per_thread_group=(8, 1, 1))
+
+
+@pytest.mark.parametrize(
+    ("model", "kernel", "dtype", "problem", "fix"),
+    [
+        (
+            VectorAdd(),
+            VECTOR_ADD,
+            torch.float64,
+            "input 'x' has element type f64 (torch.float64)",
+            "cast it before the call, e.g. x.to(torch.int32)",
+        ),
+        (
+            VectorAdd(),
+            VECTOR_ADD,
+            torch.int64,
+            "input 'x' has element type si64 (torch.int64)",
+            "cast it before the call, e.g. x.to(torch.int32)",
+        ),
+        (
+            Greater(),
+            GREATER,
+            torch.float32,
+            "result 'output' has dtype torch.bool (torch_defn's result)",
+            "make torch_defn return a supported dtype (e.g. .to(torch.int32) or .to(torch.uint8) "
+            "for booleans) and convert the result after the call",
+        ),
+    ],
+)
+def test_unsupported_dtype_is_reported_at_conversion(
+    model: nn.Module, kernel: TorchMetalKernel, dtype: torch.dtype, problem: str, fix: str
+) -> None:
+    """Dtypes the metal4_kernel verifier rejects (f64, si64, ui64, i1) are reported with the
+    kernel, the argument, the accepted dtypes and the fix -- not as a verifier failure."""
+    args = (torch.ones(8, dtype=dtype), torch.ones(8, dtype=dtype))
+    with pytest.raises(UnsupportedOpError) as info:
+        convert(model, args, kernel)
+    message = str(info.value)
+    assert message.startswith(f"node 'metal_kernel' (op {METAL_KERNEL_OP}) at ")
+    assert "test_metal.py" in message
+    assert f"Metal kernel '{kernel.name}': {problem}, which Metal kernels do not support" in message
+    assert f"({SUPPORTED}); {fix}" in message
+
+
+def test_metal_element_types_are_the_ones_the_verifier_accepts() -> None:
+    """``METAL_ELEMENT_TYPES`` is checked against the metal4_kernel verifier for every type
+    coreai-core's Metal type table maps."""
+    from coreai_torch import dtypes
+    from coreai_torch._mlir import cai, new_context
+    from coreai_torch.metal import METAL_ELEMENT_TYPES
+
+    identity = TorchMetalKernel("ident", ["x"], ["y"], "y[id] = x[id];", lambda x: x, [ID])
+    accepted = []
+    for element in identity.core.metal_type_mappings:
+        with new_context(), ir.Location.unknown():
+            t = dtypes.tensor_type([8], dtypes.to_torch(element))  # type: ignore[arg-type]
+            module = ir.Module.create()
+            with ir.InsertionPoint(module.body):
+                graph = cai.GraphOp("main", [t], [], ["x"])
+                with graph.block:
+                    (y,) = identity.emit([graph.arguments[0]], (8, 1, 1), (8, 1, 1), [t])
+                    graph.outputs_spec = [("y", y)]
+            try:
+                module.operation.verify()
+                accepted.append(element)
+            except ir.MLIRError:
+                pass
+    assert sorted(accepted) == sorted(METAL_ELEMENT_TYPES)
+    assert set(identity.core.metal_type_mappings) - set(accepted) == {"si64", "ui64", "i1"}
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.bfloat16, torch.float16, torch.int8, torch.uint8, torch.int16, torch.int32],
+)
+def test_supported_dtypes_convert(dtype: torch.dtype) -> None:
+    args = (torch.ones(8, dtype=dtype), torch.ones(8, dtype=dtype))
+    assert len(kernel_ops(convert(VectorAdd(), args, VECTOR_ADD))) == 1
+
+
+def _raises(x: torch.Tensor) -> torch.Tensor:
+    raise RuntimeError("boom")
+
+
+RAISES = TorchMetalKernel("raises", ["x"], ["y"], "y[id] = x[id];", _raises, [ID])
+
+
+class CallsRaises(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return RAISES(x, threads_per_grid=(8, 1, 1), threads_per_thread_group=(8, 1, 1))
+
+
+def test_torch_defn_that_raises() -> None:
+    """``torch_defn`` runs eagerly and while exporting (for the result dtypes); its error is
+    reported with the kernel's name and keeps the original exception as the cause."""
+    expected = "kernel 'raises': torch_defn raised RuntimeError: boom"
+    with pytest.raises(RuntimeError) as info:
+        CallsRaises()(X)
+    assert str(info.value) == expected
+    assert isinstance(info.value.__cause__, RuntimeError) and str(info.value.__cause__) == "boom"
+    with pytest.raises(RuntimeError, match=re.escape(expected)):
+        export_decomposed(CallsRaises(), (X,))
+
+
+def test_dynamic_shape_inputs_are_rejected_at_conversion() -> None:
+    """docs/extending.md: dynamic shapes are an UnsupportedOpError at conversion."""
+    n = torch.export.Dim("n", min=2, max=64)
+    ep = export_decomposed(
+        VectorAdd(), (torch.randn(8), torch.randn(8)), dynamic_shapes=({0: n}, {0: n})
+    )
+    converter = TorchConverter().register_custom_kernels([VECTOR_ADD]).add_exported_program(ep)
+    with pytest.raises(UnsupportedOpError) as info:
+        converter.to_coreai()
+    message = str(info.value)
+    assert "test_metal.py" in message and "out = VECTOR_ADD(" in message
+    assert (
+        "Metal kernel 'vector_add': input 'x' has a dynamic shape (tensor<?xf32>); Metal "
+        "kernels need static shapes: export without dynamic dimensions for the kernel's inputs"
+    ) in message
+
+
+DOUBLE = TorchMetalKernel("twice", ["x"], ["y"], "y[id] = 2 * x[id];", lambda x: 2 * x, [ID])
+
+
+class ThreadsFromASize(nn.Module):
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        grid = (n.shape[0], 1, 1)
+        return DOUBLE(x, threads_per_grid=grid, threads_per_thread_group=(1, 1, 1)) + n.sum()
+
+
+def test_thread_counts_known_only_at_run_time_are_rejected() -> None:
+    n = torch.export.Dim("n", min=2, max=16)
+    ep = export_decomposed(
+        ThreadsFromASize(), (torch.randn(8), torch.randn(8)), dynamic_shapes=(None, {0: n})
+    )
+    converter = TorchConverter().register_custom_kernels([DOUBLE]).add_exported_program(ep)
+    with pytest.raises(UnsupportedOpError) as info:
+        converter.to_coreai()
+    message = str(info.value)
+    assert "test_metal.py" in message and "return DOUBLE(x, threads_per_grid=grid" in message
+    assert re.search(
+        r"Metal kernel 'twice': threads_per_grid must be static thread counts, got "
+        r"\('s\d+', 1, 1\) \(computed from sizes that are only known at run time\); pass "
+        r"fixed counts \(e.g. for the largest size\) and guard the kernel body",
+        message,
+    ), message
+
+
+def test_result_shapes_must_hold_integers() -> None:
+    with pytest.raises(ValueError) as info:
+        _call(X, X, result_shapes=[(8.0,)])
+    assert str(info.value) == "kernel 'vector_add': result shape (8.0,) must hold integers"
 
 
 # ------------------------------------------------------------------- definition errors ----
@@ -515,3 +676,38 @@ def test_calls_from_another_process_find_the_kernel_by_name() -> None:
         torch.ops.coreai_torch.metal_kernel(
             [x], "nowhere", unknown_key, [4, 1, 1], [4, 1, 1], [], []
         )
+
+
+def test_verifier_failures_of_kernel_ops_name_the_kernel_not_register_torch_lowering() -> None:
+    """Should a kernel op still fail the verifier, the message blames the kernel call (which
+    the user wrote with register_custom_kernels), not a register_torch_lowering lowering."""
+    from types import SimpleNamespace
+
+    from coreai_torch import VerificationError
+    from coreai_torch._mlir import cai, new_context
+    from coreai_torch.converter import _verify_with_sources
+    from coreai_torch.locations import location
+
+    ep = export_decomposed(VectorAdd(), (X, X))
+    (node,) = [n for n in ep.graph.nodes if n.name == "metal_kernel"]
+    with new_context(), ir.Location.unknown():
+        si64 = ir.RankedTensorType.get([8], ir.IntegerType.get_signed(64))
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            graph = cai.GraphOp("main", [si64, si64], [], ["x", "y"])
+            with graph.block, location(node):
+                (out,) = VECTOR_ADD.emit(list(graph.arguments), (8, 1, 1), (4, 1, 1), [si64])
+                graph.outputs_spec = [("out", out)]
+        builder = SimpleNamespace(nodes={node.name: node})
+        with pytest.raises(VerificationError) as info:
+            _verify_with_sources(module, builder, TorchConverter().lowerings)  # type: ignore[arg-type]
+    message = str(info.value)
+    assert "'coreai.metal4_kernel' op operand #0 must be" in message
+    assert f"node 'metal_kernel' (op {METAL_KERNEL_OP})" in message and "test_metal.py" in message
+    assert message.endswith(
+        "The call of Metal kernel 'vector_add' (registered with register_custom_kernels) built "
+        "this invalid coreai.metal4_kernel op: check the dtypes and shapes of the tensors passed "
+        "to the kernel and returned by its torch_defn against the verifier message, then call "
+        "to_coreai() again."
+    )
+    assert "register_torch_lowering" not in message

@@ -217,7 +217,7 @@ def _scalar_divisor(cx: LoweringContext, divisor: Operand, dtype: torch.dtype) -
     if not dtype.is_floating_point and divisor == 0:
         raise cx.unsupported(
             "integer division by zero (PyTorch raises ZeroDivisionError; the Core AI runtime "
-            "would abort)"
+            "would abort): divide by a non-zero constant or remove the division"
         )
     return divisor
 

@@ -26,6 +26,7 @@ from coreai_torch.lowerings.common import (
 )
 from coreai_torch.lowerings.layout import slice_region, static_shape, take_values
 from coreai_torch.lowerings.registry import LoweringContext, lowering
+from coreai_torch.sizes import flows_only_to_outputs
 
 
 def index_layout(
@@ -165,42 +166,11 @@ def masked_fill(
     return broadcast_to(out, static_shape(cx, self)) if shape_of(out) != shape_of(self) else out
 
 
-_aten = torch.ops.aten
-#: Consumers that only read the size of a data-dependent result.
-_SIZE_READERS = frozenset({_aten.sym_size.int, _aten.sym_numel.default})
-#: Ops whose Core AI lowering (slice, shrink/expand_dims, transpose, cast) was verified to
-#: run on a dynamically empty input without aborting.
-_VIEW_LIKE = frozenset(
-    {
-        _aten.slice.Tensor,
-        _aten.select.int,
-        _aten.squeeze.dims,
-        _aten.squeeze.dim,
-        _aten.unsqueeze.default,
-        _aten.permute.default,
-        _aten._to_copy.default,
-        _aten.clone.default,
-        _aten.alias.default,
-    }
-)
-
-
-def _safe_consumer(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s result (possibly empty at run time) only flows to the outputs."""
-    for user in node.users:
-        if user.op == "output" or user.target in _SIZE_READERS:
-            continue
-        if user.target in _VIEW_LIKE and _safe_consumer(user):
-            continue
-        return False
-    return True
-
-
 def _check_only_returned(cx: LoweringContext, what: str) -> None:
     """Data-dependent sizes may be zero at run time, and the runtime aborts when most ops
     consume an empty tensor: such results may only be returned (or have their size read),
     possibly through slices, selects, squeezes, transposes and casts."""
-    if not _safe_consumer(cx.node):
+    if not flows_only_to_outputs(cx.node):
         raise cx.unsupported(
             f"{what} has a data-dependent size that can be zero at run time, and the Core AI "
             "runtime aborts when an op consumes an empty tensor; only returning it (possibly "

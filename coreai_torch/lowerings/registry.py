@@ -71,6 +71,11 @@ class LoweringTable:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.get(name) is not None
 
+    def is_own(self, name: str) -> bool:
+        """Whether ``name`` is lowered by a rule registered in this table (not the fallback)."""
+        packet = _packet_name(name)
+        return name in self._rules or (packet is not None and packet in self._rules)
+
     def own_names(self) -> list[str]:
         """Names registered directly in this table (not in the fallback)."""
         return list(self._rules)

@@ -21,6 +21,7 @@ import torch.fx
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     cast,
+    constant,
     dim_size,
     dtype_of,
     index_value,
@@ -31,6 +32,7 @@ from coreai_torch.lowerings.common import (
     squeeze,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering, raw_lowering
+from coreai_torch.sizes import ItemGuard
 
 SymOperand = ir.Value | bool | int | float
 
@@ -116,7 +118,41 @@ def item(cx: LoweringContext, self: ir.Value) -> ir.Value:
     dtype = dtype_of(value)
     if dtype == torch.bool:
         return value
-    return cast(value, torch.float32 if dtype.is_floating_point else torch.int32)
+    if dtype.is_floating_point:
+        return cast(value, torch.float32)
+    value = cast(value, torch.int32)
+    importer = cx.importer
+    sizes = getattr(getattr(importer, "signature", None), "sizes", None)
+    guard = sizes.guard(cx.node.name) if sizes is not None else None
+    if guard is not None and cx.node.graph is importer.ep.graph:
+        value = _range_guard(value, guard)
+    return value
+
+
+def _range_guard(value: ir.Value, guard: ItemGuard) -> ir.Value:
+    """``value`` unchanged, but the runtime fails (recoverably) when it is outside the guard's
+    range: it gathers from a ``guard.table``-entry table at 0 in range and at
+    ``+-(table + 1) * excess`` otherwise (the excess computed in f32 and clamped to
+    ``guard.most``, so that nothing overflows si32)."""
+    step = guard.table + 1
+    index = constant(0, torch.int32)
+    as_float = cast(value, torch.float32)
+
+    def excess(amount: ir.Value) -> ir.Value:
+        amount = cai.broadcasting_maximum(amount, np.float32(1))
+        return cast(cai.broadcasting_minimum(amount, np.float32(guard.most)), torch.int32)
+
+    if guard.lower is not None:
+        below = cai.broadcasting_greater(constant(guard.lower, torch.int32), value)
+        amount = excess(cai.broadcasting_sub(np.float32(guard.lower), as_float))
+        index = cai.broadcasting_where(below, cai.broadcasting_mul(amount, np.int32(-step)), index)
+    if guard.upper is not None:
+        above = cai.broadcasting_greater(value, constant(guard.upper, torch.int32))
+        amount = excess(cai.broadcasting_sub(as_float, np.float32(guard.upper)))
+        index = cai.broadcasting_where(above, cai.broadcasting_mul(amount, np.int32(step)), index)
+    table = constant(np.arange(guard.table, dtype=np.int32), torch.int32)
+    checked = cai.gather_nd(table, cai.expand_dims(index, np.array([0], np.int32)))
+    return cai.broadcasting_add(value, checked)  # checked is 0 whenever the program goes on
 
 
 @lowering(

@@ -535,7 +535,7 @@ def _step(draw: st.DrawFn, pool: list[torch.Tensor], seed: int) -> Step:
             pair = [draw(st.integers(lo, hi)), draw(st.integers(lo, hi))]
             if -sum(min(0, p) for p in pair) >= size:
                 # a crop that empties the dim before padding it again: known failure,
-                # see REGRESSIONS["pad_after_cropping_a_dim_to_nothing"] in test_fuzz.py
+                # see KNOWN_FAILURES["pad_after_cropping_a_dim_to_nothing"] in test_fuzz.py
                 pair = [max(0, p) for p in pair]
             pads += pair
         return Step(kind, (a,), (("pads", tuple(pads)), ("mode", mode)))

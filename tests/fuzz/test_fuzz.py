@@ -2,7 +2,7 @@
 
 The generator (``tests/fuzz/graphs.py``) composes supported ops — elementwise, reductions,
 softmax, cumsum, matmul/linear, reshape/permute/slice/select/cat/expand/repeat, layer norm,
-conv2d, pooling, casts — over float32 and int64 inputs of rank 0-4.  Each run happens in a
+conv2d, pooling, casts — over float32, float16 and int64 inputs of rank 0-4.  Each run happens in a
 child process (``tests/fuzz/runner.py``), so a runtime abort fails the test, naming the program
 that caused it, instead of killing the test session.  Every failure found becomes a
 regression test below.
@@ -54,7 +54,7 @@ def _run_fuzzer(examples: int, seed: int, max_steps: int, timeout: float) -> dic
 
 
 def test_fuzz_bounded() -> None:
-    """A few dozen programs, always the same ones (fixed seed), in well under a minute."""
+    """A few dozen programs, always the same ones (fixed seed), in seconds."""
     _run_fuzzer(examples=48, seed=0, max_steps=6, timeout=600)
 
 
@@ -111,7 +111,10 @@ KNOWN_FAILURES = {
 def _case(name: str) -> object:
     if name not in KNOWN_FAILURES:
         return name
-    reason = "constant_pad_nd crops a dim to zero elements before padding it (fuzz_failures.md)"
+    reason = (
+        "constant_pad_nd crops a dim to zero elements before padding it (open; see docs/errors.md, "
+        "section 'Fuzzing', known failures)"
+    )
     return pytest.param(name, marks=pytest.mark.xfail(reason=reason, strict=True))
 
 

@@ -201,6 +201,37 @@ def test_unknown_entrypoints_list_what_is_staged() -> None:
     assert converter.entrypoints == ["enc"]
 
 
+@pytest.mark.parametrize("method", ["to_coreai", "clear"])
+def test_duplicate_entrypoints_in_the_selection(method: str) -> None:
+    """Naming an entry point twice is a caller mistake (it used to surface as an MLIR
+    'redefinition of symbol' verifier error blaming coreai-torch)."""
+    converter = TorchConverter().add_exported_program(_ep())
+    converter.add_exported_program(_ep(), entrypoint_name="second")
+    with pytest.raises(InvalidSignatureError) as info:
+        getattr(converter, method)(entrypoints=["main", "second", "main"])
+    assert str(info.value) == (
+        f"{method}(entrypoints=...) names 'main' more than once: ['main', 'second', 'main']; "
+        "list each entry point once (staged entry points are ['main', 'second'])"
+    )
+    assert converter.entrypoints == ["main", "second"]  # nothing was removed
+    assert converter.to_coreai(entrypoints=["second", "main"]).function_names == [
+        "second",
+        "main",
+    ]
+
+
+@pytest.mark.parametrize("method", ["to_coreai", "clear"])
+def test_entrypoints_that_are_not_a_sequence(method: str) -> None:
+    converter = TorchConverter().add_exported_program(_ep())
+    with pytest.raises(TypeError) as info:
+        getattr(converter, method)(entrypoints=5)
+    assert str(info.value) == (
+        f"{method}(entrypoints=...) expects a sequence of entry point names, got int 5; use "
+        "e.g. entrypoints=['main']"
+    )
+    assert converter.entrypoints == ["main"]
+
+
 def test_empty_entrypoint_selection() -> None:
     converter = TorchConverter().add_exported_program(_ep())
     with pytest.raises(ConversionError, match=r"to_coreai\(entrypoints=\[\]\) selects no program"):
