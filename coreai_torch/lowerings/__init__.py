@@ -13,6 +13,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     linalg,
     norm,
     padding,
+    polynomials,
     recurrent,
     reduction,
     resize,

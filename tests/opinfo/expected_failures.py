@@ -90,26 +90,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "sparse.mm.reduce": _SPARSE,
     "sparse.sampled_addmm": _SPARSE,
     "special.airy_ai": "no lowering for special_airy_ai",
-    "special.chebyshev_polynomial_t": "no lowering for special_chebyshev_polynomial_t",
-    "special.chebyshev_polynomial_u": "no lowering for special_chebyshev_polynomial_u",
-    "special.chebyshev_polynomial_v": "no lowering for special_chebyshev_polynomial_v",
-    "special.chebyshev_polynomial_w": "no lowering for special_chebyshev_polynomial_w",
-    "special.hermite_polynomial_h": "no lowering for special_hermite_polynomial_h",
-    "special.hermite_polynomial_he": "no lowering for special_hermite_polynomial_he",
-    "special.laguerre_polynomial_l": "no lowering for special_laguerre_polynomial_l",
-    "special.legendre_polynomial_p": "no lowering for special_legendre_polynomial_p",
-    "special.shifted_chebyshev_polynomial_t": (
-        "no lowering for special_shifted_chebyshev_polynomial_t"
-    ),
-    "special.shifted_chebyshev_polynomial_u": (
-        "no lowering for special_shifted_chebyshev_polynomial_u"
-    ),
-    "special.shifted_chebyshev_polynomial_v": (
-        "no lowering for special_shifted_chebyshev_polynomial_v"
-    ),
-    "special.shifted_chebyshev_polynomial_w": (
-        "no lowering for special_shifted_chebyshev_polynomial_w"
-    ),
     "stft": _COMPLEX,
     "svd": "singular vector signs are not unique and LAPACK picks others; singular values match",
     "to_sparse": "sparse tensors: Core AI has dense tensors only",
