@@ -52,8 +52,6 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::hash_tensor.default": _NOT_YET,
     "aten::histogram.bin_ct": _NOT_YET,
     "aten::histogram.bins_tensor": _NOT_YET,
-    "aten::igamma.default": _NOT_YET,
-    "aten::igammac.default": _NOT_YET,
     "aten::linalg_eig.default": f"{_COMPLEX} (general eigenvalues are complex)",
     "aten::linalg_ldl_factor_ex.default": f"{_NOT_YET} (Bunch-Kaufman LDLᵀ)",
     "aten::linalg_ldl_solve.default": f"{_NOT_YET} (Bunch-Kaufman LDLᵀ)",

@@ -25,7 +25,23 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import cast, constant, dtype_of, i32, rank_of, squeeze
+from coreai_torch.lowerings.common import (
+    Number,
+    add,
+    all_of,
+    cast,
+    constant,
+    div,
+    dtype_of,
+    elementwise_loop,
+    equal,
+    greater,
+    less,
+    mul,
+    not_nan,
+    pick,
+    sub,
+)
 from coreai_torch.lowerings.elementwise import (
     Operand,
     const_like,
@@ -36,7 +52,6 @@ from coreai_torch.lowerings.elementwise import (
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
-Value = ir.Value | float
 #: ``step(j, p, q)`` -> the next value from the two previous ones (``j`` = 1, 2, ...)
 Step = Callable[[ir.Value, ir.Value, ir.Value], ir.Value]
 
@@ -48,74 +63,25 @@ STEP_LIMIT = 2**30
 # ------------------------------------------------------------------------------ helpers ----
 
 
-def _v(a: Value, like: ir.Value) -> ir.Value:
-    return a if isinstance(a, ir.Value) else const_like(a, like)
-
-
-def _add(a: ir.Value, b: Value) -> ir.Value:
-    return cai.broadcasting_add(a, _v(b, a))
-
-
-def _sub(a: Value, b: Value) -> ir.Value:
-    if not isinstance(a, ir.Value):
-        return cai.broadcasting_sub(_v(a, b), b)
-    return cai.broadcasting_sub(a, _v(b, a))
-
-
-def _mul(a: ir.Value, b: Value) -> ir.Value:
-    return cai.broadcasting_mul(a, _v(b, a))
-
-
-def _div(a: ir.Value, b: Value) -> ir.Value:
-    return cai.broadcasting_divide(a, _v(b, a))
-
-
-def _eq(a: ir.Value, b: float) -> ir.Value:
-    return cai.broadcasting_equal(a, const_like(b, a))
-
-
-def _lt(a: ir.Value, b: float) -> ir.Value:
-    return cai.broadcasting_greater(const_like(b, a), a)
-
-
-def _gt(a: ir.Value, b: float) -> ir.Value:
-    return cai.broadcasting_greater(a, const_like(b, a))
-
-
-def _where(cond: ir.Value, a: Value, b: Value, like: ir.Value) -> ir.Value:
-    return cai.broadcasting_where(cond, _v(a, like), _v(b, like))
-
-
-def _and(*conds: ir.Value) -> ir.Value:
-    out = conds[0]
-    for c in conds[1:]:
-        out = cai.broadcasting_and(out, c)
-    return out
-
-
-def _not_nan(a: ir.Value) -> ir.Value:
-    return cai.broadcasting_equal(a, a)
-
-
 def _not(cond: ir.Value) -> ir.Value:
     return cai.not_(cond)
 
 
 def _even(d: ir.Value) -> ir.Value:
     """Whether the integer-valued ``d`` is even."""
-    return cai.broadcasting_equal(_mul(floor_values(_mul(d, 0.5)), 2.0), d)
+    return cai.broadcasting_equal(mul(floor_values(mul(d, 0.5)), 2.0), d)
 
 
 def _signed(cond: ir.Value, value: ir.Value) -> ir.Value:
     """``value`` where ``cond``, else ``-value``."""
-    return cai.broadcasting_where(cond, value, _sub(0.0, value))
+    return cai.broadcasting_where(cond, value, sub(0.0, value))
 
 
 def degree_values(n: ir.Value) -> ir.Value:
     """``static_cast<int64_t>(n)`` as a float: truncated, and -1 (any negative) for NaN, ±inf
     and values outside int64 (x86 converts those to INT64_MIN)."""
     d = trunc_values(n)
-    return _where(_lt(cai.abs_(d), 2.0**63), d, -1.0, d)
+    return pick(less(cai.abs_(d), 2.0**63), d, -1.0, d)
 
 
 def degree_scalar(n: float) -> int:
@@ -134,53 +100,34 @@ class Polynomial:
     before the recurrence in ATen (in order), ``first(x)`` the value at ``n == 1``,
     ``step`` the recurrence."""
 
-    cases: Callable[[ir.Value, ir.Value], list[tuple[ir.Value, Value]]]
+    cases: Callable[[ir.Value, ir.Value], list[tuple[ir.Value, Number]]]
     first: Callable[[ir.Value], ir.Value]
     step: Callable[[ir.Value], Step]
 
 
-def _any(mask: ir.Value) -> ir.Value:
-    rank = rank_of(mask)
-    if rank == 0:
-        return mask
-    return squeeze(cai.any_(mask, i32(list(range(rank)))), list(range(rank)))
+def _looped(step: Step, q: ir.Value, needed: ir.Value, steps: ir.Value) -> ir.Value:
+    """``q`` after ``steps`` steps where ``needed`` (elements stop early at NaN)."""
 
-
-def _looped(step: Step, p: ir.Value, q: ir.Value, needed: ir.Value, steps: ir.Value) -> ir.Value:
-    """``q`` after ``steps`` steps where ``needed`` (a ``coreai.while`` over every element)."""
-    j0 = cai.constant(np.int32(1))
-    limit = cai.constant(np.int32(STEP_LIMIT))
-
-    def active(j: ir.Value, q: ir.Value) -> ir.Value:
-        k = cast(j, dtype_of(q))
-        return _and(needed, _not(cai.broadcasting_greater(k, steps)), _not_nan(q))
-
-    loop, (before, after) = cai.while_([j0.type, p.type, q.type], [j0, p, q])
-    with before:
-        j, p_, q_ = before.arguments
-        go = cai.broadcasting_and(_any(active(j, q_)), cai.broadcasting_greater(limit, j))
-        cai.condition(cai.not_(cai.not_(go)), *before.arguments)
-    with after:
-        j, p_, q_ = after.arguments
-        moving = active(j, q_)
-        r = step(cast(j, dtype_of(q_)), p_, q_)
-        cai.yield_(
-            [
-                cai.add(j, cai.constant(np.int32(1))),
-                cai.broadcasting_where(moving, q_, p_),
-                cai.broadcasting_where(moving, r, q_),
-            ]
+    def advance(i: ir.Value, values: list[ir.Value]) -> tuple[list[ir.Value], ir.Value]:
+        p, q = values
+        j = cast(cai.add(i, cai.constant(np.int32(1))), dtype_of(q))
+        r = step(j, p, q)
+        return [q, r], cai.broadcasting_and(
+            _not(cai.broadcasting_greater(add(j, 1.0), steps)), not_nan(r)
         )
-    return list(loop)[2]
+
+    live = all_of(needed, _not(less(steps, 1.0)), not_nan(q))
+    ones = pick(live, 1.0, 1.0, q)
+    return elementwise_loop(live, [ones, q], advance, STEP_LIMIT)[1]
 
 
 def evaluate(poly: Polynomial, x: ir.Value, d: ir.Value, static: int | None) -> ir.Value:
     """The polynomial of degree ``d`` (integer-valued float, see :func:`degree_values`) at
     ``x``; ``static`` is the degree when it is a scalar."""
     first = poly.first(x)
-    cases = [(_lt(d, 0.0), 0.0), *poly.cases(x, d), (_eq(d, 0.0), 1.0), (_eq(d, 1.0), first)]
+    cases = [(less(d, 0.0), 0.0), *poly.cases(x, d), (equal(d, 0.0), 1.0), (equal(d, 1.0), first)]
     # every element's shape: x and d broadcast together
-    shaped = _where(_not_nan(d), first, first, first)
+    shaped = pick(not_nan(d), first, first, first)
     if static is not None and static < 2:
         out = shaped
     elif static is not None and static - 1 <= UNROLL_LIMIT:
@@ -189,11 +136,10 @@ def evaluate(poly: Polynomial, x: ir.Value, d: ir.Value, static: int | None) -> 
             p, q = q, poly.step(x)(const_like(float(j), x), p, q)
         out = q
     else:
-        needed = _and(*(_not(cond) for cond, _ in cases), _not_nan(shaped))
-        ones = _where(_not_nan(shaped), 1.0, 1.0, shaped)
-        out = _looped(poly.step(x), ones, shaped, needed, _sub(d, 1.0))
+        needed = all_of(*(_not(cond) for cond, _ in cases))
+        out = _looped(poly.step(x), shaped, needed, sub(d, 1.0))
     for cond, value in reversed(cases):
-        out = _where(cond, value, out, x)
+        out = pick(cond, value, out, x)
     return out
 
 
@@ -207,19 +153,19 @@ def _chebyshev(kind: str, shifted: bool) -> Polynomial:
         threshold = 4 if kind == "w" else 6
 
     def arg(x: ir.Value) -> ir.Value:
-        return _sub(_add(x, x), 1.0) if shifted else x
+        return sub(add(x, x), 1.0) if shifted else x
 
     def first(x: ir.Value) -> ir.Value:
         y = arg(x)
-        two_y = _add(y, y)
-        return {"t": y, "u": two_y, "v": _sub(two_y, 1.0), "w": _add(two_y, 1.0)}[kind]
+        two_y = add(y, y)
+        return {"t": y, "u": two_y, "v": sub(two_y, 1.0), "w": add(two_y, 1.0)}[kind]
 
-    def cases(x: ir.Value, d: ir.Value) -> list[tuple[ir.Value, Value]]:
+    def cases(x: ir.Value, d: ir.Value) -> list[tuple[ir.Value, Number]]:
         y = arg(x)
-        top, bottom = _eq(x, 1.0), _eq(x, 0.0 if shifted else -1.0)
+        top, bottom = equal(x, 1.0), equal(x, 0.0 if shifted else -1.0)
         even = _even(d)
-        n1 = _add(d, 1.0)
-        n21 = _add(_add(d, d), 1.0)
+        n1 = add(d, 1.0)
+        n21 = add(add(d, d), 1.0)
         one = const_like(1.0, x)
         at_top = {"t": one, "u": n1, "v": one, "w": n21}[kind]
         at_bottom = {
@@ -233,29 +179,29 @@ def _chebyshev(kind: str, shifted: bool) -> Polynomial:
             closed = cai.cos(cai.broadcasting_mul(d, theta))
         elif kind == "u":
             s = cai.sin(theta)
-            closed = _where(
-                _eq(s, 0.0),
-                _div(cai.broadcasting_mul(n1, cai.cos(cai.broadcasting_mul(n1, theta))), y),
+            closed = pick(
+                equal(s, 0.0),
+                div(cai.broadcasting_mul(n1, cai.cos(cai.broadcasting_mul(n1, theta))), y),
                 cai.broadcasting_divide(cai.sin(cai.broadcasting_mul(n1, theta)), s),
                 x,
             )
         else:
-            half = _mul(theta, 0.5)
-            angle = cai.broadcasting_mul(_add(d, 0.5), theta)
+            half = mul(theta, 0.5)
+            angle = cai.broadcasting_mul(add(d, 0.5), theta)
             if kind == "v":
-                degenerate = _eq(cai.sin(half), 1.0)
+                degenerate = equal(cai.sin(half), 1.0)
                 ratio = cai.broadcasting_divide(cai.cos(angle), cai.cos(half))
             else:
-                degenerate = _eq(cai.cos(half), 1.0)
+                degenerate = equal(cai.cos(half), 1.0)
                 ratio = cai.broadcasting_divide(cai.sin(angle), cai.sin(half))
             fallback = at_top if kind == "w" and not shifted else at_bottom
-            closed = _where(degenerate, fallback, ratio, x)
-        inside = cai.broadcasting_and(_gt(d, float(threshold)), _lt(cai.abs_(y), 1.0))
+            closed = pick(degenerate, fallback, ratio, x)
+        inside = cai.broadcasting_and(greater(d, float(threshold)), less(cai.abs_(y), 1.0))
         return [(top, at_top), (bottom, at_bottom), (inside, closed)]
 
     def step(x: ir.Value) -> Step:
         y = arg(x)
-        two_y = _add(y, y)
+        two_y = add(y, y)
         return lambda j, p, q: cai.broadcasting_sub(cai.broadcasting_mul(two_y, q), p)
 
     return Polynomial(cases, first, step)
@@ -266,17 +212,17 @@ def _hermite_limit(x: ir.Value) -> float:
 
 
 HERMITE_H = Polynomial(
-    cases=lambda x, d: [(_gt(d, _hermite_limit(x)), math.nan)],
-    first=lambda x: _add(x, x),
+    cases=lambda x, d: [(greater(d, _hermite_limit(x)), math.nan)],
+    first=lambda x: add(x, x),
     step=lambda x: (
         lambda j, p, q: cai.broadcasting_sub(
-            cai.broadcasting_mul(_add(x, x), q), cai.broadcasting_mul(_add(j, j), p)
+            cai.broadcasting_mul(add(x, x), q), cai.broadcasting_mul(add(j, j), p)
         )
     ),
 )
 
 HERMITE_HE = Polynomial(
-    cases=lambda x, d: [(_gt(d, _hermite_limit(x)), math.nan)],
+    cases=lambda x, d: [(greater(d, _hermite_limit(x)), math.nan)],
     first=lambda x: x,
     step=lambda x: (
         lambda j, p, q: cai.broadcasting_sub(cai.broadcasting_mul(x, q), cai.broadcasting_mul(j, p))
@@ -284,23 +230,23 @@ HERMITE_HE = Polynomial(
 )
 
 LAGUERRE_L = Polynomial(
-    cases=lambda x, d: [(_eq(cai.abs_(x), 0.0), 1.0)],
-    first=lambda x: _sub(1.0, x),
+    cases=lambda x, d: [(equal(cai.abs_(x), 0.0), 1.0)],
+    first=lambda x: sub(1.0, x),
     step=lambda x: (
         lambda j, p, q: cai.broadcasting_divide(
             cai.broadcasting_sub(
-                cai.broadcasting_mul(cai.broadcasting_add(_add(j, j), _sub(1.0, x)), q),
+                cai.broadcasting_mul(cai.broadcasting_add(add(j, j), sub(1.0, x)), q),
                 cai.broadcasting_mul(j, p),
             ),
-            _add(j, 1.0),
+            add(j, 1.0),
         )
     ),
 )
 
 
-def _legendre_cases(x: ir.Value, d: ir.Value) -> list[tuple[ir.Value, Value]]:
+def _legendre_cases(x: ir.Value, d: ir.Value) -> list[tuple[ir.Value, Number]]:
     one = const_like(1.0, x)
-    return [(_eq(cai.abs_(x), 1.0), _signed(cai.broadcasting_or(_gt(x, 0.0), _even(d)), one))]
+    return [(equal(cai.abs_(x), 1.0), _signed(cai.broadcasting_or(greater(x, 0.0), _even(d)), one))]
 
 
 LEGENDRE_P = Polynomial(
@@ -309,10 +255,10 @@ LEGENDRE_P = Polynomial(
     step=lambda x: (
         lambda j, p, q: cai.broadcasting_divide(
             cai.broadcasting_sub(
-                cai.broadcasting_mul(cai.broadcasting_mul(_add(_add(j, j), 1.0), x), q),
+                cai.broadcasting_mul(cai.broadcasting_mul(add(add(j, j), 1.0), x), q),
                 cai.broadcasting_mul(j, p),
             ),
-            _add(j, 1.0),
+            add(j, 1.0),
         )
     ),
 )
