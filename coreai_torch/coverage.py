@@ -55,7 +55,6 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::linalg_eig.default": f"{_COMPLEX} (general eigenvalues are complex)",
     "aten::linalg_ldl_factor_ex.default": f"{_NOT_YET} (Bunch-Kaufman LDLᵀ)",
     "aten::linalg_ldl_solve.default": f"{_NOT_YET} (Bunch-Kaufman LDLᵀ)",
-    "aten::linalg_matrix_exp.default": _NOT_YET,
     "aten::polar.default": _COMPLEX,
     "aten::repeat_interleave.Tensor": _DATA_DEPENDENT,
     "aten::resize.default": "resizing in place exposes uninitialised memory",

@@ -12,6 +12,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     incomplete_gamma,
     indexing,
     linalg,
+    matrix_exp,
     norm,
     padding,
     polynomials,

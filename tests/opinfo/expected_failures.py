@@ -71,7 +71,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
         "torch.export cannot export it (dynamic output shape of linalg_lstsq)"
     ),
     "linalg.svd": "full_matrices=True on non-square matrices; singular vector signs are not unique",
-    "matrix_exp": "no lowering for linalg_matrix_exp",
     "nn.functional.ctc_loss": "torch.export cannot export it (dynamic output shape of _ctc_loss)",
     "nn.functional.gaussian_nll_loss": (
         "torch.export cannot export it (guard on a data-dependent value)"
