@@ -9,6 +9,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     creation,
     cumulative,
     elementwise,
+    histogram,
     incomplete_gamma,
     indexing,
     linalg,

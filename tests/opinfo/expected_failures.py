@@ -51,8 +51,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "fft.rfft2": _COMPLEX,
     "fft.rfftn": _COMPLEX,
     "hash_tensor": "no lowering for hash_tensor",
-    "histogram": "no lowering for histogram.bin_ct, histogram.bins_tensor",
-    "histogramdd": "no lowering for aten::_histogramdd_bin_edges/_from_bin_cts/_from_bin_tensors",
     "jiterator_2inputs_2outputs": _CUDA_ONLY,
     "jiterator_4inputs_with_extra_args": _CUDA_ONLY,
     "jiterator_binary": _CUDA_ONLY,
