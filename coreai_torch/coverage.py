@@ -55,7 +55,6 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::resize.default": "resizing in place exposes uninitialised memory",
     "aten::resize_.default": "resizing in place exposes uninitialised memory",
     "aten::segment_reduce.default": _NOT_YET,
-    "aten::special_airy_ai.default": _NOT_YET,
     "aten::unique_consecutive.default": _DATA_DEPENDENT,
     "aten::unique_dim.default": _DATA_DEPENDENT,
     "aten::view_as_complex.default": _COMPLEX,

@@ -2,6 +2,7 @@
 
 from coreai_torch.lowerings import (  # noqa: F401  (imported for their registrations)
     activation,
+    airy,
     attention,
     bitwise,
     control_flow,

@@ -84,7 +84,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "resize_as_": "no lowering for resize",
     "sparse.mm.reduce": _SPARSE,
     "sparse.sampled_addmm": _SPARSE,
-    "special.airy_ai": "no lowering for special_airy_ai",
     "stft": _COMPLEX,
     "svd": "singular vector signs are not unique and LAPACK picks others; singular values match",
     "to_sparse": "sparse tensors: Core AI has dense tensors only",
