@@ -54,7 +54,6 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::repeat_interleave.Tensor": _DATA_DEPENDENT,
     "aten::resize.default": "resizing in place exposes uninitialised memory",
     "aten::resize_.default": "resizing in place exposes uninitialised memory",
-    "aten::segment_reduce.default": _NOT_YET,
     "aten::unique_consecutive.default": _DATA_DEPENDENT,
     "aten::unique_dim.default": _DATA_DEPENDENT,
     "aten::view_as_complex.default": _COMPLEX,

@@ -22,6 +22,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     reduction,
     resize,
     scatter,
+    segment,
     shape,
     sorting,
     special,

@@ -41,6 +41,7 @@ from coreai_torch.lowerings.common import (
     unsqueeze,
 )
 from coreai_torch.lowerings.elementwise import PAIRWISE_LIMIT, ge, le
+from coreai_torch.lowerings.layout import slice_axis
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 # ------------------------------------------------------------------------------- edges ----
@@ -48,8 +49,7 @@ from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 def _column(x: ir.Value, d: int) -> ir.Value:
     """Column ``d`` of the (M, D) values, as (M,)."""
-    m = shape_of(x)[0]
-    return reshape(cai.slice_(x, i32([0, d]), i32([m, d + 1]), i32([1, 1])), [m])
+    return reshape(slice_axis(x, 1, d, d + 1), [shape_of(x)[0]])
 
 
 def _extreme(x: ir.Value, largest: bool) -> ir.Value:
@@ -101,8 +101,7 @@ def _in_bins(column: ir.Value, edges: ir.Value) -> ir.Value:
     """(M, bins) bool: ``edges[b] <= x < edges[b+1]``, ``<=`` for the last bin."""
     n = shape_of(edges)[0] - 1
     x = unsqueeze(column, [1])
-    lower = cai.slice_(edges, i32([0]), i32([n]), i32([1]))
-    upper = cai.slice_(edges, i32([1]), i32([n + 1]), i32([1]))
+    lower, upper = slice_axis(edges, 0, 0, n), slice_axis(edges, 0, 1, n + 1)
     last = constant(np.arange(n) == n - 1, torch.bool)
     below_upper = cai.broadcasting_where(last, le(x, upper), less(x, upper))
     return cai.broadcasting_and(ge(x, lower), below_upper)
@@ -141,10 +140,7 @@ def histogram_values(
         hist = div(hist, total)
         for d, e in enumerate(edges):
             n = counts[d]
-            widths = sub(
-                cai.slice_(e, i32([1]), i32([n + 1]), i32([1])),
-                cai.slice_(e, i32([0]), i32([n]), i32([1])),
-            )
+            widths = sub(slice_axis(e, 0, 1, n + 1), slice_axis(e, 0, 0, n))
             shape = [n if k == d else 1 for k in range(dims)]
             hist = div(hist, reshape(cast(widths, dtype), shape))
     return hist

@@ -42,6 +42,7 @@ from coreai_torch.lowerings.common import (
 )
 from coreai_torch.lowerings.cumulative import scan
 from coreai_torch.lowerings.elementwise import Operand, isinf_values, operand, opmath
+from coreai_torch.lowerings.layout import slice_axis
 from coreai_torch.lowerings.linalg import matmul_values
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 from coreai_torch.lowerings.special import lgamma_values
@@ -368,13 +369,6 @@ def _continued_fraction(a: ir.Value, x: ir.Value, live: ir.Value) -> ir.Value:
     return pick(zero, 0.0, mul(ans, ax), a)
 
 
-def _last_axis(value: ir.Value, start: int, stop: int) -> ir.Value:
-    rank = rank_of(value)
-    big = 2**31 - 1
-    return cai.slice_(value, i32([0] * (rank - 1) + [start]), i32([big] * (rank - 1) + [stop]),
-                      i32([1] * rank))  # fmt: skip
-
-
 def _asymptotic(a: ir.Value, x: ir.Value, lower: bool) -> ir.Value:
     """Temme's uniform expansion (``_igam_helper_asymptotic_series``): P if ``lower`` else Q.
 
@@ -402,17 +396,12 @@ def _asymptotic(a: ir.Value, x: ir.Value, lower: bool) -> ir.Value:
     terms = mul(ck, afac)
     size = cai.abs_(terms)
     sums = scan(terms, rank, "sum")
+    never = greater(slice_axis(size, rank, 0, 1), math.inf)  # (..., 1) all false
     grows = cai.concat(
-        i32(rank),
-        [
-            greater(_last_axis(size, 0, 1), math.inf),  # false
-            greater(_last_axis(size, 1, 25), _last_axis(size, 0, 24)),
-        ],
+        i32(rank), [never, greater(slice_axis(size, rank, 1, 25), slice_axis(size, rank, 0, 24))]
     )
     converged = less(size, mul(cai.abs_(sums), eps))
-    after_converged = cai.concat(
-        i32(rank), [greater(_last_axis(size, 0, 1), math.inf), _last_axis(converged, 0, 24)]
-    )
+    after_converged = cai.concat(i32(rank), [never, slice_axis(converged, rank, 0, 24)])
     stopped = cast(cai.broadcasting_or(grows, after_converged), dtype)
     included = equal(scan(stopped, rank, "max"), 0.0)
     total = cai.reduce_sum(pick(included, terms, 0.0, a), i32([rank]))

@@ -20,8 +20,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "_batch_norm_with_update": (
         "its samples return the op's empty reserve tensor: zero elements, rejected"
     ),
-    "_segment_reduce.lengths": "no lowering for segment_reduce",
-    "_segment_reduce.offsets": "no lowering for segment_reduce",
     "allclose": "torch.export cannot export it (data-dependent output of allclose)",
     "bincount": "no lowering for bincount",
     "cdouble": _COMPLEX,
