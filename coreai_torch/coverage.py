@@ -62,8 +62,6 @@ KNOWN_GAPS: dict[str, str] = {
         "effectful ops (token inputs); get_decomp_table() keeps the linalg solvers whose "
         "error checks would add them"
     ),
-    "torch_nn::_linear_cross_entropy_batch_chunked.default": _NOT_YET,
-    "torch_nn::_linear_cross_entropy_batch_chunked_no_reduction.default": _NOT_YET,
 }
 
 #: Ops that decomposed programs contain besides Core ATen ops and composites (asserts,

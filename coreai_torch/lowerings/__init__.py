@@ -14,6 +14,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     incomplete_gamma,
     indexing,
     linalg,
+    linear_cross_entropy,
     matrix_exp,
     norm,
     padding,

@@ -139,3 +139,27 @@ def test_matrix_exp_low_precision() -> None:
     (got,) = run_program(program, {"args_0": a.half().numpy()}).values()
     expected = torch.linalg.matrix_exp(a.half().float()).half()
     torch.testing.assert_close(torch.from_numpy(got), expected, atol=2e-3, rtol=2e-3)
+
+
+def test_linear_cross_entropy_chunked() -> None:
+    """``F.linear_cross_entropy`` with ``options`` exports PyTorch's chunked custom ops: mean,
+    sum and per-sample losses, bias, class weights, ignore_index, an unbatched input."""
+    import torch.nn.functional as F
+    from torch.nn import LinearCrossEntropyOptions
+
+    options = LinearCrossEntropyOptions(batch_chunk_size=3, allow_retain_graph=True)
+
+    def loss(*args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return F.linear_cross_entropy(*args, options=options, **kwargs)  # type: ignore[arg-type]
+
+    def fn(x, w, t, b, cw, x1, t1):
+        return (
+            loss(x, w, t),
+            loss(x, w, t, linear_bias=b, weight=cw, reduction="none", ignore_index=1),
+            loss(x, w, t, linear_bias=b, weight=cw, ignore_index=2),
+            loss(x, w, t, reduction="sum", weight=cw),
+            loss(x1, w, t1),
+        )
+
+    args = (torch.randn(8, 3), torch.randn(5, 3), torch.randint(0, 5, (8,)), torch.randn(5))
+    check_fn(fn, *args, torch.rand(5), torch.randn(3), torch.tensor(2), atol=1e-5, rtol=1e-5)

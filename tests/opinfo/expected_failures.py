@@ -71,12 +71,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "nn.functional.gaussian_nll_loss": (
         "torch.export cannot export it (guard on a data-dependent value)"
     ),
-    "nn.functional.linear_cross_entropy.chunked": (
-        "no lowering for torch_nn::_linear_cross_entropy_batch_chunked"
-    ),
-    "nn.functional.linear_cross_entropy.chunked_none": (
-        "no lowering for torch_nn::_linear_cross_entropy_batch_chunked_no_reduction"
-    ),
     "polar": _COMPLEX,
     "repeat_interleave": "no lowering for repeat_interleave.Tensor",
     "resize_as_": "no lowering for resize",
