@@ -48,8 +48,6 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::complex.default": _COMPLEX,
     "aten::hash_tensor.default": _NOT_YET,
     "aten::linalg_eig.default": f"{_COMPLEX} (general eigenvalues are complex)",
-    "aten::linalg_ldl_factor_ex.default": f"{_NOT_YET} (Bunch-Kaufman LDLᵀ)",
-    "aten::linalg_ldl_solve.default": f"{_NOT_YET} (Bunch-Kaufman LDLᵀ)",
     "aten::polar.default": _COMPLEX,
     "aten::repeat_interleave.Tensor": _DATA_DEPENDENT,
     "aten::resize.default": "resizing in place exposes uninitialised memory",

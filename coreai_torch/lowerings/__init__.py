@@ -13,6 +13,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     histogram,
     incomplete_gamma,
     indexing,
+    ldl,
     linalg,
     linear_cross_entropy,
     matrix_exp,

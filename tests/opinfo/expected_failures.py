@@ -57,11 +57,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "linalg.eig": _COMPLEX,
     "linalg.eigh": "eigenvector signs are not unique and LAPACK picks others; eigenvalues match",
     "linalg.eigvals": _COMPLEX,
-    "linalg.ldl_factor": (
-        "no lowering for linalg_ldl_factor (Bunch-Kaufman); decomposed, it adds effect tokens"
-    ),
-    "linalg.ldl_factor_ex": "no lowering for linalg_ldl_factor_ex",
-    "linalg.ldl_solve": "no lowering for linalg_ldl_solve",
     "linalg.lstsq": "torch.export cannot export it (dynamic output shape of linalg_lstsq)",
     "linalg.lstsq.grad_oriented": (
         "torch.export cannot export it (dynamic output shape of linalg_lstsq)"
