@@ -46,7 +46,6 @@ KNOWN_GAPS: dict[str, str] = {
     "aten::_unique2.default": _DATA_DEPENDENT,
     "aten::bincount.default": _DATA_DEPENDENT,
     "aten::complex.default": _COMPLEX,
-    "aten::hash_tensor.default": _NOT_YET,
     "aten::linalg_eig.default": f"{_COMPLEX} (general eigenvalues are complex)",
     "aten::polar.default": _COMPLEX,
     "aten::repeat_interleave.Tensor": _DATA_DEPENDENT,

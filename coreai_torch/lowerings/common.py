@@ -84,6 +84,19 @@ def cast(value: ir.Value, dtype: torch.dtype) -> ir.Value:
     return cai.cast(value, target)
 
 
+def uint64_bits(x: ir.Value) -> ir.Value:
+    """An int64 value as the uint64 with the same bits (``-1`` -> ``2**64 - 1``), as PyTorch
+    converts; Core AI's cast saturates negative values to 0."""
+    negative = cai.broadcasting_greater(constant(0, torch.int64), x)
+    shifted = cai.broadcasting_where(
+        negative, cai.broadcasting_sub(x, constant(-(2**63), torch.int64)), x
+    )
+    u = cast(shifted, torch.uint64)
+    return cai.broadcasting_where(
+        negative, cai.broadcasting_add(u, constant(2**63, torch.uint64)), u
+    )
+
+
 def as_value(x: ir.Value | Scalar, dtype: torch.dtype) -> ir.Value:
     """A Python scalar as a 0-d constant of ``dtype``, or a value cast to ``dtype``."""
     if isinstance(x, ir.Value):

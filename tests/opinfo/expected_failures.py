@@ -48,7 +48,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "fft.rfft": _COMPLEX,
     "fft.rfft2": _COMPLEX,
     "fft.rfftn": _COMPLEX,
-    "hash_tensor": "no lowering for hash_tensor",
     "jiterator_2inputs_2outputs": _CUDA_ONLY,
     "jiterator_4inputs_with_extra_args": _CUDA_ONLY,
     "jiterator_binary": _CUDA_ONLY,
