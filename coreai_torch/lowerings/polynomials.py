@@ -85,8 +85,10 @@ def degree_values(n: ir.Value) -> ir.Value:
 
 
 def degree_scalar(n: float) -> int:
-    """The degree of a scalar ``n`` (see :func:`degree_values`)."""
-    if isinstance(n, float) and not (math.isfinite(n) and abs(math.trunc(n)) < 2.0**63):
+    """The degree of a scalar ``n`` (see :func:`degree_values`; ``n`` becomes a float
+    tensor first, like any scalar operand)."""
+    n = float(n)
+    if not (math.isfinite(n) and abs(math.trunc(n)) < 2.0**63):
         return -1
     return int(n)
 
