@@ -45,6 +45,7 @@ NATIVE_OPS: tuple[torch._ops.OpOverload, ...] = (
     aten.linalg_inv.default,
     aten.linalg_solve.default,
     aten.linalg_lu_factor.default,
+    aten.linalg_ldl_factor.default,
     aten.linalg_tensorinv.default,
     # constants computed by PyTorch itself at conversion time
     aten.linspace.default,

@@ -84,6 +84,19 @@ def cast(value: ir.Value, dtype: torch.dtype) -> ir.Value:
     return cai.cast(value, target)
 
 
+def uint64_bits(x: ir.Value) -> ir.Value:
+    """An int64 value as the uint64 with the same bits (``-1`` -> ``2**64 - 1``), as PyTorch
+    converts; Core AI's cast saturates negative values to 0."""
+    negative = cai.broadcasting_greater(constant(0, torch.int64), x)
+    shifted = cai.broadcasting_where(
+        negative, cai.broadcasting_sub(x, constant(-(2**63), torch.int64)), x
+    )
+    u = cast(shifted, torch.uint64)
+    return cai.broadcasting_where(
+        negative, cai.broadcasting_add(u, constant(2**63, torch.uint64)), u
+    )
+
+
 def as_value(x: ir.Value | Scalar, dtype: torch.dtype) -> ir.Value:
     """A Python scalar as a 0-d constant of ``dtype``, or a value cast to ``dtype``."""
     if isinstance(x, ir.Value):
@@ -347,3 +360,113 @@ def slice_dynamic(
     out_shape: list[int | None] = list(shape)
     out_shape[axis] = None
     return refine(out, out_shape)
+
+
+# ------------------------------------------------- arithmetic on values and Python numbers ---
+#
+# For multi-step float formulas (special functions, series): operands are Core AI values or
+# Python numbers; a number becomes a 0-d constant of the other operand's element type.
+
+Number = ir.Value | float
+
+
+def like(a: Number, other: Number) -> ir.Value:
+    """``a`` as a value: itself, or a 0-d constant of ``other``'s dtype."""
+    if isinstance(a, ir.Value):
+        return a
+    assert isinstance(other, ir.Value), "one operand must be a value"
+    return constant(a, dtype_of(other))
+
+
+def add(a: Number, b: Number) -> ir.Value:
+    return cai.broadcasting_add(like(a, b), like(b, a))
+
+
+def sub(a: Number, b: Number) -> ir.Value:
+    return cai.broadcasting_sub(like(a, b), like(b, a))
+
+
+def mul(a: Number, b: Number) -> ir.Value:
+    return cai.broadcasting_mul(like(a, b), like(b, a))
+
+
+def div(a: Number, b: Number) -> ir.Value:
+    return cai.broadcasting_divide(like(a, b), like(b, a))
+
+
+def less(a: Number, b: Number) -> ir.Value:
+    return cai.broadcasting_greater(like(b, a), like(a, b))
+
+
+def greater(a: Number, b: Number) -> ir.Value:
+    return cai.broadcasting_greater(like(a, b), like(b, a))
+
+
+def equal(a: Number, b: Number) -> ir.Value:
+    return cai.broadcasting_equal(like(a, b), like(b, a))
+
+
+def not_nan(a: ir.Value) -> ir.Value:
+    return cai.broadcasting_equal(a, a)
+
+
+def all_of(*conditions: ir.Value) -> ir.Value:
+    out = conditions[0]
+    for c in conditions[1:]:
+        out = cai.broadcasting_and(out, c)
+    return out
+
+
+def pick(condition: ir.Value, a: Number, b: Number, dtype_from: ir.Value) -> ir.Value:
+    """``where(condition, a, b)``; numbers take ``dtype_from``'s dtype."""
+    return cai.broadcasting_where(condition, like(a, dtype_from), like(b, dtype_from))
+
+
+# ------------------------------------------------------------------- elementwise loops ---
+
+
+def any_element(mask: ir.Value) -> ir.Value:
+    """0-d bool: is any element of ``mask`` true."""
+    rank = rank_of(mask)
+    if rank == 0:
+        return mask
+    return squeeze(cai.any_(mask, i32(list(range(rank)))), list(range(rank)))
+
+
+def elementwise_loop(
+    live: ir.Value,
+    values: Sequence[ir.Value],
+    step: Any,
+    limit: int,
+) -> list[ir.Value]:
+    """An iteration that each element runs on its own (series, continued fractions,
+    recurrences), as one ``coreai.while`` over all elements.
+
+    ``step(i, values)`` (``i`` = 0, 1, ... a 0-d ``si32``) returns the next values and a mask
+    of the elements that continue after this step; elements that are not live keep their
+    values.  The loop ends when no element is live or after ``limit`` steps.  ``live`` and
+    every value have the full (broadcast) shape.
+    """
+    i0 = cai.constant(np.int32(0))
+    bound = cai.constant(np.int32(limit))
+    types = [i0.type, live.type, *(v.type for v in values)]
+    loop, (before, after) = cai.while_(types, [i0, live, *values])
+    with before:
+        i, alive = before.arguments[:2]
+        go = cai.broadcasting_and(any_element(alive), cai.broadcasting_greater(bound, i))
+        # double negation: see control_flow.predicate (a runtime loop-condition fault)
+        cai.condition(cai.not_(cai.not_(go)), *before.arguments)
+    with after:
+        i, alive, *current = after.arguments
+        updated, keep = step(i, list(current))
+        cai.yield_(
+            [
+                cai.add(i, cai.constant(np.int32(1))),
+                cai.broadcasting_and(alive, keep),
+                *(
+                    cai.broadcasting_where(alive, new, old)
+                    for new, old in zip(updated, current, strict=True)
+                ),
+            ]
+        )
+    return list(loop)[2:]

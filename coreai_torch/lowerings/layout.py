@@ -14,6 +14,7 @@ import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
+    INT32_MAX,
     cast,
     constant,
     dtype_of,
@@ -45,12 +46,13 @@ def static_shape(cx: LoweringContext, value: ir.Value, what: str = "input") -> l
 
 
 def slice_axis(x: ir.Value, axis: int, start: int, end: int, step: int = 1) -> ir.Value:
-    """``x[..., start:end:step, ...]`` along ``axis`` (normalised, non-empty bounds)."""
+    """``x[..., start:end:step, ...]`` along ``axis`` (normalised, non-empty bounds; the
+    other dimensions may be dynamic)."""
     shape = shape_of(x)
     if (start, end, step) == (0, shape[axis], 1):
         return x
     rank = len(shape)
-    starts, ends, strides = [0] * rank, [int(d) for d in shape], [1] * rank
+    starts, ends, strides = [0] * rank, [INT32_MAX if d is None else d for d in shape], [1] * rank
     starts[axis], ends[axis], strides[axis] = start, end, step
     return cai.slice_(x, i32(starts), i32(ends), i32(strides))
 

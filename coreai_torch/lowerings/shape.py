@@ -29,6 +29,7 @@ from coreai_torch.lowerings.common import (
     slice_dynamic,
     squeeze,
     transpose,
+    uint64_bits,
     unsqueeze,
 )
 from coreai_torch.lowerings.layout import (
@@ -432,6 +433,8 @@ def _wrap_integer(value: ir.Value, dtype: torch.dtype) -> ir.Value:
     src = dtype_of(value)
     if src.is_floating_point or src == torch.bool or dtype.is_floating_point:
         return value
+    if dtype == torch.uint64 and src.is_signed:
+        return uint64_bits(cast(value, torch.int64))
     if dtype == torch.bool or src in (torch.uint64,) or dtype in (torch.uint64, torch.int64):
         return value
     s, d = torch.iinfo(src), torch.iinfo(dtype)

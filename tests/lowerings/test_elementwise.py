@@ -14,6 +14,7 @@ import torch
 
 from tests.lowerings.support import check_fn
 from tests.lowerings.values import (
+    INF,
     Case,
     binary_case,
     bools,
@@ -309,3 +310,21 @@ def test_gcd_lcm() -> None:
         )  # fmt: skip
 
     check_fn(f, a, b)
+
+
+def test_hash_tensor_and_uint64_casts() -> None:
+    """``hash_tensor`` XORs the elements' 64-bit patterns (floats as float64: signed zeros,
+    infinities, float32 and float64 subnormals; ints sign-extended; bools; uint8), over all
+    dims or some, with keepdim; negative ints convert to uint64 by their bits."""
+    H = torch.hash_tensor
+    x = torch.tensor([[1.5, -2.0, 0.0, -0.0], [1e-40, INF, -INF, 3.25], [1e30, -7.0, 0.1, 2.0]])
+    f64 = torch.tensor([1e-310, -5e-324, 1.0, 2.0**-1022, 1e300], dtype=torch.float64)
+
+    def f(x, i, b, u, d, h):
+        return (
+            H(x), H(x, dim=1), H(x, dim=0, keepdim=True), H(i), H(i, dim=-1), H(b), H(u),
+            H(d), H(h), H(x[0, 0]), i.to(torch.uint64), (i[0] - 9).to(torch.int32).to(torch.uint64),
+        )  # fmt: skip
+
+    ints_ = torch.tensor([[-1, 2, 3], [2**40, -(2**62), 5]])
+    check_fn(f, x, ints_, bools(5), ints(2, 3, dtype=torch.uint8, low=0, high=250), f64, x.half())

@@ -7,6 +7,7 @@ batched, singular) in the fast suite.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.lowerings.support import check_fn
@@ -98,3 +99,108 @@ def test_qr_eigenvalues_singular_values() -> None:
         )
 
     check_fn(fn, torch.randn(2, 5, 3), torch.randn(3, 5), _spd(n=5), atol=1e-3, rtol=1e-3)
+
+
+def _matrix_exp_cases() -> list[torch.Tensor]:
+    """One matrix per Taylor degree ATen picks by the 1-norm (1, 2, 4, 8, 12, then 18 with 0,
+    1 and several squarings), a skew-symmetric one with a large norm (bounded result)."""
+    torch.manual_seed(0)
+    base = torch.randn(4, 4)
+    base = base / torch.linalg.matrix_norm(base, 1)
+    cases = [base * norm for norm in (1e-8, 3e-4, 0.03, 0.4, 1.2, 2.5, 5.0, 40.0)]
+    skew = torch.randn(4, 4)
+    return [*cases, (skew - skew.T) * 5]
+
+
+def test_matrix_exp() -> None:
+    """Single matrices (degree chosen by norm), batches (always degree 18 with per-matrix
+    squarings), 1x1 matrices, NaN and float64."""
+    cases = _matrix_exp_cases()
+    batch = torch.stack([cases[0], cases[3], cases[6], cases[7]]).reshape(2, 2, 4, 4)
+    nan = torch.randn(2, 3, 3)
+    nan[1, 0, 0] = float("nan")
+    E = torch.linalg.matrix_exp
+
+    def fn(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        *singles, batch, ones, nan, double = args
+        return (*(E(a) for a in singles), E(batch), E(ones), E(nan), E(double))
+
+    args = [*cases, batch, torch.randn(3, 1, 1), nan, cases[5].double()]
+    check_fn(fn, *args, atol=1e-4, rtol=1e-4)
+
+
+def test_matrix_exp_low_precision() -> None:
+    """float16 computes in float32 and rounds once (PyTorch's CPU kernel overflows in
+    float16, so compare with float32 rounded)."""
+    from coreai_torch.runtime import run_program
+    from tests.lowerings.support import convert_fn
+
+    a = torch.randn(2, 3, 3) * 0.5
+    program = convert_fn(torch.linalg.matrix_exp, a.half())
+    (got,) = run_program(program, {"args_0": a.half().numpy()}).values()
+    expected = torch.linalg.matrix_exp(a.half().float()).half()
+    torch.testing.assert_close(torch.from_numpy(got), expected, atol=2e-3, rtol=2e-3)
+
+
+def test_linear_cross_entropy_chunked() -> None:
+    """``F.linear_cross_entropy`` with ``options`` exports PyTorch's chunked custom ops: mean,
+    sum and per-sample losses, bias, class weights, ignore_index, an unbatched input."""
+    import torch.nn.functional as F
+    from torch.nn import LinearCrossEntropyOptions
+
+    options = LinearCrossEntropyOptions(batch_chunk_size=3, allow_retain_graph=True)
+
+    def loss(*args: torch.Tensor, **kwargs: object) -> torch.Tensor:
+        return F.linear_cross_entropy(*args, options=options, **kwargs)  # type: ignore[arg-type]
+
+    def fn(x, w, t, b, cw, x1, t1):
+        return (
+            loss(x, w, t),
+            loss(x, w, t, linear_bias=b, weight=cw, reduction="none", ignore_index=1),
+            loss(x, w, t, linear_bias=b, weight=cw, ignore_index=2),
+            loss(x, w, t, reduction="sum", weight=cw),
+            loss(x1, w, t1),
+        )
+
+    args = (torch.randn(8, 3), torch.randn(5, 3), torch.randint(0, 5, (8,)), torch.randn(5))
+    check_fn(fn, *args, torch.rand(5), torch.randn(3), torch.tensor(2), atol=1e-5, rtol=1e-5)
+
+
+def _symmetric(*shape: int, zeros: float = 0.0) -> torch.Tensor:
+    """Random symmetric matrices; ``zeros`` of the entries dropped (singular / 2x2 pivots)."""
+    m = torch.randn(*shape)
+    m = m * (torch.rand(*shape) >= zeros)
+    return m + m.mT
+
+
+def _ldl(*mats: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    outs = []
+    for m in mats:
+        ld, pivots, info = torch.linalg.ldl_factor_ex(m)
+        rhs = (torch.arange(m.shape[-1] * 2.0).reshape(-1, 2) % 3) - 1
+        outs += [ld, pivots, info, torch.linalg.ldl_solve(ld, pivots, rhs)]
+    outs += list(torch.linalg.ldl_factor(mats[-1]))  # raises on singular matrices
+    return tuple(outs)
+
+
+def test_ldl_factor_and_solve() -> None:
+    """Bunch-Kaufman pivots (1x1 and 2x2, with and without interchanges) equal LAPACK's,
+    singular matrices give the same info and the same inf/NaN in the solution (the reference
+    BLAS skips zero columns), batches, 1x1 matrices."""
+    torch.manual_seed(0)
+    integers = torch.randint(-2, 3, (24, 4, 4)).float()
+    mats = (
+        _symmetric(24, 5, 5, zeros=0.6),
+        _symmetric(24, 3, 3, zeros=0.8),
+        integers + integers.mT,
+        _symmetric(3, 1, 1),
+        _symmetric(12, 7, 7),
+    )
+    check_fn(_ldl, *mats, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [16, 32])
+def test_ldl_factor_large(n: int) -> None:
+    torch.manual_seed(n)
+    check_fn(_ldl, _symmetric(4, n, n, zeros=0.5), _symmetric(4, n, n), atol=1e-3, rtol=1e-3)

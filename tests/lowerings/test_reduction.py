@@ -313,6 +313,51 @@ def test_histc_and_mode() -> None:
     check_fn(f, x, m, ints(3, 6, low=0, high=4))
 
 
+def test_histogram() -> None:
+    """Bin counts from the data's range (edges rounded like ATen's linspace: integer data on
+    the edges of 20 and 40 bins), a given range, bin tensors, weights, density, a 0-d input,
+    histogramdd with counts, ranges and tensors per dimension, float64."""
+    H, HDD = torch.histogram, torch.histogramdd
+
+    def f(x, k, b, w, c, d):
+        return (
+            H(x, 4), H(k, 20), H(k, 40), H(k, 7, range=(1.0, 3.0)), H(x, b),
+            H(x, b, weight=w, density=True), H(x, 5, weight=w), H(x, 3, density=True),
+            H(c, 3), H(c, 2, weight=c, density=True),
+            HDD(x.reshape(-1, 2), [2, 3]), HDD(k.reshape(-1, 3), [4, 2, 5]),
+            HDD(x.reshape(-1, 2), [b, b], weight=w[:6], density=True),
+            HDD(x.reshape(-1, 3), [2, 1, 3], range=[-1.0, 1.0, 0.0, 0.0, -2.0, 2.0]),
+            H(d, 6), H(d, 3, range=(-1.0, 1.0), density=True),
+        )  # fmt: skip
+
+    x = floats(12)
+    k = torch.randint(0, 5, (45,)).float()
+    b = torch.tensor([-1.0, 0.0, 0.5, 2.0])
+    check_fn(f, x, k, b, torch.rand(12), torch.tensor(1.5), floats(10).double())
+
+
+def test_segment_reduce() -> None:
+    """Every reduction by lengths and offsets, with and without ``initial``: empty segments,
+    NaN inside a segment, a segment axis after batch dims, segments not covering the axis."""
+    SR = torch.segment_reduce
+
+    def f(d, lengths, offsets, m, rows, short):
+        outs = []
+        for r in ("mean", "max", "min", "sum", "prod"):
+            outs += [
+                SR(d, r, lengths=lengths), SR(d, r, lengths=lengths, initial=1),
+                SR(d, r, offsets=offsets), SR(m, r, lengths=rows, axis=1, initial=2),
+                SR(m.T.reshape(5, 2, 2)[:4], r, lengths=short, unsafe=True),
+                SR(m, r, lengths=rows[:, 1:], axis=-1),
+            ]  # fmt: skip
+        return tuple(outs)
+
+    d = torch.tensor([1.0, 2.0, 3.0, NAN, 5.0])
+    lengths, offsets = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 0, 1, 3, 5])
+    rows = torch.tensor([[0, 1, 2, 2]] * 4)
+    check_fn(f, d, lengths, offsets, floats(4, 5), rows, torch.tensor([2, 0, 1]))
+
+
 def test_distances() -> None:
     a, b, c = floats(2, 5, 3), floats(2, 4, 3), floats(6, 3)
 
@@ -331,3 +376,5 @@ def test_distances() -> None:
 def test_pairwise_formulations_reject_huge_intermediates() -> None:
     with pytest.raises(ConversionError, match="intermediate of"):
         convert_fn(lambda x: torch.mode(x), floats(9000))
+    with pytest.raises(ConversionError, match="intermediate of"):
+        convert_fn(lambda x: torch.histogram(x, 2000), floats(40000))

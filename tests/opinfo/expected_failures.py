@@ -20,8 +20,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "_batch_norm_with_update": (
         "its samples return the op's empty reserve tensor: zero elements, rejected"
     ),
-    "_segment_reduce.lengths": "no lowering for segment_reduce",
-    "_segment_reduce.offsets": "no lowering for segment_reduce",
     "allclose": "torch.export cannot export it (data-dependent output of allclose)",
     "bincount": "no lowering for bincount",
     "cdouble": _COMPLEX,
@@ -50,11 +48,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "fft.rfft": _COMPLEX,
     "fft.rfft2": _COMPLEX,
     "fft.rfftn": _COMPLEX,
-    "hash_tensor": "no lowering for hash_tensor",
-    "histogram": "no lowering for histogram.bin_ct, histogram.bins_tensor",
-    "histogramdd": "no lowering for aten::_histogramdd_bin_edges/_from_bin_cts/_from_bin_tensors",
-    "igamma": "no lowering for igamma",
-    "igammac": "no lowering for igammac",
     "jiterator_2inputs_2outputs": _CUDA_ONLY,
     "jiterator_4inputs_with_extra_args": _CUDA_ONLY,
     "jiterator_binary": _CUDA_ONLY,
@@ -63,53 +56,20 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "linalg.eig": _COMPLEX,
     "linalg.eigh": "eigenvector signs are not unique and LAPACK picks others; eigenvalues match",
     "linalg.eigvals": _COMPLEX,
-    "linalg.ldl_factor": (
-        "no lowering for linalg_ldl_factor (Bunch-Kaufman); decomposed, it adds effect tokens"
-    ),
-    "linalg.ldl_factor_ex": "no lowering for linalg_ldl_factor_ex",
-    "linalg.ldl_solve": "no lowering for linalg_ldl_solve",
     "linalg.lstsq": "torch.export cannot export it (dynamic output shape of linalg_lstsq)",
     "linalg.lstsq.grad_oriented": (
         "torch.export cannot export it (dynamic output shape of linalg_lstsq)"
     ),
     "linalg.svd": "full_matrices=True on non-square matrices; singular vector signs are not unique",
-    "matrix_exp": "no lowering for linalg_matrix_exp",
     "nn.functional.ctc_loss": "torch.export cannot export it (dynamic output shape of _ctc_loss)",
     "nn.functional.gaussian_nll_loss": (
         "torch.export cannot export it (guard on a data-dependent value)"
-    ),
-    "nn.functional.linear_cross_entropy.chunked": (
-        "no lowering for torch_nn::_linear_cross_entropy_batch_chunked"
-    ),
-    "nn.functional.linear_cross_entropy.chunked_none": (
-        "no lowering for torch_nn::_linear_cross_entropy_batch_chunked_no_reduction"
     ),
     "polar": _COMPLEX,
     "repeat_interleave": "no lowering for repeat_interleave.Tensor",
     "resize_as_": "no lowering for resize",
     "sparse.mm.reduce": _SPARSE,
     "sparse.sampled_addmm": _SPARSE,
-    "special.airy_ai": "no lowering for special_airy_ai",
-    "special.chebyshev_polynomial_t": "no lowering for special_chebyshev_polynomial_t",
-    "special.chebyshev_polynomial_u": "no lowering for special_chebyshev_polynomial_u",
-    "special.chebyshev_polynomial_v": "no lowering for special_chebyshev_polynomial_v",
-    "special.chebyshev_polynomial_w": "no lowering for special_chebyshev_polynomial_w",
-    "special.hermite_polynomial_h": "no lowering for special_hermite_polynomial_h",
-    "special.hermite_polynomial_he": "no lowering for special_hermite_polynomial_he",
-    "special.laguerre_polynomial_l": "no lowering for special_laguerre_polynomial_l",
-    "special.legendre_polynomial_p": "no lowering for special_legendre_polynomial_p",
-    "special.shifted_chebyshev_polynomial_t": (
-        "no lowering for special_shifted_chebyshev_polynomial_t"
-    ),
-    "special.shifted_chebyshev_polynomial_u": (
-        "no lowering for special_shifted_chebyshev_polynomial_u"
-    ),
-    "special.shifted_chebyshev_polynomial_v": (
-        "no lowering for special_shifted_chebyshev_polynomial_v"
-    ),
-    "special.shifted_chebyshev_polynomial_w": (
-        "no lowering for special_shifted_chebyshev_polynomial_w"
-    ),
     "stft": _COMPLEX,
     "svd": "singular vector signs are not unique and LAPACK picks others; singular values match",
     "to_sparse": "sparse tensors: Core AI has dense tensors only",
