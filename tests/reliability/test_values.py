@@ -221,3 +221,18 @@ def test_verify_compares_the_imaginary_parts_of_complex_outputs() -> None:
     z = np.array([1 + 2j, 3 - 1j], np.complex64)
     assert compare("z", z, z.copy()).ok
     assert not compare("z", z, np.conj(z)).ok  # same real parts: must still differ
+
+
+class ConstantScaleChain(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1e30 * 1e30
+
+
+@pytest.mark.xfail(
+    reason="the Core AI runtime's compiler reassociates x * c1 * c2 into x * (c1 * c2) even "
+    "when c1 * c2 overflows (docs/errors.md, 'compiler mis-folds'); no graph form found that "
+    "it keeps apart",
+    strict=True,
+)
+def test_chained_constant_scales_whose_product_overflows() -> None:
+    check_module(ConstantScaleChain(), (torch.tensor([1e-30, 2e-31]),), optimize=False)
