@@ -127,7 +127,10 @@ def compare(
         )
     e64, a64 = exp.astype(np.float64), act.astype(np.float64)
     nan_mismatch = np.isnan(e64) != np.isnan(a64)
-    inf_mismatch = np.isinf(e64) & (e64 != a64)
+    # an infinity on either side must be the same infinity on the other (a finite value
+    # that became inf is a mismatch, not a skipped element)
+    either_nan = np.isnan(e64) | np.isnan(a64)
+    inf_mismatch = (np.isinf(e64) | np.isinf(a64)) & ~either_nan & (e64 != a64)
     finite = np.isfinite(e64) & np.isfinite(a64)
     with np.errstate(invalid="ignore"):  # inf - inf where both are inf; masked out below
         diff = np.abs(e64 - a64)[finite]

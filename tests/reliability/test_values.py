@@ -223,6 +223,23 @@ def test_verify_compares_the_imaginary_parts_of_complex_outputs() -> None:
     assert not compare("z", z, np.conj(z)).ok  # same real parts: must still differ
 
 
+def test_verify_flags_every_misplaced_nan_or_infinity() -> None:
+    from coreai_torch.verify import compare
+
+    inf, nan = math.inf, math.nan
+    ref = np.array([1.0, inf, -inf, nan, 2.0], np.float32)
+    assert compare("y", ref, ref.copy()).ok
+    for wrong in (
+        [inf, inf, -inf, nan, 2.0],
+        [1.0, 3.0, -inf, nan, 2.0],
+        [1.0, inf, inf, nan, 2.0],
+        [1.0, inf, -inf, 0.0, 2.0],
+        [1.0, inf, -inf, nan, nan],
+    ):
+        result = compare("y", ref, np.array(wrong, np.float32))
+        assert not result.ok and result.problem == "NaN/Inf placement differs", wrong
+
+
 class ConstantScaleChain(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * 1e30 * 1e30
