@@ -207,9 +207,69 @@ def _trunc(x: ir.Value) -> ir.Value:
     return cai.broadcasting_where(cai.broadcasting_greater(zero, x), ceil, floor)
 
 
+_EQUALITY_OPS = {
+    "coreai.decomposable.broadcasting_equal": False,
+    "coreai.equal": False,
+    "coreai.decomposable.broadcasting_not_equal": True,
+    "coreai.not_equal": True,
+}
+
+
+def _ordered(x: ir.Value) -> ir.Value:
+    """``not isnan(x)`` from ordered comparisons only: ``x > -inf or inf > x``."""
+    inf = _like(x, float("inf"))
+    return cai.broadcasting_or(
+        cai.broadcasting_greater(x, _like(x, float("-inf"))), cai.broadcasting_greater(inf, x)
+    )
+
+
+def _like(x: ir.Value, value: float) -> ir.Value:
+    from coreai_torch.lowerings.common import constant
+
+    return constant(value, dtypes.to_torch(ir.ShapedType(x.type).element_type))
+
+
+def _exact_equal(a: ir.Value, b: ir.Value) -> ir.Value:
+    """``a == b`` (IEEE: false with NaN) through ``greater``, which Core AI folds exactly."""
+    both_ordered = cai.broadcasting_and(_ordered(a), _ordered(b))
+    neither_greater = cai.not_(
+        cai.broadcasting_or(cai.broadcasting_greater(a, b), cai.broadcasting_greater(b, a))
+    )
+    return cai.broadcasting_and(both_ordered, neither_greater)
+
+
+def _protect_constant_comparisons(module: ir.Module) -> int:
+    """Core AI's constant folder compares floats with a tolerance: ``2.5 == inf``,
+    ``1e38 == inf`` and ``1.0 == 1.0000001`` all fold to true (the runtime's kernels compare
+    exactly).  Float ``==``/``!=`` whose operands are both constant are rewritten into ordered
+    ``>`` comparisons, which it folds exactly.  Returns the number of comparisons rewritten."""
+    ops = _all_ops(module)
+    candidates = [op for op in ops if op.name in _EQUALITY_OPS]
+    if not candidates:
+        return 0
+    is_constant = _ConstantAnalysis(ops)
+    rewritten = 0
+    with module.context:
+        for op in candidates:
+            a, b = op.operands[0], op.operands[1]
+            if not (_is_float(a) and _is_float(b) and is_constant(a) and is_constant(b)):
+                continue
+            with ir.InsertionPoint(op), op.location:
+                exact = _exact_equal(a, b)
+                if _EQUALITY_OPS[op.name]:
+                    exact = cai.not_(exact)
+            op.result.replace_all_uses_with(exact)
+            op.erase()
+            rewritten += 1
+    return rewritten
+
+
 def protect_from_runtime_misfolds(module: ir.Module) -> int:
-    """Truncate explicitly before ``float -> si32/si64`` casts whose result is cast back to a
-    float type.  Returns the number of casts protected."""
+    """Put patterns the runtime's compiler folds wrongly into forms it folds correctly:
+    float comparisons of constants (see :func:`_protect_constant_comparisons`), and explicit
+    truncation before ``float -> si32/si64`` casts whose result is cast back to a float type.
+    Returns the number of ops protected."""
+    protected = _protect_constant_comparisons(module)
     casts: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:
@@ -218,7 +278,6 @@ def protect_from_runtime_misfolds(module: ir.Module) -> int:
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(collect)
-    protected = 0
     with module.context:
         for op in casts:
             source = op.operands[0]

@@ -182,3 +182,40 @@ def test_a_program_the_rewrite_cannot_handle_stays_valid_and_runs() -> None:
         assert program.optimize() is program
     assert program.to_mlir() == before
     assert verify(model, args, program=program).ok
+
+
+_LEFT = [2.5, 1e38, 1.0, np.inf, -np.inf, np.nan, 0.0, -0.0, np.nan, 3.0]
+_RIGHT = [np.inf, np.inf, 1.0000001, np.inf, np.inf, np.nan, -0.0, 0.0, 1.0, 3.0]
+
+
+class _Sigmoid(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(x)
+
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["as-converted", "optimized"])
+@pytest.mark.parametrize("not_equal", [False, True], ids=["eq", "ne"])
+def test_comparisons_of_constants_fold_exactly(optimize: bool, not_equal: bool) -> None:
+    """Core AI's folder compares float constants with a tolerance (2.5 == inf was true);
+    the converter's guard makes such comparisons fold exactly, as the kernels compute."""
+    from coreai_torch._mlir import cai
+    from coreai_torch.runtime import run_program
+
+    converter = TorchConverter()
+
+    @converter.register_torch_lowering("aten::sigmoid.default", allow_override=True)
+    def compare_constants(values_map, node, loc):
+        a = cai.constant(np.array(_LEFT, np.float32))
+        b = cai.constant(np.array(_RIGHT, np.float32))
+        mask = (cai.broadcasting_not_equal if not_equal else cai.broadcasting_equal)(a, b)
+        one, zero = cai.constant(np.float32(1.0)), cai.constant(np.float32(0.0))
+        return cai.broadcasting_where(mask, one, zero)
+
+    x = torch.zeros(len(_LEFT))
+    program = converter.add_exported_program(export_decomposed(_Sigmoid(), (x,))).to_coreai()
+    if optimize:
+        program.optimize()
+    (got,) = run_program(program, {"x": x}).values()
+    left, right = np.array(_LEFT, np.float32), np.array(_RIGHT, np.float32)
+    expected = (left != right) if not_equal else (left == right)
+    np.testing.assert_array_equal(got, expected.astype(np.float32))
