@@ -224,6 +224,7 @@ def _child(kind: str, name: str, runs: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.ablation import ablation_table
+    from benchmarks.kernels import kernel_table
     from benchmarks.models import ABLATION_MODELS, MODELS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ablation-runs", type=int, default=15)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
+    parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -244,6 +246,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one_ablation:
         print("RESULT " + json.dumps(measure_ablation(args.one_ablation, args.runs)))
+        return 0
+    if args.one_kernels:
+        from benchmarks.kernels import measure_kernels
+
+        print("RESULT " + json.dumps({"model": "kernels", "rows": measure_kernels(args.runs)}))
         return 0
 
     results, ablations = [], []
@@ -254,9 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, spec in ABLATION_MODELS.items():
             print(f"== IR ablation, {name}: {spec.description}", flush=True)
             ablations.append(_child("--one-ablation", name, args.ablation_runs))
+    print("== single-op throughput (the runtime's own kernels)", flush=True)
+    kernels = _child("--one-kernels", "all", args.runs)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
-    out.write_text(json.dumps({"models": results, "ablation": ablations}, indent=2))
+    out.write_text(
+        json.dumps({"models": results, "ablation": ablations, "kernels": kernels}, indent=2)
+    )
     if results:
         method = next((r["memory_method"] for r in results if "memory_method" in r), "?")
         print(f"\nPeak RSS above the pre-conversion baseline ({method}).\n")
@@ -267,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
             "(Δ: median vs full).\n"
         )
         print(ablation_table(ablations))
+    if "rows" in kernels:
+        print(
+            f"\nSingle ops, median of {args.runs} runs "
+            "(no IR to simplify: the runtime's kernels).\n"
+        )
+        print(kernel_table(kernels["rows"]))
     print(f"\nJSON: {out}")
-    return 0 if all("error" not in r for r in results + ablations) else 1
+    return 0 if all("error" not in r for r in [*results, *ablations, kernels]) else 1
 
 
 if __name__ == "__main__":
