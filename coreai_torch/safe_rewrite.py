@@ -12,6 +12,8 @@ arithmetic, signed zeros and NaN included).  The rewrite then folds ``-1 * C`` i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
+
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
 
@@ -55,6 +57,15 @@ class _ConstantAnalysis:
         return op is not None and hash(op) in self._constant
 
 
+def _candidates(
+    ops: list[ir.Operation], names: Collection[str]
+) -> tuple[list[ir.Operation], Callable[[ir.Value], bool]]:
+    """The ops of ``ops`` named in ``names``, and which values of ``ops`` are constant (the
+    analysis runs only when there are candidates)."""
+    candidates = [op for op in ops if op.name in names]
+    return candidates, (_ConstantAnalysis(ops) if candidates else lambda _: False)
+
+
 def _is_float(value: ir.Value) -> bool:
     if not ir.ShapedType.isinstance(value.type):
         return False
@@ -96,10 +107,7 @@ def _all_ops(module: ir.Module) -> list[ir.Operation]:
 
 def _protect_constant_shifts(module: ir.Module, ops: list[ir.Operation]) -> int:
     """``A - C`` (float, ``C`` constant, feeding a mul/div) -> ``A + (-1 * C)``."""
-    candidates = [op for op in ops if op.name in _SUB_OPS]
-    if not candidates:
-        return 0
-    is_constant = _ConstantAnalysis(ops)
+    candidates, is_constant = _candidates(ops, _SUB_OPS)
     rewritten = 0
     with module.context:
         for op in candidates:
@@ -217,16 +225,9 @@ _EQUALITY_OPS = {
 
 def _ordered(x: ir.Value) -> ir.Value:
     """``not isnan(x)`` from ordered comparisons only: ``x > -inf or inf > x``."""
-    inf = _like(x, float("inf"))
-    return cai.broadcasting_or(
-        cai.broadcasting_greater(x, _like(x, float("-inf"))), cai.broadcasting_greater(inf, x)
-    )
+    from coreai_torch.lowerings.common import greater
 
-
-def _like(x: ir.Value, value: float) -> ir.Value:
-    from coreai_torch.lowerings.common import constant
-
-    return constant(value, dtypes.to_torch(ir.ShapedType(x.type).element_type))
+    return cai.broadcasting_or(greater(x, float("-inf")), greater(float("inf"), x))
 
 
 def _exact_equal(a: ir.Value, b: ir.Value) -> ir.Value:
@@ -243,11 +244,7 @@ def _protect_constant_comparisons(module: ir.Module) -> int:
     ``1e38 == inf`` and ``1.0 == 1.0000001`` all fold to true (the runtime's kernels compare
     exactly).  Float ``==``/``!=`` whose operands are both constant are rewritten into ordered
     ``>`` comparisons, which it folds exactly.  Returns the number of comparisons rewritten."""
-    ops = _all_ops(module)
-    candidates = [op for op in ops if op.name in _EQUALITY_OPS]
-    if not candidates:
-        return 0
-    is_constant = _ConstantAnalysis(ops)
+    candidates, is_constant = _candidates(_all_ops(module), _EQUALITY_OPS)
     rewritten = 0
     with module.context:
         for op in candidates:

@@ -173,6 +173,12 @@ def transpose(value: ir.Value, perm: Sequence[int]) -> ir.Value:
     return cai.transpose(value, u32(perm))
 
 
+def swap_last_axes(value: ir.Value) -> ir.Value:
+    """The matrix transpose of a (..., m, n) value: its last two axes swapped."""
+    rank = rank_of(value)
+    return transpose(value, [*range(rank - 2), rank - 1, rank - 2])
+
+
 def squeeze(value: ir.Value, axes: Sequence[int]) -> ir.Value:
     if not axes:
         return value

@@ -37,18 +37,13 @@ from coreai_torch.lowerings.common import (
     rank_of,
     shape_of,
     sub,
-    transpose,
+    swap_last_axes,
 )
 from coreai_torch.lowerings.elementwise import ge
 from coreai_torch.lowerings.layout import slice_axis
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 # ------------------------------------------------------------------------------ helpers ---
-
-
-def _t(x: ir.Value) -> ir.Value:
-    rank = rank_of(x)
-    return transpose(x, [*range(rank - 2), rank - 1, rank - 2])
 
 
 def _column(a: ir.Value, k: int) -> ir.Value:
@@ -99,7 +94,7 @@ def _swap_symmetric(a: ir.Value, i: ir.Value, j: ir.Value, region: np.ndarray) -
     of its symmetric completion swapped, written where the static ``region`` is true."""
     n = shape_of(a)[-1]
     rows, cols = np.indices((n, n))
-    full = cai.broadcasting_where(_mask(rows >= cols), a, _t(a))
+    full = cai.broadcasting_where(_mask(rows >= cols), a, swap_last_axes(a))
     iota = _iota(n, column=True)
     perm = cai.broadcasting_where(
         cai.broadcasting_equal(iota, i),
@@ -108,7 +103,7 @@ def _swap_symmetric(a: ir.Value, i: ir.Value, j: ir.Value, region: np.ndarray) -
     )  # (B..., n, 1)
     shape = shape_of(a)
     full = cai.gather_along_axis(full, broadcast_to(perm, shape), i32(-2))
-    full = cai.gather_along_axis(full, broadcast_to(_t(perm), shape), i32(-1))
+    full = cai.gather_along_axis(full, broadcast_to(swap_last_axes(perm), shape), i32(-1))
     return cai.broadcasting_where(_mask(region & (rows >= cols)), full, a)
 
 
@@ -204,10 +199,10 @@ def _one_by_one_update(a: ir.Value, k: int) -> ir.Value:
     rows, cols = np.indices((n, n))
     d11 = div(1.0, _at(a, k, k))
     x = pick(_mask(np.arange(n).reshape(n, 1) > k), _column(a, k), 0.0, a)  # (B..., n, 1)
-    temp = mul(_t(x), sub(0.0, d11))  # (B..., 1, n)
+    temp = mul(swap_last_axes(x), sub(0.0, d11))  # (B..., 1, n)
     trailing = add(a, mul(x, temp))
     # dsyr leaves a column alone where x[j] == 0 (so -0.0 stays -0.0, inf * 0 adds no NaN)
-    touched = cai.broadcasting_and(_mask((rows >= cols) & (cols > k)), _nonzero(_t(x)))
+    touched = cai.broadcasting_and(_mask((rows >= cols) & (cols > k)), _nonzero(swap_last_axes(x)))
     a = cai.broadcasting_where(touched, trailing, a)
     return cai.broadcasting_where(_mask((rows > k) & (cols == k)), mul(x, d11), a)
 
@@ -226,7 +221,7 @@ def _two_by_two_update(a: ir.Value, k: int) -> ir.Value:
     ck1 = pick(below, _column(a, k + 1), 0.0, a)
     wk = mul(d21, sub(mul(d11, ck), ck1))  # (B..., n, 1)
     wkp1 = mul(d21, sub(mul(d22, ck1), ck))
-    trailing = sub(sub(a, mul(ck, _t(wk))), mul(ck1, _t(wkp1)))
+    trailing = sub(sub(a, mul(ck, swap_last_axes(wk))), mul(ck1, swap_last_axes(wkp1)))
     a = cai.broadcasting_where(_mask((rows >= cols) & (cols > k + 1)), trailing, a)
     a = cai.broadcasting_where(_mask((rows > k + 1) & (cols == k)), wk, a)
     return cai.broadcasting_where(_mask((rows > k + 1) & (cols == k + 1)), wkp1, a)

@@ -28,6 +28,7 @@ from coreai_torch.lowerings.common import (
     rank_of,
     shape_of,
     squeeze,
+    swap_last_axes,
     transpose,
     unsqueeze,
 )
@@ -177,12 +178,6 @@ def _elem(x: ir.Value, i: int, j: int) -> ir.Value:
     return _cols(_rows(x, i, i + 1), j, j + 1)
 
 
-def _t(x: ir.Value) -> ir.Value:
-    """Swap the last two axes."""
-    rank = rank_of(x)
-    return transpose(x, [*range(rank - 2), rank - 1, rank - 2])
-
-
 def _mm(a: ir.Value, b: ir.Value) -> ir.Value:
     return cai.broadcasting_batch_matmul(a, b)
 
@@ -256,7 +251,7 @@ def cholesky_lower(a: ir.Value) -> tuple[ir.Value, ir.Value]:
         v = _cols(a, j, j + 1)
         if j:
             prev = _cat(-1, cols)
-            v = cai.broadcasting_sub(v, _mm(prev, _t(_rows(prev, j, j + 1))))
+            v = cai.broadcasting_sub(v, _mm(prev, swap_last_axes(_rows(prev, j, j + 1))))
         d = _rows(v, j, j + 1)
         bad = cai.not_(cai.broadcasting_greater(d, constant(0.0, dtype)))
         info = _first_set(info, bad, j + 1)
@@ -355,7 +350,9 @@ def permutation_from_pivots(pivots: ir.Value, m: int) -> ir.Value:
 def permutation_matrix(perm: ir.Value, dtype: torch.dtype) -> ir.Value:
     """``P`` with ``P[perm[i], i] = 1``, so that ``A = P L U`` when ``A[perm] = L U``."""
     m = shape_of(perm)[-2]
-    return cast(cai.broadcasting_equal(constant(_iota(m), torch.int32), _t(perm)), dtype)
+    return cast(
+        cai.broadcasting_equal(constant(_iota(m), torch.int32), swap_last_axes(perm)), dtype
+    )
 
 
 def permute_rows(b: ir.Value, perm: ir.Value) -> ir.Value:
@@ -432,7 +429,7 @@ def householder_qr(a: ir.Value) -> tuple[ir.Value, ir.Value]:
             ones = cai.broadcasting_add(cai.broadcasting_mul(alpha, zero), one)
             v = _cat(-2, [ones, v_below])  # (..., m - j, 1)
             trailing = _cols(_rows(w, j, m), j + 1, n)
-            update = _mm(cai.broadcasting_mul(v, tau), _mm(_t(v), trailing))
+            update = _mm(cai.broadcasting_mul(v, tau), _mm(swap_last_axes(v), trailing))
             parts.append(cai.broadcasting_sub(trailing, update))
         w = _cat(-2, [_rows(w, 0, j), _cat(-1, parts)]) if j else _cat(-1, parts)
     tau = squeeze(_cat(-1, taus), [len(shape) - 2])
@@ -453,7 +450,9 @@ def householder_q(reflectors: ir.Value, tau: ir.Value, columns: int) -> ir.Value
         if j + 1 < m:
             v = _cat(-2, [v, _rows(_cols(reflectors, j, j + 1), j + 1, m)])
         rows = _rows(q, j, m)
-        rows = cai.broadcasting_sub(rows, _mm(cai.broadcasting_mul(v, tau_j), _mm(_t(v), rows)))
+        rows = cai.broadcasting_sub(
+            rows, _mm(cai.broadcasting_mul(v, tau_j), _mm(swap_last_axes(v), rows))
+        )
         q = _cat(-2, [_rows(q, 0, j), rows]) if j else rows
     return q
 
@@ -517,8 +516,8 @@ def _rotation(e_p: ir.Value, e_q: ir.Value, c: ir.Value, s: ir.Value) -> ir.Valu
     n = shape_of(e_p)[-2]
     dtype = _dtype(c)
     one = constant(1.0, dtype)
-    diag = cai.broadcasting_add(_mm(e_p, _t(e_p)), _mm(e_q, _t(e_q)))
-    anti = cai.broadcasting_sub(_mm(e_p, _t(e_q)), _mm(e_q, _t(e_p)))
+    diag = cai.broadcasting_add(_mm(e_p, swap_last_axes(e_p)), _mm(e_q, swap_last_axes(e_q)))
+    anti = cai.broadcasting_sub(_mm(e_p, swap_last_axes(e_q)), _mm(e_q, swap_last_axes(e_p)))
     j = cai.broadcasting_add(
         cai.broadcasting_mul(cai.broadcasting_sub(c, one), diag), cai.broadcasting_mul(s, anti)
     )
@@ -527,7 +526,7 @@ def _rotation(e_p: ir.Value, e_q: ir.Value, c: ir.Value, s: ir.Value) -> ir.Valu
 
 def _quadratic(e_a: ir.Value, m: ir.Value, e_b: ir.Value) -> ir.Value:
     """``e_aᵀ M e_b`` as (..., 1, 1)."""
-    return _mm(_mm(_t(e_a), m), e_b)
+    return _mm(_mm(swap_last_axes(e_a), m), e_b)
 
 
 def jacobi_eigh(a: ir.Value) -> tuple[ir.Value, ir.Value]:
@@ -542,7 +541,7 @@ def jacobi_eigh(a: ir.Value) -> tuple[ir.Value, ir.Value]:
             _quadratic(e_p, m, e_p), _quadratic(e_q, m, e_q), _quadratic(e_p, m, e_q)
         )
         j = _rotation(e_p, e_q, c, s)
-        return [_mm(_t(j), _mm(m, j)), _mm(v, j)]
+        return [_mm(swap_last_axes(j), _mm(m, j)), _mm(v, j)]
 
     a, v = _jacobi_loop(n, [a, broadcast_to(_eye(n, n, dtype), shape)], rotate)
     values = squeeze(diagonal(a), [len(batch) + 1])  # (..., n)
@@ -558,7 +557,7 @@ def jacobi_svd(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
     shape = shape_of(a)
     m, n = shape[-2:]
     if m < n:
-        v, s, u = jacobi_svd(_t(a))
+        v, s, u = jacobi_svd(swap_last_axes(a))
         return u, s, v
     batch = shape[:-2]
     dtype = _dtype(a)
@@ -566,7 +565,9 @@ def jacobi_svd(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
     def rotate(e_p: ir.Value, e_q: ir.Value, state: list[ir.Value]) -> list[ir.Value]:
         u, v = state
         up, uq = _mm(u, e_p), _mm(u, e_q)
-        c, s = _jacobi_angle(_mm(_t(up), up), _mm(_t(uq), uq), _mm(_t(up), uq))
+        c, s = _jacobi_angle(
+            _mm(swap_last_axes(up), up), _mm(swap_last_axes(uq), uq), _mm(swap_last_axes(up), uq)
+        )
         j = _rotation(e_p, e_q, c, s)
         return [_mm(u, j), _mm(v, j)]
 
@@ -608,7 +609,7 @@ def _vector_case(a: ir.Value, b: ir.Value) -> bool:
 def _solve_general(cx: LoweringContext, a: ir.Value, b: ir.Value, left: bool) -> ir.Value:
     """``linalg.solve``: returns X (and leaves the vector case to the caller)."""
     if not left:
-        return _t(_solve_general(cx, _t(a), _t(b), True))
+        return swap_last_axes(_solve_general(cx, swap_last_axes(a), swap_last_axes(b), True))
     a, b = _broadcast_pair(a, b)
     lu, _, _, perm = lu_factor(a)
     return lu_solve(lu, perm, b)
@@ -625,8 +626,8 @@ def linalg_cholesky(
     _float(cx, self)
     _square(cx, self)
     if upper:
-        factor, info = cholesky_lower(_t(self))
-        factor = _t(factor)
+        factor, info = cholesky_lower(swap_last_axes(self))
+        factor = swap_last_axes(factor)
     else:
         factor, info = cholesky_lower(self)
     if isinstance(cx.out, (list, tuple)):
@@ -640,9 +641,9 @@ def cholesky(cx: LoweringContext, self: ir.Value, upper: bool = False) -> ir.Val
 
 
 def _cholesky_solve(b: ir.Value, factor: ir.Value, upper: bool) -> ir.Value:
-    lower = _t(factor) if upper else factor
+    lower = swap_last_axes(factor) if upper else factor
     y = triangular_solve(lower, b, upper=False, unit=False)
-    return triangular_solve(_t(lower), y, upper=True, unit=False)
+    return triangular_solve(swap_last_axes(lower), y, upper=True, unit=False)
 
 
 @lowering("aten::cholesky_solve.default")
@@ -669,7 +670,9 @@ def _triangular(a: ir.Value, b: ir.Value, *, upper: bool, left: bool, unit: bool
     a, b = _broadcast_pair(a, b)
     if left:
         return triangular_solve(a, b, upper=upper, unit=unit)
-    return _t(triangular_solve(_t(a), _t(b), upper=not upper, unit=unit))
+    return swap_last_axes(
+        triangular_solve(swap_last_axes(a), swap_last_axes(b), upper=not upper, unit=unit)
+    )
 
 
 @lowering("aten::linalg_solve_triangular.default")
@@ -699,7 +702,7 @@ def triangular_solve_op(
     _float(cx, self)
     coeff, b = _broadcast_pair(A, self)
     if transpose:
-        x = triangular_solve(_t(coeff), b, upper=not upper, unit=unitriangular)
+        x = triangular_solve(swap_last_axes(coeff), b, upper=not upper, unit=unitriangular)
     else:
         x = triangular_solve(coeff, b, upper=upper, unit=unitriangular)
     return [x, coeff]
@@ -770,7 +773,7 @@ def linalg_lu_solve(
     dtype = _float(cx, LU)
     n = shape_of(LU)[-1]
     if not left:  # X A = B  <=>  Aᴴ Xᴴ = Bᴴ
-        return _t(linalg_lu_solve(cx, LU, pivots, _t(B), True, not adjoint))
+        return swap_last_axes(linalg_lu_solve(cx, LU, pivots, swap_last_axes(B), True, not adjoint))
     batch = _batch(shape_of(LU)[:-2], shape_of(pivots)[:-1], shape_of(B)[:-2])
     lu = broadcast_to(LU, [*batch, n, n])
     b = broadcast_to(B, [*batch, *shape_of(B)[-2:]])
@@ -778,7 +781,7 @@ def linalg_lu_solve(
     if not adjoint:
         return lu_solve(lu, perm, b)
     # A = P L U  =>  Aᵀ X = B  <=>  Uᵀ Lᵀ (Pᵀ X) = B
-    lut = _t(lu)
+    lut = swap_last_axes(lu)
     z = triangular_solve(lut, b, upper=False, unit=False)
     y = triangular_solve(lut, z, upper=True, unit=True)
     return _mm(permutation_matrix(perm, dtype), y)
@@ -883,7 +886,7 @@ def ormqr(
     m = shape_of(self)[-2]
     q = householder_q(self, input2, m)
     if transpose:
-        q = _t(q)
+        q = swap_last_axes(q)
     return _mm(q, input3) if left else _mm(input3, q)
 
 
@@ -907,9 +910,9 @@ def _symmetric(a: ir.Value, uplo: str) -> ir.Value:
     """The symmetric matrix PyTorch reads from the ``uplo`` triangle of ``a``."""
     n = shape_of(a)[-1]
     lower = np.tril(np.ones((n, n), bool), -1)
-    strict = _where(lower, a) if uplo.upper() == "L" else _where(lower, _t(a))
+    strict = _where(lower, a) if uplo.upper() == "L" else _where(lower, swap_last_axes(a))
     return cai.broadcasting_add(
-        cai.broadcasting_add(strict, _t(strict)), _where(np.eye(n, dtype=bool), a)
+        cai.broadcasting_add(strict, swap_last_axes(strict)), _where(np.eye(n, dtype=bool), a)
     )
 
 
@@ -940,7 +943,7 @@ def linalg_svd(
     u, s, v = jacobi_svd(A)
     if not compute_uv:
         return [None, s, None]
-    return [u, s, _t(v)]
+    return [u, s, swap_last_axes(v)]
 
 
 def _tolerance(
@@ -1003,7 +1006,7 @@ def linalg_pinv(
             cai.broadcasting_divide(constant(1.0, dtype), values),
             zero,
         )
-        left, right = vectors, _t(vectors)
+        left, right = vectors, swap_last_axes(vectors)
     else:
         u, values, v = jacobi_svd(self)
         largest = _slice(values, -1, 0, 1)
@@ -1013,6 +1016,6 @@ def linalg_pinv(
             cai.broadcasting_divide(constant(1.0, dtype), values),
             zero,
         )
-        left, right = v, _t(u)
+        left, right = v, swap_last_axes(u)
     scaled = cai.broadcasting_mul(left, unsqueeze(inverse, [rank - 2]))
     return _mm(scaled, right)

@@ -51,12 +51,19 @@ def _channel_affine(
 
 def moments(x: ir.Value, axes: list[int], eps: float) -> tuple[ir.Value, ir.Value, ir.Value]:
     """``(normalized, mean, rstd)`` over ``axes`` (biased variance; reduced dims kept)."""
+    return _moments_and_variance(x, axes, eps)[:3]
+
+
+def _moments_and_variance(
+    x: ir.Value, axes: list[int], eps: float
+) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
+    """:func:`moments` plus the biased variance (reduced dims kept)."""
     dtype = dtype_of(x)
     mean = cai.reduce_mean(x, i32(axes))
     centered = cai.broadcasting_sub(x, mean)
     var = cai.reduce_mean(cai.broadcasting_mul(centered, centered), i32(axes))
     rstd = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
-    return cai.broadcasting_mul(centered, rstd), mean, rstd
+    return cai.broadcasting_mul(centered, rstd), mean, rstd, var
 
 
 def normalize(x: ir.Value, axes: list[int], eps: float) -> ir.Value:
@@ -102,22 +109,11 @@ def batch_norm_inference(
 def _batch_statistics(x: ir.Value, eps: float) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     """``(normalized, mean, rstd, biased var)`` over every dim but the channel dim 1; the
     statistics are (C,) vectors."""
-    rank = rank_of(x)
-    if rank < 2:
-        raise ValueError("batch norm needs an (N, C, ...) input")
-    axes = [0, *range(2, rank)]
-    dtype = dtype_of(x)
-    mean = cai.reduce_mean(x, i32(axes))
-    centered = cai.broadcasting_sub(x, mean)
-    var = cai.reduce_mean(cai.broadcasting_mul(centered, centered), i32(axes))
-    rstd = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
+    axes = [0, *range(2, rank_of(x))]
+    y, *statistics = _moments_and_variance(x, axes, eps)
     channels = [shape_of(x)[1]]
-    return (
-        cai.broadcasting_mul(centered, rstd),
-        reshape(mean, channels),
-        reshape(rstd, channels),
-        reshape(var, channels),
-    )
+    mean, rstd, var = (reshape(v, channels) for v in statistics)
+    return y, mean, rstd, var
 
 
 def _updated_running_stats(

@@ -503,8 +503,15 @@ def compare_sample(
 
 #: ops whose index output PyTorch leaves unspecified among equal values -> position of
 #: ``dim`` in their arguments
-_TIE_OPS = {"sort": 0, "argsort": 0, "topk": 1, "kthvalue": 1, "mode": 0, "median": 0}
-_TIE_OPS["nanmedian"] = 0
+_TIE_OPS = {
+    "sort": 0,
+    "argsort": 0,
+    "topk": 1,
+    "kthvalue": 1,
+    "mode": 0,
+    "median": 0,
+    "nanmedian": 0,
+}
 
 
 def ties_reordered(op_id: str, sample: Prepared, indices: np.ndarray) -> bool:
