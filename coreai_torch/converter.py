@@ -28,9 +28,9 @@ from coreai_torch.metal import (
     check_kernels_registered,
     register_kernels,
 )
+from coreai_torch.passes.safe_rewrite import protect_from_runtime_misfolds
 from coreai_torch.program import AIProgram, _verify
 from coreai_torch.progress import resolve as resolve_progress
-from coreai_torch.safe_rewrite import protect_from_runtime_misfolds
 from coreai_torch.signature import ProgramSignature, analyze_signature
 
 

@@ -8,7 +8,7 @@ time, and values bit-identical to PyTorch's.
 
 Large results derived from weights (a transposed weight matrix, say) are *not* folded: that
 would copy the weight at conversion time, which stays zero-copy.  ``AIProgram.optimize()``
-stores weights read only transposed transposed instead (:mod:`coreai_torch.pretranspose`).
+stores weights read only transposed transposed instead (:mod:`coreai_torch.passes.pretranspose`).
 """
 
 from __future__ import annotations

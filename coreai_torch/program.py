@@ -13,8 +13,8 @@ from typing import Any, Self
 
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
-from coreai_torch.pretranspose import pretranspose_weights
-from coreai_torch.safe_rewrite import protect_from_misfolds
+from coreai_torch.passes.pretranspose import pretranspose_weights
+from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
 
@@ -81,10 +81,10 @@ class AIProgram(ca.AIProgram):
         then store weights that are only read transposed (``nn.Linear``) transposed.
 
         Idempotent and numerics-preserving: patterns the rewrite folds wrongly are put into an
-        equivalent form first (:mod:`coreai_torch.safe_rewrite`), and the rewrite works on a
+        equivalent form first (:mod:`coreai_torch.passes.safe_rewrite`), and the rewrite works on a
         copy, so a program it cannot handle stays as it was (valid and runnable) with a
         warning.  ``transpose_weights=False`` keeps those weights zero-copy and transposed at
-        run time (see :mod:`coreai_torch.pretranspose` for the trade-off).  Modifies the
+        run time (see :mod:`coreai_torch.passes.pretranspose` for the trade-off).  Modifies the
         program in place and returns it.
         """
         module = self.mlir_module

@@ -70,7 +70,7 @@ F32, I64 = torch.float32, torch.int64
 
 REGRESSIONS = {
     # the runtime's compiler folded cast(cast(x, si64), f32) into x, dropping the truncation;
-    # fixed by coreai_torch.safe_rewrite.protect_from_runtime_misfolds
+    # fixed by coreai_torch.passes.safe_rewrite.protect_from_runtime_misfolds
     "float_to_int_to_float": Program(
         inputs=(((), F32),),
         steps=(

@@ -2,7 +2,7 @@
 
 The pre-compilation rewrite folds ``(conv(x) - C1) * C2`` (constants C1, C2, bias-free
 convolution) into ``conv'(x) + C1 * C2`` — a sign flip of the shift.  ``optimize()`` guards
-against it (``coreai_torch.safe_rewrite``); these tests cover the whole family found by
+against it (``coreai_torch.passes.safe_rewrite``); these tests cover the whole family found by
 experiment: ``/ C2``, ``C2 * (...)``, scalar C1, constant expressions, chains, grouped and
 strided 2-d and 3-d convolutions, and the forms that were always right (linear, ``C1 - conv``).
 """
@@ -16,7 +16,7 @@ import torch.nn as nn
 
 from coreai_torch import TorchConverter
 from coreai_torch._mlir import run_pre_compilation_rewrite
-from coreai_torch.safe_rewrite import protect_from_misfolds
+from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.verify import export_decomposed, verify
 from tests.helpers import check_module
 
@@ -105,7 +105,7 @@ def test_guard_only_touches_float_subtractions_of_constants_feeding_a_scale() ->
 
 def test_raw_core_ai_rewrite_still_misfolds() -> None:
     """Documents the upstream bug the guard exists for: if this starts failing, coreai-core
-    fixed the rewrite and ``coreai_torch.safe_rewrite`` can be retired."""
+    fixed the rewrite and ``coreai_torch.passes.safe_rewrite`` can be retired."""
     model, x = ConvShift().eval(), torch.randn(1, 2, 5, 5)
     program = TorchConverter().add_exported_program(export_decomposed(model, (x,))).to_coreai()
     module = program.mlir_module
