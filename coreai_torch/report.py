@@ -181,7 +181,7 @@ class ConversionReport:
         converter when absent); ``asset`` is the saved ``.aimodel``, if any.
         """
         stats = converter.last_stats
-        graphs = _graph_summaries(program.mlir_module)
+        graphs = _graph_summaries(program.structural_module)
         entrypoints = []
         weights: dict[int, torch.Tensor] = {}
         for name, signature in program.signatures.items():
