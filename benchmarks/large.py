@@ -261,6 +261,16 @@ def enough_memory(layers: int) -> tuple[bool, str]:
     return True, ""
 
 
+def measure_if_possible(
+    layers: int = LAYERS, int4: bool = False, directory: str | None = None
+) -> dict[str, Any]:
+    """:func:`measure`, or a "skipped" result if the machine lacks the free memory now."""
+    ok, why = enough_memory(layers)
+    if not ok:
+        return {"model": "llama-1.26b", "skipped": why}
+    return measure(layers, int4, directory)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=LAYERS)
@@ -268,11 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="where to write (default: the temporary directory)")
     parser.add_argument("--json", action="store_true", help="print one RESULT line of JSON")
     opts = parser.parse_args(argv)
-    ok, why = enough_memory(opts.layers)
-    if not ok:
-        result: dict[str, Any] = {"model": "llama-1.26b", "skipped": why}
-    else:
-        result = measure(opts.layers, opts.int4, opts.dir)
+    result = measure_if_possible(opts.layers, opts.int4, opts.dir)
     if opts.json:
         print("RESULT " + json.dumps(result))
     else:

@@ -55,6 +55,9 @@ CHUNK_BYTES = 4 << 20
 CHUNKS_IN_FLIGHT = 6
 #: The child is paused while this much of its output waits to be read (then memory).
 _AHEAD_BYTES = 64 << 20
+#: A serializer that writes nothing for this long is given up (and the asset saved in process).
+STALL_SECONDS = 600.0
+_OK = b"ok"
 #: Read output is freed in steps of this size.
 _RELEASE_BYTES = 8 << 20
 
@@ -72,9 +75,8 @@ class SaveStats:
     #: CPU seconds of the reading/transposing thread, the hashing and writing threads, and
     #: the serializer (the forked child)
     cpu: dict[str, float] = field(default_factory=dict)
-    #: most serializer output held in memory at once, and the child's private memory
+    #: most serializer output held in memory at once (freed as it is read)
     peak_buffered: int = 0
-    child_max_rss: int = 0
 
 
 #: statistics of the last save in this process (for benchmarks)
@@ -197,8 +199,8 @@ def _libc() -> Any:
 
 
 def _serialize_child(module: ir.Module, out_fd: int, status_fd: int, version: int) -> None:
-    """In the forked child: serialize into ``out_fd``, report failure, exit."""
-    code, message = 0, b""
+    """In the forked child: serialize into ``out_fd``, report ("ok" or the error), exit."""
+    code, message = 0, _OK
     try:
         parent = os.getppid()
         _libc().prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: do not outlive the parent
@@ -246,15 +248,18 @@ class _Serializer:
 
     def running(self) -> bool:
         if self.exit_status is None:
-            pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+            try:
+                pid, status, usage = os.wait4(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else (SIGCHLD ignored)
+                pid, status, usage = self.pid, -1, None
             if pid:
                 self._reaped(status, usage)
         return self.exit_status is None
 
     def _reaped(self, status: int, usage: Any) -> None:
         self.exit_status = status
-        last_stats.cpu["serializer"] = usage.ru_utime + usage.ru_stime
-        last_stats.child_max_rss = usage.ru_maxrss * 1024
+        if usage is not None:
+            last_stats.cpu["serializer"] = usage.ru_utime + usage.ru_stime
 
     def written(self) -> int:
         info = os.fstat(self.fd)
@@ -291,14 +296,19 @@ class _Serializer:
         elif self.stopped:
             self._signal(signal.SIGCONT)
         if self.exit_status is None:
-            _, status, usage = os.wait4(self.pid, 0)
+            try:
+                _, status, usage = os.wait4(self.pid, 0)
+            except ChildProcessError:
+                status, usage = -1, None
             self._reaped(status, usage)
-        message = os.read(self.status_fd, 4096).decode(errors="replace")
+        message = os.read(self.status_fd, 4096)
         os.close(self.status_fd)
         os.close(self.fd)
-        if abandon or os.waitstatus_to_exitcode(self.exit_status) == 0:
+        if abandon or message == _OK:
             return None
-        return message or f"the serializer exited with status {self.exit_status}"
+        return message.decode(errors="replace") or (
+            f"the serializer exited with status {self.exit_status}"
+        )
 
 
 # --------------------------------------------------------------------------- the writing ---
@@ -426,12 +436,18 @@ class _ChildOutput(Source):
     def _available(self, wanted: int) -> int:
         """Bytes written and not read (waits for at least ``wanted``, or the child's end)."""
         child = self.serializer
+        seen, since = -1, time.monotonic()
         while True:
             running = child.running()  # before the size: once it has exited, the size is final
-            unread = child.written() - self.position - len(self._head)
+            written = child.written()
+            unread = written - self.position - len(self._head)
             child.pace(unread)
             if unread >= wanted or not running:
                 return unread
+            if written != seen:
+                seen, since = written, time.monotonic()
+            elif time.monotonic() - since > STALL_SECONDS:
+                raise _ForkError(f"the serializer wrote nothing for {STALL_SECONDS} s")
             time.sleep(0.0005)
 
     def _fill(self, count: int) -> None:
@@ -561,7 +577,6 @@ def _save_streaming(
         total = sum(t.numel() * t.element_size() for n, t in weights.by_name.items() if n in names)
     fd = os.open(bytecode_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     serializer: _Serializer | None = None
-    sink: _Sink | None = None
     try:
         serializer = _Serializer(module, dialect_version)
         sink = _Sink(fd, progress, total)

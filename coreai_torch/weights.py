@@ -20,6 +20,7 @@ copy, as an eager transpose would make), and ``AIProgram.mlir_module`` calls it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import mmap
 import os
@@ -41,6 +42,8 @@ INLINE_LIMIT = 64
 _TAG_PREFIX = os.urandom(16)
 TAG_BYTES = len(_TAG_PREFIX) + 16
 _serials = itertools.count()
+
+_HUGE_PAGE = 2 << 20
 
 #: Columns transposed per block: a block of ``rows x 64`` elements is gathered contiguously,
 #: then transposed by torch's cache-blocked 2-D transpose.
@@ -143,8 +146,13 @@ def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, tag: bytes) -> torc
     """An uninitialised tensor over fresh anonymous memory, starting with ``tag``: pages the
     program never writes stay shared with the kernel's zero page and cost no RAM."""
     count = int(np.prod(shape, dtype=np.int64))
-    memory = mmap.mmap(-1, count * dtype.itemsize, flags=mmap.MAP_PRIVATE)
+    nbytes = count * dtype.itemsize
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
     memory[: len(tag)] = tag
+    if nbytes > 2 * _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        # reads then map the kernel's huge zero page: 512x fewer page faults when saving
+        with contextlib.suppress(OSError):
+            memory.madvise(mmap.MADV_HUGEPAGE, _HUGE_PAGE, nbytes - _HUGE_PAGE)
     return torch.frombuffer(memory, dtype=dtype, count=count).view(shape)
 
 

@@ -7,6 +7,7 @@ import copy
 import hashlib
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -272,3 +273,18 @@ def test_progress_of_optimize_and_save(tmp_path: Path) -> None:
     program.progress = progress.RichProgress(console=Console(file=out, width=100))
     program.save_asset(tmp_path / "m.aimodel")
     assert "save" in out.getvalue() and "GB" in out.getvalue()
+
+
+def test_a_serializer_that_hangs_is_given_up(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    program, _, _ = _mlp()
+    program.optimize()
+    program.save_asset(tmp_path / "reference.aimodel")
+    monkeypatch.setattr(saving, "_serialize_child", lambda *a: time.sleep(60))
+    monkeypatch.setattr(saving, "STALL_SECONDS", 0.5)
+    before = {c.pid for c in psutil.Process().children()}
+    with pytest.warns(RuntimeWarning, match="wrote nothing for 0.5 s.*saving it in process"):
+        program.save_asset(tmp_path / "hung.aimodel")
+    _assert_same_asset(tmp_path / "hung.aimodel", tmp_path / "reference.aimodel")
+    assert {c.pid for c in psutil.Process().children()} == before
