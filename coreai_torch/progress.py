@@ -92,6 +92,9 @@ class CallbackProgress(ConversionProgress):
             self.callback(task, done, total)
 
 
+_BYTE_UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"))
+
+
 class RichProgress(CallbackProgress):
     """A ``rich`` progress bar (one line per entry point) on ``stderr``."""
 
@@ -138,7 +141,8 @@ class RichProgress(CallbackProgress):
         bar = self._bar or self._start_bar()
         unit = self._units.get(name, "nodes")
         if unit == "bytes":
-            count = f"{done / 1e9:.2f}/{total / 1e9:.2f} GB"
+            scale, suffix = next((s, u) for s, u in _BYTE_UNITS if total >= s or s == 1e3)
+            count = f"{done / scale:.1f}/{total / scale:.1f} {suffix}"
         else:
             count = f"{done}/{total} {unit}"
         task = self._tasks.get(name)

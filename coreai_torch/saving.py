@@ -7,7 +7,9 @@ for large models:
 * the bytecode is hashed while it is written, not read back whole into memory;
 * weights stored transposed (``WeightStore.transposed``) are transposed into the stream as it
   passes, block by block, instead of being held as a second copy of the weights;
-* hashing, writing and transposing run beside the serializer, on the other core.
+* hashing, writing and transposing run beside the serializer, on the other core, and the
+  file is written with direct I/O where the file system allows it (no page-cache copy: little
+  CPU, and the data is on the disk when ``save_asset`` returns).
 
 coreai-core's serializer holds the GIL and writes to a seekable file.  So it runs in a forked
 child (which shares the parent's memory: the weights are not copied) and writes into an
@@ -22,6 +24,7 @@ written file in chunks.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import mmap
 import os
@@ -51,10 +54,13 @@ from coreai_torch.weights import TAG_BYTES, PendingTranspose, WeightStore, refer
 #: coreai-core's bytecode version (``coreai.authoring.asset._CURRENT_BYTECODE_VERSION``)
 BYTECODE_VERSION = 6
 #: Bytes handed to the hashing and writing threads at a time, and how many are in flight.
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 8 << 20
 CHUNKS_IN_FLIGHT = 6
 #: The child is paused while this much of its output waits to be read (then memory).
 _AHEAD_BYTES = 64 << 20
+#: Programs with fewer weight bytes are saved in process: forking costs ~50 ms, and their
+#: transposed weights are cheap to hold.
+STREAM_MIN_BYTES = 64 << 20
 #: A serializer that writes nothing for this long is given up (and the asset saved in process).
 STALL_SECONDS = 600.0
 _OK = b"ok"
@@ -100,7 +106,8 @@ def save_program(
 ) -> ca.AIModelAsset:
     """Write ``module`` as the asset directory ``path`` (replaced if it exists), as
     coreai-core's ``AIProgram.save_asset`` does; pending transposes of ``weights`` are made
-    on the way."""
+    on the way.  ``streaming``: through a forked serializer (default: for programs of at
+    least ``STREAM_MIN_BYTES`` of weights, where available) or in process."""
     last_stats.__init__()  # type: ignore[misc]
     start = time.perf_counter()
     minimum_os = minimum_os or core_asset.OSVersion.v27
@@ -115,9 +122,11 @@ def save_program(
         module.operation.verify()
         dialect_version = _AIModelAsset._dialect_version_for_os(minimum_os.value)
         bytecode_path = asset._program_bytecode_path
-        use_stream = streaming_available() if streaming is None else streaming
+        if streaming is None:
+            large = weights is not None and weights.total_bytes >= STREAM_MIN_BYTES
+            streaming = large and streaming_available()
         digest = None
-        if use_stream:
+        if streaming:
             try:
                 digest = _save_streaming(module, bytecode_path, dialect_version, weights, progress)
             except (BytecodeFormatError, _ForkError) as error:
@@ -245,6 +254,10 @@ class _Serializer:
         self.exit_status: int | None = None
         self.stopped = False
         self._fallocate = _libc().fallocate
+        #: byte ranges to free, handled by a thread: freeing waits for the child's writes
+        self._to_release: queue.Queue[tuple[int, int] | None] = queue.Queue()
+        self._releaser = threading.Thread(target=self._release_loop, daemon=True)
+        self._releaser.start()
 
     def running(self) -> bool:
         if self.exit_status is None:
@@ -280,11 +293,16 @@ class _Serializer:
             os.kill(self.pid, number)
 
     def release(self, start: int, stop: int) -> None:
-        """Free the memory of bytes ``start .. stop``, read already."""
-        import ctypes
-
+        """Free (soon) the memory of bytes ``start .. stop``, read already."""
         start, stop = start - start % mmap.PAGESIZE, stop - stop % mmap.PAGESIZE
         if stop > start:
+            self._to_release.put((start, stop))
+
+    def _release_loop(self) -> None:
+        import ctypes
+
+        while (span := self._to_release.get()) is not None:
+            start, stop = span
             # FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
             self._fallocate(self.fd, 3, ctypes.c_int64(start), ctypes.c_int64(stop - start))
 
@@ -301,6 +319,8 @@ class _Serializer:
             except ChildProcessError:
                 status, usage = -1, None
             self._reaped(status, usage)
+        self._to_release.put(None)
+        self._releaser.join()
         message = os.read(self.status_fd, 4096)
         os.close(self.status_fd)
         os.close(self.fd)
@@ -317,24 +337,47 @@ class _Serializer:
 class _Chunk:
     __slots__ = ("buffer", "size", "users")
 
-    def __init__(self, buffer: bytearray, size: int) -> None:
+    def __init__(self, buffer: mmap.mmap, size: int) -> None:
         self.buffer, self.size, self.users = buffer, size, 2
 
 
+def _direct_io(fd: int) -> bool:
+    """Switch ``fd`` to direct I/O (no page-cache copy: a fraction of the CPU of a buffered
+    write, and nothing left to flush); False where the file system does not support it."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return False
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | flag)
+    except OSError:
+        return False
+    return True
+
+
+def _buffered_io(fd: int) -> None:
+    import fcntl
+
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+
 class _Sink:
-    """Bytes in order, hashed by one thread and written by another, from a few reused chunks."""
+    """Bytes in order, hashed by one thread and written by another, in chunks of
+    ``CHUNK_BYTES`` (page-aligned, reused): every chunk but the last is full, so the file is
+    written with direct I/O where possible."""
 
     def __init__(self, fd: int, progress: SaveProgress | None, total: int) -> None:
         self.fd = fd
+        self.direct = _direct_io(fd)
         self.digest = hashlib.sha256()
         self.written = 0
         self.error: BaseException | None = None
         self._progress, self._total = progress, total
-        self._free: queue.Queue[bytearray] = queue.Queue()
-        for _ in range(CHUNKS_IN_FLIGHT):
-            self._free.put(bytearray(CHUNK_BYTES))
+        self._free: queue.Queue[mmap.mmap] = queue.Queue()
+        self._chunks = 0  # allocated so far (on demand, up to CHUNKS_IN_FLIGHT)
         self._lock = threading.Lock()
-        self._current: bytearray | None = None
+        self._current: mmap.mmap | None = None
         self._used = 0
         self._queues: list[queue.Queue[_Chunk | None]] = [queue.Queue(), queue.Queue()]
         self._threads = [
@@ -349,8 +392,23 @@ class _Sink:
 
     def _write(self, chunk: _Chunk) -> None:
         view = memoryview(chunk.buffer)[: chunk.size]
+        if self.direct and chunk.size % mmap.PAGESIZE:  # the last chunk: its tail buffered
+            aligned = chunk.size - chunk.size % mmap.PAGESIZE
+            self._write_all(view[:aligned])
+            _buffered_io(self.fd)
+            self.direct = False
+            view = view[aligned:]
+        self._write_all(view)
+
+    def _write_all(self, view: memoryview) -> None:
         while view:
-            view = view[os.write(self.fd, view) :]
+            try:
+                view = view[os.write(self.fd, view) :]
+            except OSError as error:
+                if not (self.direct and error.errno == errno.EINVAL):
+                    raise
+                _buffered_io(self.fd)  # direct I/O refused after all: write buffered
+                self.direct = False
 
     def _run(self, jobs: queue.Queue[_Chunk | None], work: Callable[[_Chunk], None]) -> None:
         try:
@@ -370,15 +428,20 @@ class _Sink:
                 if chunk.users == 0:
                     self._free.put(chunk.buffer)
 
-    def reserve(self, size: int) -> memoryview:
-        """Room for the next ``size`` (<= ``CHUNK_BYTES``) bytes; :meth:`commit` them."""
+    def room(self, size: int) -> memoryview:
+        """The free part of the current chunk, at most ``size`` bytes (at least one):
+        fill a prefix of it and :meth:`commit` that."""
         if self.error is not None:
             raise self.error
-        if self._current is not None and CHUNK_BYTES - self._used < size:
-            self._submit()
         if self._current is None:
-            self._current, self._used = self._free.get(), 0
-        return memoryview(self._current)[self._used : self._used + size]
+            self._current, self._used = self._next_chunk(), 0
+        return memoryview(self._current)[self._used : min(CHUNK_BYTES, self._used + size)]
+
+    def _next_chunk(self) -> mmap.mmap:
+        if self._chunks < CHUNKS_IN_FLIGHT and self._free.empty():
+            self._chunks += 1
+            return mmap.mmap(-1, CHUNK_BYTES)
+        return self._free.get()
 
     def commit(self, size: int) -> None:
         self._used += size
@@ -388,10 +451,10 @@ class _Sink:
     def write(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         while view:
-            size = min(len(view), CHUNK_BYTES)
-            self.reserve(size)[:] = view[:size]
-            self.commit(size)
-            view = view[size:]
+            room = self.room(len(view))
+            room[:] = view[: len(room)]
+            self.commit(len(room))
+            view = view[len(room) :]
 
     def _submit(self) -> None:
         if self._current is None:
@@ -495,7 +558,7 @@ class _ChildOutput(Source):
             unread = self._available(1)
             if unread <= 0:
                 raise TruncatedBytecode("the bytecode stream ends early")
-            view = self.sink.reserve(min(left, unread, CHUNK_BYTES))
+            view = self.sink.room(min(left, unread))
             got = os.preadv(self.serializer.fd, [view], self.position)
             self.sink.commit(got)
             self._advance(got)
@@ -543,20 +606,24 @@ class _TransposeWriter:
         if entry.nbytes != size:
             raise BytecodeFormatError(f"blob of {size} bytes tagged as {entry.name}")
         assert isinstance(source, _ChildOutput)
-        shape = tuple(entry.placeholder.shape[1:])
-        dtype = entry.placeholder.dtype
-        for first, count in entry.pieces(CHUNK_BYTES):
-            nbytes = count * entry.row_bytes
-            if nbytes <= CHUNK_BYTES:
-                room = self.sink.reserve(nbytes)
-                out = torch.frombuffer(room, dtype=dtype, count=nbytes // dtype.itemsize)
-                entry.fill(first, out.view(count, *shape))
+        shape, dtype = tuple(entry.placeholder.shape[1:]), entry.placeholder.dtype
+        rows, row_bytes = entry.rows, entry.row_bytes
+        first = 0
+        while first < rows:  # whole slices into the current chunk, one at a time across two
+            room = self.sink.room((rows - first) * row_bytes)
+            count = min(len(room) // row_bytes, rows - first)
+            if count:
+                nbytes = count * row_bytes
+                out = torch.frombuffer(room[:nbytes], dtype=dtype).view(count, *shape)
+                entry.fill(first, out)
                 self.sink.commit(nbytes)
-            else:  # one slice larger than a chunk
-                out = torch.empty((count, *shape), dtype=dtype)
+            else:
+                count, nbytes = 1, row_bytes
+                out = torch.empty((1, *shape), dtype=dtype)
                 entry.fill(first, out)
                 self.sink.write(out.view(torch.uint8).numpy().reshape(-1))
             source.skip(nbytes)
+            first += count
         self.done.add(entry.name)
         return True
 

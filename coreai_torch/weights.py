@@ -25,7 +25,6 @@ import itertools
 import mmap
 import os
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,9 +116,14 @@ class PendingTranspose:
         return self.placeholder.numel() * self.placeholder.element_size()
 
     @property
+    def rows(self) -> int:
+        """Slices along the first dimension of the transposed weight."""
+        return self.placeholder.shape[0]
+
+    @property
     def row_bytes(self) -> int:
-        """Bytes of one slice along the first dimension of the transposed weight."""
-        return self.nbytes // max(1, self.placeholder.shape[0])
+        """Bytes of one such slice."""
+        return self.nbytes // max(1, self.rows)
 
     def fill(self, first: int, out: torch.Tensor) -> None:
         """Slices ``first .. first + len(out)`` (first dimension) of the transposed weight into
@@ -129,17 +133,11 @@ class PendingTranspose:
         else:
             out.copy_(self.view[first : first + out.shape[0]])
 
-    def pieces(self, max_bytes: int) -> Iterator[tuple[int, int]]:
-        """``(first, count)`` runs of whole slices of at most ``max_bytes`` (at least one)."""
-        rows = self.placeholder.shape[0] if self.placeholder.dim() else 1
-        step = max(1, max_bytes // max(1, self.row_bytes))
-        for first in range(0, rows, step):
-            yield first, min(step, rows - first)
-
     def materialize(self) -> None:
         """Write the transposed data into the placeholder (in place: the IR is unchanged)."""
-        for first, count in self.pieces(64 << 20):
-            self.fill(first, self.placeholder[first : first + count])
+        step = max(1, (64 << 20) // max(1, self.row_bytes))
+        for first in range(0, self.rows, step):
+            self.fill(first, self.placeholder[first : first + step])
 
 
 def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, tag: bytes) -> torch.Tensor:

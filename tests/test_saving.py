@@ -4,6 +4,8 @@ written) and writes exactly what coreai-core's ``save_asset`` writes."""
 from __future__ import annotations
 
 import copy
+import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -23,6 +25,11 @@ from coreai_torch.bytecode import BytecodeFormatError, rewrite_blobs
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import Session
 from coreai_torch.verify import eager_outputs, export_decomposed, run_entrypoint
+
+
+@pytest.fixture(autouse=True)
+def _stream_small_programs_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(saving, "STREAM_MIN_BYTES", 0)
 
 
 class TiedLM(nn.Module):
@@ -272,7 +279,7 @@ def test_progress_of_optimize_and_save(tmp_path: Path) -> None:
     out = __import__("io").StringIO()
     program.progress = progress.RichProgress(console=Console(file=out, width=100))
     program.save_asset(tmp_path / "m.aimodel")
-    assert "save" in out.getvalue() and "GB" in out.getvalue()
+    assert f"{size / 1e3:.1f}/{size / 1e3:.1f} KB" in out.getvalue()
 
 
 def test_a_serializer_that_hangs_is_given_up(
@@ -288,3 +295,24 @@ def test_a_serializer_that_hangs_is_given_up(
         program.save_asset(tmp_path / "hung.aimodel")
     _assert_same_asset(tmp_path / "hung.aimodel", tmp_path / "reference.aimodel")
     assert {c.pid for c in psutil.Process().children()} == before
+
+
+def test_a_file_system_that_refuses_direct_io_is_written_buffered(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    program, _, _ = _tied()
+    program.optimize()
+    program.save_asset(tmp_path / "reference.aimodel")
+    write, refused = os.write, []
+
+    def no_direct_io(fd: int, data: memoryview) -> int:
+        if os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return write(fd, data)
+
+    monkeypatch.setattr(saving.os, "write", no_direct_io)
+    program.save_asset(tmp_path / "buffered.aimodel")
+    monkeypatch.undo()
+    assert refused  # direct I/O was tried, refused, and the asset written buffered
+    _assert_same_asset(tmp_path / "buffered.aimodel", tmp_path / "reference.aimodel")
