@@ -148,7 +148,7 @@ def save_program(
         last_stats.seconds = time.perf_counter() - start
     except BaseException as error:
         shutil.rmtree(path, ignore_errors=True)
-        if isinstance(error, (OSError, KeyboardInterrupt)):
+        if isinstance(error, OSError) or not isinstance(error, Exception):
             raise
         raise RuntimeError(f"failed to persist mlasset to {path}: {error}") from error
     return ca.AIModelAsset._wrap(asset)

@@ -320,3 +320,19 @@ def test_a_file_system_that_refuses_direct_io_is_written_buffered(
     monkeypatch.undo()
     assert refused  # direct I/O was tried, refused, and the asset written buffered
     _assert_same_asset(tmp_path / "buffered.aimodel", tmp_path / "reference.aimodel")
+
+
+def test_a_full_disk_names_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    program, _, _ = _mlp()
+    program.optimize()
+    write = os.write
+
+    def full(fd: int, data: memoryview) -> int:
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) == "main.mlirb":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(fd, data)
+
+    monkeypatch.setattr(saving.os, "write", full)
+    with _children_reaped(), pytest.raises(OSError, match=r"could not write '.*full.aimodel'"):
+        program.save_asset(tmp_path / "full.aimodel")
+    assert not (tmp_path / "full.aimodel").exists()
