@@ -7,9 +7,9 @@ for large models:
 * the bytecode is hashed while it is written, not read back whole into memory;
 * weights stored transposed (``WeightStore.transposed``) are transposed into the stream as it
   passes, block by block, instead of being held as a second copy of the weights;
-* hashing, writing and transposing run beside the serializer, on the other core, and the
-  file is written with direct I/O where the file system allows it (no page-cache copy: little
-  CPU, and the data is on the disk when ``save_asset`` returns).
+* hashing, writing and transposing run beside the serializer, on the other core, and an
+  asset of 1 GiB or more is written with direct I/O where the file system allows it (no
+  page-cache copy: little CPU, and the data is on the disk when ``save_asset`` returns).
 
 coreai-core's serializer holds the GIL and writes to a seekable file.  So it runs in a forked
 child (which shares the parent's memory: the weights are not copied) and writes into an
@@ -61,6 +61,9 @@ _AHEAD_BYTES = 64 << 20
 #: Programs with fewer weight bytes are saved in process: forking costs ~50 ms, and their
 #: transposed weights are cheap to hold.
 STREAM_MIN_BYTES = 64 << 20
+#: Assets of at least this size are written with direct I/O: it spares the CPU a copy per byte,
+#: but waits for the disk, where smaller ones return once in the page cache.
+DIRECT_MIN_BYTES = 1 << 30
 #: A serializer that writes nothing for this long is given up (and the asset saved in process).
 STALL_SECONDS = 600.0
 _OK = b"ok"
@@ -369,7 +372,7 @@ class _Sink:
 
     def __init__(self, fd: int, progress: SaveProgress | None, total: int) -> None:
         self.fd = fd
-        self.direct = _direct_io(fd)
+        self.direct = total >= DIRECT_MIN_BYTES and _direct_io(fd)
         self.digest = hashlib.sha256()
         self.written = 0
         self.error: BaseException | None = None
@@ -640,7 +643,7 @@ def _save_streaming(
     names = referenced_resources(module)
     expected = {e.name for e in pending.values() if e.name in names}
     total = 0
-    if progress is not None and weights is not None:
+    if weights is not None:
         total = sum(t.numel() * t.element_size() for n, t in weights.by_name.items() if n in names)
     fd = os.open(bytecode_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     serializer: _Serializer | None = None

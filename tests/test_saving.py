@@ -32,6 +32,7 @@ from coreai_torch.verify import eager_outputs, export_decomposed, run_entrypoint
 @pytest.fixture(autouse=True)
 def _stream_small_programs_too(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(saving, "STREAM_MIN_BYTES", 0)
+    monkeypatch.setattr(saving, "DIRECT_MIN_BYTES", 0)
 
 
 class TiedLM(nn.Module):
@@ -336,3 +337,15 @@ def test_a_full_disk_names_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     with _children_reaped(), pytest.raises(OSError, match=r"could not write '.*full.aimodel'"):
         program.save_asset(tmp_path / "full.aimodel")
     assert not (tmp_path / "full.aimodel").exists()
+
+
+def test_a_smaller_asset_is_streamed_through_the_page_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    program, _, _ = _tied()
+    program.optimize()
+    program.save_asset(tmp_path / "direct.aimodel")
+    monkeypatch.setattr(saving, "DIRECT_MIN_BYTES", 1 << 40)
+    program.save_asset(tmp_path / "buffered.aimodel")
+    assert saving.last_stats.streamed
+    _assert_same_asset(tmp_path / "buffered.aimodel", tmp_path / "direct.aimodel")
