@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_large:
         from benchmarks.large import measure_if_possible
 
-        print("RESULT " + json.dumps(measure_if_possible()))
+        print("RESULT " + json.dumps(measure_if_possible(int4=args.one_large == "int4")))
         return 0
     if args.one_kernels:
         from benchmarks.kernels import measure_kernels
@@ -274,17 +274,21 @@ def main(argv: list[str] | None = None) -> int:
         for name, spec in ABLATION_MODELS.items():
             print(f"== IR ablation, {name}: {spec.description}", flush=True)
             ablations.append(_child("--one-ablation", name, args.ablation_runs))
-    large_result = None
+    large_results = []
     if args.large:
-        print("== large model: conversion of a 1.26B Llama against the write floor", flush=True)
-        large_result = _child("--one-large", "llama-1.26b", args.runs)
+        for variant in ("fp32", "int4"):
+            print(
+                f"== large model: converting a 1.26B Llama ({variant}) vs the write floor",
+                flush=True,
+            )
+            large_results.append(_child("--one-large", variant, args.runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
         json.dumps(
-            {"models": results, "ablation": ablations, "kernels": kernels, "large": large_result},
+            {"models": results, "ablation": ablations, "kernels": kernels, "large": large_results},
             indent=2,
         )
     )
@@ -304,14 +308,14 @@ def main(argv: list[str] | None = None) -> int:
             "(no IR to simplify: the runtime's kernels).\n"
         )
         print(kernel_table(kernels["rows"]))
-    if large_result is not None:
+    if large_results:
         from benchmarks.large import table as large_table
 
         print("\nLarge model (conversion only; noisy on a shared machine).\n")
-        print(large_table(large_result))
+        print("\n\n".join(large_table(r) for r in large_results))
     print(f"\nJSON: {out}")
-    extra = [large_result] if large_result is not None else []
-    return 0 if all("error" not in r for r in [*results, *ablations, kernels, *extra]) else 1
+    measured = [*results, *ablations, kernels, *large_results]
+    return 0 if all("error" not in r for r in measured) else 1
 
 
 if __name__ == "__main__":
