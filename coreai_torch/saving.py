@@ -14,7 +14,7 @@ for large models:
 coreai-core's serializer holds the GIL and writes to a seekable file.  So it runs in a forked
 child (which shares the parent's memory: the weights are not copied) and writes into an
 in-memory file, while this process reads it right behind the child, freeing what it has read
-(the child is paused when it gets 64 MB ahead), parses the stream's framing
+(the child is paused when it gets 128 MB ahead), parses the stream's framing
 (:mod:`coreai_torch.bytecode`), replaces the placeholders of transposed weights by their data,
 and hands the bytes to a hashing and a writing thread.  Where ``fork`` is not available (or
 not safe: macOS), :func:`save_in_process` makes the transposed weights first and hashes the
@@ -57,7 +57,7 @@ BYTECODE_VERSION = 6
 CHUNK_BYTES = 8 << 20
 CHUNKS_IN_FLIGHT = 6
 #: The child is paused while this much of its output waits to be read (then memory).
-_AHEAD_BYTES = 64 << 20
+_AHEAD_BYTES = 128 << 20
 #: Programs with fewer weight bytes are saved in process: forking costs ~50 ms, and their
 #: transposed weights are cheap to hold.
 STREAM_MIN_BYTES = 64 << 20
@@ -283,11 +283,11 @@ class _Serializer:
         return info.st_size
 
     def pace(self, unread: int) -> None:
-        """Flow control: stop the child while ``unread`` bytes wait, until half are read."""
+        """Flow control: stop the child while ``unread`` bytes wait, until a quarter are read."""
         if not self.stopped and unread > _AHEAD_BYTES and self.running():
             self._signal(signal.SIGSTOP)
             self.stopped = True
-        elif self.stopped and unread <= _AHEAD_BYTES // 2:
+        elif self.stopped and unread <= _AHEAD_BYTES * 3 // 4:
             self._signal(signal.SIGCONT)
             self.stopped = False
 
