@@ -25,9 +25,10 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 
-## Conversion time, peak memory and runtime latency of the benchmark models.
+## Conversion time, peak memory and runtime latency of the benchmark models, and the
+## conversion of a 1.26B Llama against the disk's write floor (about 8 GB of free memory).
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run --ablation
+	$(BIN)/python -m benchmarks.run --ablation --large
 
 lint: $(STAMP)
 	$(BIN)/ruff check coreai_torch tests benchmarks

@@ -8,6 +8,10 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 ``bench_results/results.json``.
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
+                             [--large]
+
+``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor
+(``benchmarks/large.py``; needs about 8 GB of free memory).
 """
 
 from __future__ import annotations
@@ -236,9 +240,13 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also measure the IR ablation on {', '.join(ABLATION_MODELS)}",
     )
     parser.add_argument("--ablation-runs", type=int, default=15)
+    parser.add_argument(
+        "--large", action="store_true", help="also convert the 1.26B Llama (benchmarks/large.py)"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
+    parser.add_argument("--one-large", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -246,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one_ablation:
         print("RESULT " + json.dumps(measure_ablation(args.one_ablation, args.runs)))
+        return 0
+    if args.one_large:
+        from benchmarks.large import measure_if_possible
+
+        print("RESULT " + json.dumps(measure_if_possible(int4=args.one_large == "int4")))
         return 0
     if args.one_kernels:
         from benchmarks.kernels import measure_kernels
@@ -261,12 +274,23 @@ def main(argv: list[str] | None = None) -> int:
         for name, spec in ABLATION_MODELS.items():
             print(f"== IR ablation, {name}: {spec.description}", flush=True)
             ablations.append(_child("--one-ablation", name, args.ablation_runs))
+    large_results = []
+    if args.large:
+        for variant in ("fp32", "int4"):
+            print(
+                f"== large model: converting a 1.26B Llama ({variant}) vs the write floor",
+                flush=True,
+            )
+            large_results.append(_child("--one-large", variant, args.runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
-        json.dumps({"models": results, "ablation": ablations, "kernels": kernels}, indent=2)
+        json.dumps(
+            {"models": results, "ablation": ablations, "kernels": kernels, "large": large_results},
+            indent=2,
+        )
     )
     if results:
         method = next((r["memory_method"] for r in results if "memory_method" in r), "?")
@@ -284,8 +308,14 @@ def main(argv: list[str] | None = None) -> int:
             "(no IR to simplify: the runtime's kernels).\n"
         )
         print(kernel_table(kernels["rows"]))
+    if large_results:
+        from benchmarks.large import table as large_table
+
+        print("\nLarge model (conversion only; noisy on a shared machine).\n")
+        print("\n\n".join(large_table(r) for r in large_results))
     print(f"\nJSON: {out}")
-    return 0 if all("error" not in r for r in [*results, *ablations, kernels]) else 1
+    measured = [*results, *ablations, kernels, *large_results]
+    return 0 if all("error" not in r for r in measured) else 1
 
 
 if __name__ == "__main__":

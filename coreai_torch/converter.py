@@ -370,6 +370,7 @@ class TorchConverter:
         program = AIProgram._from_mlir_module(module)
         program.signatures = {name: self._staged[name].signature for name in names}
         program.weights = builder.weights
+        program.progress = self.progress
         return program
 
     def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> None:

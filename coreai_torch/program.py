@@ -1,7 +1,9 @@
 """``AIProgram``: what ``to_coreai()`` returns.
 
 It *is* coreai-core's ``AIProgram`` (``save_asset``, ``set_static_shape_config``, ... work as
-documented there) with an ``optimize()`` method and a readable ``str()``.
+documented there) with an ``optimize()`` method and a readable ``str()``.  ``save_asset``
+writes the same asset as coreai-core, through :mod:`coreai_torch.saving` (streamed, hashed on
+the way, weights stored transposed made as they are written).
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import warnings
 from pathlib import Path
 from typing import Any, Self
 
+from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
 from coreai_torch.passes.pretranspose import pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
+from coreai_torch.saving import save_program
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
 
@@ -46,15 +50,40 @@ class AIProgram(ca.AIProgram):
     #: the program's weights (set by ``TorchConverter.to_coreai``; None for other programs)
     weights: WeightStore | None
 
+    #: progress of optimize() and save_asset(), as ``TorchConverter.progress`` (which
+    #: ``to_coreai`` copies here): None follows ``coreai_torch.progress`` blocks and the
+    #: ``COREAI_TORCH_PROGRESS`` variable
+    progress: Any
+
     def __init__(self, module: ca.Module) -> None:
         super().__init__(module)
         self.signatures = {}
         self.weights = None
+        self.progress = None
 
     @property
     def mlir_module(self) -> ir.Module:
-        """The underlying MLIR module (shared, not a copy)."""
+        """The underlying MLIR module (shared, not a copy), its constants' data complete.
+
+        Weights ``optimize()`` stores transposed are made when the asset is written; reading
+        this property makes them now, in place (a copy of each), so that anything reading
+        constants through MLIR sees their data.  A pass that only rewrites the program's
+        structure, and reads weights through ``program.weights.tensor(name)``, may use
+        :attr:`structural_module` and keep them deferred.
+        """
+        self._materialize_weights()
         return self._module._mlir_module
+
+    @property
+    def structural_module(self) -> ir.Module:
+        """The underlying MLIR module, where the data of weights stored transposed may still
+        be placeholders (see :attr:`mlir_module`): for rewrites that never read a
+        constant's data through MLIR."""
+        return self._module._mlir_module
+
+    def _materialize_weights(self) -> None:
+        if self.weights is not None and self.weights.pending:
+            self.weights.materialize()
 
     @property
     def function_names(self) -> list[str]:
@@ -64,7 +93,7 @@ class AIProgram(ca.AIProgram):
         called from the entry points with ``coreai.invoke`` and are not listed.
         """
         names = []
-        for op in self.mlir_module.body.operations:
+        for op in self.structural_module.body.operations:
             if op.operation.name == "coreai.graph":
                 attrs = op.operation.attributes
                 if "priv" in attrs or (
@@ -87,29 +116,33 @@ class AIProgram(ca.AIProgram):
         run time (see :mod:`coreai_torch.passes.pretranspose` for the trade-off).  Modifies the
         program in place and returns it.
         """
-        module = self.mlir_module
-        with module.context:
-            candidate = clone_module(module=module)
-            protect_from_misfolds(candidate)
-            try:
-                run_pre_compilation_rewrite(module=candidate)
-                _verify(candidate, "after optimize()")
-            except (RuntimeError, VerificationError) as error:
-                reason = str(error).strip().splitlines()[0][:300]
-                warnings.warn(
-                    "optimize(): Core AI's pre-compilation rewrite failed on this program, "
-                    f"which is kept unoptimized (it is valid and runs as is): {reason}",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                return self
-        if (
-            transpose_weights
-            and self.weights is not None
-            and pretranspose_weights(candidate, self.weights)
-        ):
-            _verify(candidate, "after storing weights transposed")
-        self._module._mlir_module = candidate
+        module = self.mlir_module  # a second optimize() folds constants: their data is made
+        listener = progress_events.resolve(self.progress)
+        with progress_events.phase(listener, "optimize", 3, "steps") as report:
+            with module.context:
+                candidate = clone_module(module=module)
+                protect_from_misfolds(candidate)
+                try:
+                    run_pre_compilation_rewrite(module=candidate)
+                    report(1, 3)
+                    _verify(candidate, "after optimize()")
+                except (RuntimeError, VerificationError) as error:
+                    reason = str(error).strip().splitlines()[0][:300]
+                    warnings.warn(
+                        "optimize(): Core AI's pre-compilation rewrite failed on this program, "
+                        f"which is kept unoptimized (it is valid and runs as is): {reason}",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                    return self
+            report(2, 3)
+            if (
+                transpose_weights
+                and self.weights is not None
+                and pretranspose_weights(candidate, self.weights)
+            ):
+                _verify(candidate, "after storing weights transposed")
+            self._module._mlir_module = candidate
         return self
 
     def save_asset(
@@ -117,9 +150,10 @@ class AIProgram(ca.AIProgram):
     ) -> ca.AIModelAsset:
         """Save the program as a Core AI asset directory ``path`` (``*.aimodel``).
 
-        Like coreai-core's ``save_asset`` (it also accepts ``str`` paths), but refuses to
-        replace a file or a directory that is not a Core AI asset, and turns file-system
-        failures into errors that name the path.
+        Writes what coreai-core's ``save_asset`` writes (it also accepts ``str`` paths), at
+        about disk speed and without a second copy of the weights (:mod:`coreai_torch.saving`);
+        refuses to replace a file or a directory that is not a Core AI asset, and turns
+        file-system failures into errors that name the path.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
@@ -141,8 +175,17 @@ class AIProgram(ca.AIProgram):
                 f"save_asset: '{target}' exists and is a {kind}, not a Core AI asset; refusing "
                 "to replace it. Remove it or choose another path."
             )
+        listener = progress_events.resolve(self.progress)
         try:
-            return super().save_asset(target, metadata, **kwargs)
+            with progress_events.phase(listener, "save", 0, "bytes") as report:
+                return save_program(
+                    self.structural_module,
+                    target,
+                    metadata=metadata,
+                    weights=self.weights,
+                    progress=report if listener is not None else None,
+                    **kwargs,
+                )
         except OSError as error:
             raise type(error)(
                 error.errno,
@@ -150,15 +193,34 @@ class AIProgram(ca.AIProgram):
                 "path in a writable directory",
             ) from error
 
+    def _save_bytecode(self, path: Path, **kwargs: Any) -> None:
+        self._materialize_weights()
+        super()._save_bytecode(path, **kwargs)
+
+    def set_static_shape_config(self, *args: Any, **kwargs: Any) -> None:
+        self._materialize_weights()  # runs the pre-compilation rewrite, which folds constants
+        super().set_static_shape_config(*args, **kwargs)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        copy = super().__deepcopy__(memo)
+        copy.signatures = dict(self.signatures)
+        copy.weights = self.weights  # the same resources (and placeholders) as this program
+        copy.progress = self.progress
+        return copy
+
+    def __repr__(self) -> str:
+        self._materialize_weights()
+        return super().__repr__()
+
     def verify(self) -> None:
         """Raise :class:`VerificationError` if the program is not valid Core AI IR."""
-        _verify(self.mlir_module, "")
+        _verify(self.structural_module, "")
 
     def to_mlir(self, *, weights: bool = False, debug_info: bool = False) -> str:
         """The program as MLIR text; weight blobs are elided unless ``weights=True``."""
-        module = self.mlir_module
         if weights:
-            return module.operation.get_asm(enable_debug_info=debug_info)
+            return self.mlir_module.operation.get_asm(enable_debug_info=debug_info)
+        module = self.structural_module
         body = "\n".join(
             op.operation.get_asm(enable_debug_info=debug_info) for op in module.body.operations
         )

@@ -1,4 +1,5 @@
-"""Progress of long conversions: FX nodes lowered / total, per entry point.
+"""Progress of long conversions: FX nodes lowered / total, per entry point, then the steps of
+``optimize()`` and the bytes ``save_asset()`` has written.
 
 Off by default (and then free).  Turn it on for one ``to_coreai()`` call, a block of code, a
 converter, or the whole process::
@@ -12,7 +13,10 @@ converter, or the whole process::
     converter.progress = True                          # this converter, always
     COREAI_TORCH_PROGRESS=1 python convert.py          # every conversion of the process
 
-The ``coreai-torch convert`` command shows the bar whenever stderr is a terminal.
+A program from ``to_coreai()`` reports ``optimize()`` and ``save_asset()`` the same way (its
+``progress`` attribute is the converter's; a callback then also receives
+``("optimize", steps done, steps)`` and ``("save", bytes written, bytes expected)``).  The
+``coreai-torch convert`` command shows the bar whenever stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -48,8 +52,12 @@ class ConversionProgress:
     def finish(self, entrypoint: str) -> None:
         """Every node of ``entrypoint`` is lowered."""
 
+    def update(self, task: str, done: int, total: int, unit: str) -> None:
+        """A later phase advanced: ``task`` is ``"optimize"`` (``unit`` "steps") or ``"save"``
+        (``unit`` "bytes")."""
+
     def close(self) -> None:
-        """The ``to_coreai()`` call is over."""
+        """The ``to_coreai()`` (or ``optimize()``, ``save_asset()``) call is over."""
 
 
 class CallbackProgress(ConversionProgress):
@@ -77,6 +85,15 @@ class CallbackProgress(ConversionProgress):
     def finish(self, entrypoint: str) -> None:
         self.callback(entrypoint, self._total, self._total)
 
+    def update(self, task: str, done: int, total: int, unit: str) -> None:
+        now = time.perf_counter()
+        if done in (0, total) or now - self._last >= self.interval:
+            self._last = now
+            self.callback(task, done, total)
+
+
+_BYTE_UNITS = ((1e9, "GB"), (1e6, "MB"), (1e3, "KB"))
+
 
 class RichProgress(CallbackProgress):
     """A ``rich`` progress bar (one line per entry point) on ``stderr``."""
@@ -87,13 +104,13 @@ class RichProgress(CallbackProgress):
         self._console = console
         self._bar: Any = None
         self._tasks: dict[str, Any] = {}
+        self._units: dict[str, str] = {}
 
     def _start_bar(self) -> Any:
         try:
             from rich.console import Console
             from rich.progress import (
                 BarColumn,
-                MofNCompleteColumn,
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
@@ -106,10 +123,9 @@ class RichProgress(CallbackProgress):
 
         console = self._console or Console(stderr=True)
         self._bar = Progress(
-            TextColumn("lowering [bold]{task.description}"),
+            TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("nodes"),
+            TextColumn("{task.fields[count]}"),
             TimeElapsedColumn(),
             console=console,
             transient=self._transient,
@@ -117,18 +133,52 @@ class RichProgress(CallbackProgress):
         self._bar.start()
         return self._bar
 
-    def _update(self, entrypoint: str, done: int, total: int) -> None:
+    def update(self, task: str, done: int, total: int, unit: str) -> None:
+        self._units[task] = unit
+        super().update(task, done, total, unit)
+
+    def _update(self, name: str, done: int, total: int) -> None:
         bar = self._bar or self._start_bar()
-        task = self._tasks.get(entrypoint)
+        unit = self._units.get(name, "nodes")
+        if unit == "bytes":
+            scale, suffix = next((s, u) for s, u in _BYTE_UNITS if total >= s or s == 1e3)
+            count = f"{done / scale:.1f}/{total / scale:.1f} {suffix}"
+        else:
+            count = f"{done}/{total} {unit}"
+        task = self._tasks.get(name)
         if task is None:
-            task = self._tasks[entrypoint] = bar.add_task(entrypoint, total=total)
-        bar.update(task, completed=done, total=total)
+            label = f"lowering [bold]{name}" if unit == "nodes" else f"[bold]{name}"
+            task = self._tasks[name] = bar.add_task(label, total=total, count=count)
+        bar.update(task, completed=done, total=total, count=count)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
             self._tasks.clear()
+
+
+@contextlib.contextmanager
+def phase(
+    listener: ConversionProgress | None, task: str, total: int, unit: str
+) -> Iterator[Callable[[int, int], None]]:
+    """Report one phase to ``listener`` (nothing if None): yields ``report(done, total)``;
+    the phase is complete, and the listener closed, when the block ends."""
+    if listener is None:
+        yield lambda done, total: None
+        return
+    last = [total]
+
+    def report(done: int, total: int) -> None:
+        last[0] = total
+        listener.update(task, done, total, unit)
+
+    report(0, total)
+    try:
+        yield report
+        listener.update(task, last[0], last[0], unit)
+    finally:
+        listener.close()
 
 
 _ACTIVE: contextvars.ContextVar[ConversionProgress | None] = contextvars.ContextVar(

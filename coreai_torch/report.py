@@ -181,7 +181,7 @@ class ConversionReport:
         converter when absent); ``asset`` is the saved ``.aimodel``, if any.
         """
         stats = converter.last_stats
-        graphs = _graph_summaries(program.mlir_module)
+        graphs = _graph_summaries(program.structural_module)
         entrypoints = []
         weights: dict[int, torch.Tensor] = {}
         for name, signature in program.signatures.items():
@@ -236,7 +236,11 @@ class ConversionReport:
                 "timings    " + " | ".join(f"{k} {v:.3f} s" for k, v in self.timings.items())
             )
         if self.asset:
-            lines.append(f"asset      {self.asset} ({_human_bytes(self.asset_bytes)})")
+            size = _human_bytes(self.asset_bytes)
+            seconds = self.timings.get("save", 0.0)
+            if seconds > 0:
+                size += f", written at {_human_bytes(int(self.asset_bytes / seconds))}/s"
+            lines.append(f"asset      {self.asset} ({size})")
         return "\n".join(lines)
 
 

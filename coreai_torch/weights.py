@@ -8,11 +8,24 @@ saved; the MLIR context keeps a reference to each buffer.
 One :class:`WeightStore` serves every graph of a program, so a tensor used by several entry
 points (e.g. prefill and decode) is stored once.  It stays with the program, so that
 ``AIProgram.optimize()`` can store a weight transposed (:meth:`WeightStore.transposed`).
+
+A transposed weight is not copied when it is created either: its resource is a *placeholder*
+of the right size (untouched anonymous memory, which costs no RAM) that starts with a unique
+tag, and the transposed data is produced while the asset is written
+(:mod:`coreai_torch.saving` replaces each tagged blob in the byte stream).  So saving a large
+model needs no second copy of its weights.  Whatever else reads constants' data through MLIR
+must see the real data: :meth:`WeightStore.materialize` fills the placeholders in place (one
+copy, as an eager transpose would make), and ``AIProgram.mlir_module`` calls it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import mmap
+import os
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -23,6 +36,45 @@ from coreai_torch._mlir import cai, ir
 #: Tensors with fewer elements than this are emitted inline (``dense<...>``) so the compiler
 #: can fold them; larger ones are zero-copy resources.
 INLINE_LIMIT = 64
+
+#: A placeholder's first bytes: this process's random prefix, then a serial number and the size.
+_TAG_PREFIX = os.urandom(16)
+TAG_BYTES = len(_TAG_PREFIX) + 16
+_serials = itertools.count()
+
+_HUGE_PAGE = 2 << 20
+
+#: Columns transposed per block: a block of ``rows x 64`` elements is gathered contiguously,
+#: then transposed by torch's cache-blocked 2-D transpose.
+_BLOCK = 64
+
+
+_RESOURCE = re.compile(r'^dense_resource<"?([^">]+)"?>')
+
+
+def resource_name(op: ir.Operation) -> str | None:
+    """The resource name of a ``coreai.constant dense_resource<name>``, else None."""
+    if op.name != "coreai.constant":
+        return None
+    value = op.attributes["value"]
+    if not ir.DenseResourceElementsAttr.isinstance(value):
+        return None
+    match = _RESOURCE.match(str(value))
+    return match[1] if match else None
+
+
+def referenced_resources(module: ir.Module) -> set[str]:
+    """The names of the resources the constants of ``module`` hold."""
+    names: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = resource_name(op)
+        if name is not None:
+            names.add(name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return names
 
 
 def _buffer(tensor: torch.Tensor) -> np.ndarray:
@@ -35,6 +87,72 @@ def _buffer(tensor: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def transpose_rows(source: torch.Tensor, first: int, out: torch.Tensor) -> None:
+    """``out[:] = source.T[first : first + len(out)]`` for a 2-D ``source``, at close to memory
+    speed: columns are gathered in blocks that fit the cache, then transposed."""
+    rows = out.shape[0]
+    for start in range(0, rows, _BLOCK):
+        width = min(_BLOCK, rows - start)
+        block = source[:, first + start : first + start + width].contiguous()
+        out[start : start + width].copy_(block.t())
+
+
+@dataclass
+class PendingTranspose:
+    """A weight stored transposed whose data is made when it is needed (saved or read)."""
+
+    name: str
+    tag: bytes
+    #: the weight's content, permuted: a view of the original tensor (no copy)
+    view: torch.Tensor
+    #: the original tensor and the permutation
+    source: torch.Tensor
+    perm: tuple[int, ...]
+    #: the placeholder the resource holds (anonymous memory; filled by ``materialize``)
+    placeholder: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.placeholder.numel() * self.placeholder.element_size()
+
+    @property
+    def rows(self) -> int:
+        """Slices along the first dimension of the transposed weight."""
+        return self.placeholder.shape[0]
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one such slice."""
+        return self.nbytes // max(1, self.rows)
+
+    def fill(self, first: int, out: torch.Tensor) -> None:
+        """Slices ``first .. first + len(out)`` (first dimension) of the transposed weight into
+        ``out`` (contiguous, shaped like those slices)."""
+        if self.perm == (1, 0):
+            transpose_rows(self.source.detach(), first, out)
+        else:
+            out.copy_(self.view[first : first + out.shape[0]])
+
+    def materialize(self) -> None:
+        """Write the transposed data into the placeholder (in place: the IR is unchanged), with
+        torch's cache-blocked transpose."""
+        self.placeholder.copy_(self.view)
+
+
+def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, tag: bytes) -> torch.Tensor:
+    """An uninitialised tensor over fresh anonymous memory, starting with ``tag``: pages the
+    program never writes stay shared with the kernel's zero page and cost no RAM."""
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    memory[: len(tag)] = tag
+    if nbytes > 2 * _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        # reads then map the kernel's huge zero page: 512x fewer page faults when saving
+        with contextlib.suppress(OSError):
+            memory.madvise(mmap.MADV_HUGEPAGE, _HUGE_PAGE, nbytes - _HUGE_PAGE)
+    return torch.frombuffer(memory, dtype=dtype, count=count).view(shape)
+
+
 class WeightStore:
     """Creates (and shares) the resource attributes of a program's weights."""
 
@@ -43,8 +161,10 @@ class WeightStore:
         self._names: set[str] = set()
         #: every tensor handed in stays alive while the store lives: keys are addresses
         self._tensors: list[torch.Tensor] = []
-        #: resource name -> the tensor it holds
+        #: resource name -> the tensor it holds (for a pending transpose: a view of the data)
         self.by_name: dict[str, torch.Tensor] = {}
+        #: placeholder tag -> the transpose it stands for, until materialized
+        self.pending: dict[bytes, PendingTranspose] = {}
         self.total_bytes = 0
 
     @staticmethod
@@ -84,18 +204,50 @@ class WeightStore:
             self.total_bytes += tensor.numel() * tensor.element_size()
         return cai.ConstantOp(value=attr).result
 
-    def _resource(self, tensor: torch.Tensor, name: str) -> ir.Attribute:
+    def _resource(
+        self, tensor: torch.Tensor, name: str, buffer: torch.Tensor | None = None
+    ) -> ir.Attribute:
+        """A resource named after ``name`` holding ``tensor``, over the memory of ``buffer``
+        (default: the tensor's own)."""
+        return self._named_resource(tensor, self._unique_name(name), buffer)
+
+    def _named_resource(
+        self, tensor: torch.Tensor, unique: str, buffer: torch.Tensor | None = None
+    ) -> ir.Attribute:
         ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
-        unique = self._unique_name(name)
         self.by_name[unique] = tensor
-        return ir.DenseResourceElementsAttr.get_from_buffer(_buffer(tensor), unique, ttype)
+        data = _buffer(tensor if buffer is None else buffer)
+        return ir.DenseResourceElementsAttr.get_from_buffer(data, unique, ttype)
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        """The data of resource ``name`` (a strided view for a pending transpose), or None."""
+        return self.by_name.get(name)
 
     def transposed(self, name: str, perm: tuple[int, ...]) -> ir.Attribute | None:
-        """A new resource holding weight ``name`` permuted by ``perm`` (one copy, made now),
-        named ``<name>.T``; None if ``name`` is not a weight of this store."""
+        """A new resource holding weight ``name`` permuted by ``perm``, named ``<name>.T``;
+        None if ``name`` is not a weight of this store.
+
+        No copy is made now: the resource holds a placeholder until the asset is written (or
+        :meth:`materialize` is called)."""
         tensor = self.by_name.get(name)
         if tensor is None or len(perm) != tensor.dim():
             return None
-        copy = tensor.detach().permute(perm).contiguous()
-        self._tensors.append(copy)
-        return self._resource(copy, f"{name}.T")
+        view = tensor.detach().permute(perm)
+        nbytes = view.numel() * view.element_size()
+        if nbytes < TAG_BYTES:
+            copy = view.contiguous()
+            self._tensors.append(copy)
+            return self._resource(copy, f"{name}.T")
+        tag = _TAG_PREFIX + next(_serials).to_bytes(8, "little") + nbytes.to_bytes(8, "little")
+        placeholder = _placeholder(tuple(view.shape), view.dtype, tag)
+        unique = self._unique_name(f"{name}.T")
+        self.pending[tag] = PendingTranspose(unique, tag, view, tensor, perm, placeholder)
+        self._tensors.append(placeholder)
+        return self._named_resource(view, unique, buffer=placeholder)
+
+    def materialize(self) -> None:
+        """Make every pending transposed weight now (in place, so the IR is unchanged): for
+        anything that reads the constants' data through MLIR rather than by saving."""
+        while self.pending:
+            _, entry = self.pending.popitem()
+            entry.materialize()

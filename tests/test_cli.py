@@ -136,9 +136,11 @@ def test_convert_a_factory_prints_the_report_and_a_progress_bar(work: Path) -> N
     assert "  composites layer_norm x1" in out
     for phase in ("export", "decompose", "to_coreai", "optimize", "save"):
         assert f"{phase} " in out.split("timings")[1]
-    assert "asset      out/model.aimodel (" in out
+    assert "asset      out/model.aimodel (" in out and "/s)" in out  # size, write rate
     assert len(out.splitlines()) < 25
-    assert "lowering main" in (work / "convert.err").read_text()
+    err = (work / "convert.err").read_text()
+    assert "lowering main" in err
+    assert "optimize" in err and "save" in err and "KB" in err  # the bar moves there too
 
 
 def test_convert_a_pt2_decomposes_it_and_says_so(

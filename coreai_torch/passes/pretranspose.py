@@ -6,9 +6,10 @@ with a transposed operand: the runtime transposes every weight matrix on every c
 dominates a decode step.  :func:`pretranspose_weights` (run by ``AIProgram.optimize()``)
 replaces each such transpose by a constant holding the weight already transposed.
 
-The transposed copy is made there, not at conversion (``to_coreai()`` stays zero-copy), and
-only for a weight the program reads through that one transpose everywhere: the asset then
-stores the transposed weight *instead of* the original, at the same size.  The one other
+This is done only for a weight the program reads through that one transpose everywhere: the
+asset then stores the transposed weight *instead of* the original, at the same size.  No copy
+is made here either (:meth:`WeightStore.transposed`): the transposed data is produced while
+the asset is written, or in place when something first reads the module's constants.  The one other
 reader handled is an embedding lookup of the same matrix (an output projection tied to the
 token embeddings, as in GPT-2): its rows are the columns of the transposed matrix, read with
 ``gather_along_axis``.  A weight read in any other way keeps its run-time transpose rather than
@@ -18,26 +19,12 @@ being stored twice.
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import broadcast_to, i32, reshape, shape_of, transpose
-from coreai_torch.weights import WeightStore
-
-_RESOURCE = re.compile(r'^dense_resource<"?([^">]+)"?>')
-
-
-def _resource_name(op: ir.Operation) -> str | None:
-    """The resource name of a ``coreai.constant dense_resource<name>``, else None."""
-    if op.name != "coreai.constant":
-        return None
-    value = op.attributes["value"]
-    if not ir.DenseResourceElementsAttr.isinstance(value):
-        return None
-    match = _RESOURCE.match(str(value))
-    return match[1] if match else None
+from coreai_torch.weights import WeightStore, resource_name
 
 
 def _permutation(op: ir.Operation) -> tuple[int, ...] | None:
@@ -105,7 +92,7 @@ def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers
     constants: dict[str, list[ir.Operation]] = defaultdict(list)
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        name = _resource_name(op)
+        name = resource_name(op)
         if name is not None and name in store.by_name:
             constants[name].append(op)
         return ir.WalkResult.ADVANCE
