@@ -10,7 +10,10 @@ lowering (built-in or user) emitted the ops:
 * 16-bit integer index operands (axes, permutations, pads, starts, indices, ...);
 * ``pad`` amounts of 2**31 or more (a negative amount stored as ``ui32``);
 * integer division or remainder by a constant divisor that contains zero;
-* ops the runtime's compiler cannot legalize (``reduce_index``, the generic ``reduce``).
+* ops the runtime's compiler cannot legalize (``reduce_index``, the generic ``reduce``);
+* decompression ops whose operands break the rules the runtime relies on (a
+  ``blockwise_shift_scale`` scale of another type than its output, or of another rank than its
+  data: :func:`coreai_torch.compressed.decompression_problems`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import torch.fx
 
 from coreai_torch._mlir import ir
+from coreai_torch.compressed import decompression_problems
 from coreai_torch.errors import RuntimeHazardError
 
 #: Operand names (ODS accessors) that hold axes, shapes, sizes, positions or indices.
@@ -181,6 +185,8 @@ class _Scanner:
             return
         if op.name in _UNCOMPILABLE:
             self.add(op, _UNCOMPILABLE[op.name])
+        for problem in decompression_problems(op):
+            self.add(op, problem)
         self._results(op)
         self._operands(op)
 

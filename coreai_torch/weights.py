@@ -46,6 +46,9 @@ class WeightStore:
         #: resource name -> the tensor it holds
         self.by_name: dict[str, torch.Tensor] = {}
         self.total_bytes = 0
+        #: resource name -> the buffer of a derived constant (see :meth:`derived`)
+        self.derived_by_name: dict[str, np.ndarray] = {}
+        self.derived_bytes = 0
 
     @staticmethod
     def _key(tensor: torch.Tensor) -> tuple:
@@ -99,3 +102,31 @@ class WeightStore:
         copy = tensor.detach().permute(perm).contiguous()
         self._tensors.append(copy)
         return self._resource(copy, f"{name}.T")
+
+    def derived(self, data: np.ndarray, name: str, tensor_type: ir.RankedTensorType) -> ir.Value:
+        """A ``coreai.constant`` of ``tensor_type`` over the bytes of ``data``, a buffer
+        computed from weights at conversion time (bit-packed codes, scales, palettes).
+
+        ``data`` is kept alive (not copied) and must hold exactly the bytes the type needs:
+        ``ceil(elements * bits / 8)``, sub-byte types bit-packed.  Derived constants are not
+        :attr:`by_name` weights: passes that re-lay weights (``pretranspose``) leave them alone.
+        """
+        element = tensor_type.element_type
+        bits = (
+            ir.IntegerType(element).width
+            if ir.IntegerType.isinstance(element)
+            else ir.FloatType(element).width
+        )
+        numel = int(np.prod(tensor_type.shape, dtype=np.int64))
+        expected = -(-numel * bits // 8)
+        buffer = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if buffer.size != expected:
+            raise ValueError(
+                f"derived constant '{name}' of type {tensor_type} needs {expected} bytes, got "
+                f"{buffer.size}"
+            )
+        unique = self._unique_name(name)
+        self.derived_by_name[unique] = buffer
+        self.derived_bytes += buffer.size
+        attr = ir.DenseResourceElementsAttr.get_from_buffer(buffer, unique, tensor_type)
+        return cai.ConstantOp(value=attr).result
