@@ -26,7 +26,7 @@ What it guarantees (each verified on the runtime, see ``docs/compression.md``):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -103,7 +103,8 @@ def integer_type(bits: int, signed: bool) -> ir.Type:
     return ir.IntegerType.get_signed(bits) if signed else ir.IntegerType.get_unsigned(bits)
 
 
-def _code_range(bits: int, signed: bool) -> tuple[int, int]:
+def code_range(bits: int, signed: bool) -> tuple[int, int]:
+    """The smallest and largest ``bits``-bit integer."""
     return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
 
 
@@ -161,6 +162,10 @@ class LinearCodes:
                 raise ValueError("the zero point and the scale must have the same shape")
 
     @property
+    def ndim(self) -> int:
+        return self.codes.ndim
+
+    @property
     def is_float8(self) -> bool:
         return self.codes.dtype in FLOAT8_TYPES
 
@@ -213,6 +218,10 @@ class PaletteCodes:
         _check_blocks(self.indices.shape, self.lut.shape[:rank], "the palette groups")
 
     @property
+    def ndim(self) -> int:
+        return self.indices.ndim
+
+    @property
     def storage_bits(self) -> int:
         return PALETTE_STORAGE_BITS[self.bits]
 
@@ -247,38 +256,78 @@ def _numpy_float(dtype: torch.dtype) -> type[np.generic]:
     return dtypes.to_numpy(dtype)
 
 
-def _operand(
-    store: WeightStore,
-    array: np.ndarray,
-    name: str,
-    element_type: ir.Type,
-    packed_bits: int | None = None,
-) -> ir.Value:
-    """A constant of ``element_type`` holding ``array``: inline when tiny, else a resource of
-    the store (bit-packed when ``packed_bits`` is below 8)."""
-    ttype = ir.RankedTensorType.get(list(array.shape), element_type)
-    if array.size < INLINE_LIMIT:
-        if isinstance(element_type, ir.BF16Type) or array.dtype == ml_dtypes.bfloat16:
-            return cai.constant(array.astype(np.float32), dtype=element_type)
-        if array.dtype in FLOAT8_TYPES:
-            values = [ir.FloatAttr.get(element_type, float(v)) for v in array.reshape(-1)]
-            return cai.ConstantOp(value=ir.DenseElementsAttr.get(values, type=ttype)).result
-        return cai.ConstantOp(
-            value=ir.DenseElementsAttr.get(np.ascontiguousarray(array), type=ttype)
-        ).result
-    if packed_bits is not None and packed_bits < 8:
-        array = pack_bits(array, packed_bits)
-    return store.derived(array, name, ttype)
+@dataclass
+class Decompression:
+    """How one compressed weight is decompressed: its constants (attributes, created once)
+    and the op that expands them.  :meth:`build` emits them at the insertion point, once per
+    graph that reads the weight, all graphs sharing the same stored bytes."""
+
+    name: str
+    op: Callable[..., ir.Value]
+    operands: list[ir.Attribute]
+    #: element type of the result when it differs from the op's (a scale dtype other than
+    #: the weight's: the op computes in the scale's dtype, then a cast)
+    cast_to: ir.Type | None = None
+    #: bytes of the resources created for the weight
+    stored_bytes: int = 0
+
+    def build(self) -> ir.Value:
+        values = [cai.ConstantOp(value=attr).result for attr in self.operands]
+        result = self.op(*values)
+        op = result.owner.operation if isinstance(result.owner, ir.OpView) else result.owner
+        problems = decompression_problems(op)
+        if problems:
+            op.erase()
+            raise RuntimeHazardError(
+                f"weight '{self.name}': {op.name} would abort the Core AI runtime: "
+                + "; ".join(problems)
+            )
+        if self.cast_to is not None:
+            shape = ir.RankedTensorType(result.type).shape
+            result = cai.cast(result, ir.RankedTensorType.get(shape, self.cast_to))
+        return result
 
 
-def _zeros(shape: Sequence[int], element_type: ir.Type) -> ir.Value:
-    ttype = ir.RankedTensorType.get(list(shape), element_type)
-    zero = (
-        ir.IntegerAttr.get(element_type, 0)
-        if ir.IntegerType.isinstance(element_type)
-        else ir.FloatAttr.get(element_type, 0.0)
-    )
-    return cai.ConstantOp(value=ir.DenseElementsAttr.get_splat(ttype, zero)).result
+class _Constants:
+    """Creates the attributes of one weight's constants, counting the bytes stored."""
+
+    def __init__(self, store: WeightStore, name: str) -> None:
+        self.store = store
+        self.name = name
+        self.stored_bytes = 0
+
+    def array(
+        self, array: np.ndarray, suffix: str, element_type: ir.Type, packed_bits: int = 8
+    ) -> ir.Attribute:
+        """``array`` as a constant of ``element_type``: inline when tiny, else a resource of
+        the store (bit-packed when ``packed_bits`` is below 8)."""
+        ttype = ir.RankedTensorType.get(list(array.shape), element_type)
+        if array.size < INLINE_LIMIT:
+            if array.dtype in FLOAT8_TYPES or array.dtype == ml_dtypes.bfloat16:
+                values = [ir.FloatAttr.get(element_type, float(v)) for v in array.reshape(-1)]
+                return ir.DenseElementsAttr.get(values, type=ttype)
+            return ir.DenseElementsAttr.get(np.ascontiguousarray(array), type=ttype)
+        data = pack_bits(array, packed_bits) if packed_bits < 8 else array
+        self.stored_bytes += data.nbytes
+        return self.store.derived(data, f"{self.name}.{suffix}", ttype)
+
+    @staticmethod
+    def zeros(shape: Sequence[int], element_type: ir.Type) -> ir.Attribute:
+        ttype = ir.RankedTensorType.get(list(shape), element_type)
+        zero = (
+            ir.IntegerAttr.get(element_type, 0)
+            if ir.IntegerType.isinstance(element_type)
+            else ir.FloatAttr.get(element_type, 0.0)
+        )
+        return ir.DenseElementsAttr.get_splat(ttype, zero)
+
+    @staticmethod
+    def index(values: int | Sequence[int], element_type: ir.Type) -> ir.Attribute:
+        array = np.array(
+            values, dtype=np.int16 if ir.IntegerType(element_type).width == 16 else np.int32
+        )
+        ttype = ir.RankedTensorType.get(list(array.shape), element_type)
+        return ir.DenseElementsAttr.get(array, type=ttype)
 
 
 def _channel_axis(shape: Sequence[int], params: Sequence[int]) -> int | str | None:
@@ -291,16 +340,27 @@ def _channel_axis(shape: Sequence[int], params: Sequence[int]) -> int | str | No
     return "blocks"
 
 
-def emit_linear(store: WeightStore, name: str, q: LinearCodes, dtype: torch.dtype) -> ir.Value:
-    """The ops that decompress ``q`` to a ``dtype`` tensor (constants named ``name.*``)."""
-    out_np = _numpy_float(dtype)
-    out_type = dtypes.to_mlir(dtype)
+def linear_decompression(
+    store: WeightStore,
+    name: str,
+    q: LinearCodes,
+    dtype: torch.dtype,
+    scale_dtype: torch.dtype | None = None,
+) -> Decompression:
+    """The constants of ``q`` (resources named ``name.*``) and the op that decompresses them
+    to a ``dtype`` tensor.  Scales are stored in ``scale_dtype`` (default ``dtype``); the op
+    then computes in that precision (the runtime requires scale type == output type) and
+    the result is cast to ``dtype``."""
+    out_dtype = scale_dtype or dtype
+    out_np = _numpy_float(out_dtype)
+    out_type = dtypes.to_mlir(out_dtype)
+    _numpy_float(dtype)
     bits = q.storage_bits
     if q.is_float8:
         data_type = FLOAT8_TYPES[q.codes.dtype].get()
     else:
         data_type = integer_type(bits, q.signed)
-        low, high = _code_range(q.bits, q.signed)
+        low, high = code_range(q.bits, q.signed)
         if q.codes.size and (int(q.codes.min()) < low or int(q.codes.max()) > high):
             raise ValueError(
                 f"weight '{name}': {q.bits}-bit {'signed' if q.signed else 'unsigned'} codes "
@@ -309,58 +369,52 @@ def emit_linear(store: WeightStore, name: str, q: LinearCodes, dtype: torch.dtyp
     zero_point = q.zero_point if q.zero_point is not None and np.any(q.zero_point) else None
     offset2 = None
     if zero_point is not None:
-        low, high = _code_range(bits, q.signed)
+        low, high = code_range(bits, q.signed)
         if int(zero_point.min()) < low or int(zero_point.max()) > high:
             # not representable in the data's type: subtract it after scaling instead
             offset2 = (-(zero_point.astype(np.float32) * q.scale.astype(np.float32))).astype(out_np)
             zero_point = None
     scale = q.scale.astype(out_np)
-    data = _operand(store, q.codes, f"{name}.codes", data_type, bits)
+    c = _Constants(store, name)
+    data = c.array(q.codes, "codes", data_type, bits)
     axis = _channel_axis(q.codes.shape, q.scale.shape)
     if bits == 8 and axis != "blocks" and offset2 is None:
         # one scale per tensor or per channel: dequantize (1-D or 0-D parameters)
         scale_p = scale.reshape(-1 if axis is not None else ())
-        offset1 = (
-            _operand(
-                store,
-                zero_point.reshape(scale_p.shape).astype(q.codes.dtype),
-                f"{name}.zero_point",
-                data_type,
+        si32 = ir.IntegerType.get_signed(32)
+        operands = [
+            data,
+            c.array(scale_p, "scale", out_type),
+            c.array(
+                zero_point.reshape(scale_p.shape).astype(q.codes.dtype), "zero_point", data_type
             )
             if zero_point is not None
-            else _zeros(scale_p.shape, data_type)
-        )
-        axis_operand = (
-            cai.constant(np.int32(axis))
-            if axis is not None
-            else cai.constant(np.arange(q.codes.ndim, dtype=np.int32))
-        )
-        op = cai.dequantize(
-            data,
-            _operand(store, scale_p, f"{name}.scale", out_type),
-            offset1,
-            _zeros(scale_p.shape, out_type),
-            axis_operand,
-        )
+            else c.zeros(scale_p.shape, data_type),
+            c.zeros(scale_p.shape, out_type),
+            c.index(axis, si32) if axis is not None else c.index(list(range(q.ndim)), si32),
+        ]
+        op = cai.dequantize
     else:
-        offset1 = (
-            _operand(store, zero_point.astype(q.codes.dtype), f"{name}.zero_point", data_type, bits)
-            if zero_point is not None
-            else _zeros(scale.shape, data_type)
-        )
-        op = cai.blockwise_shift_scale(
+        operands = [
             data,
-            _operand(store, scale, f"{name}.scale", out_type),
-            offset1,
-            _operand(store, offset2, f"{name}.offset", out_type)
+            c.array(scale, "scale", out_type),
+            c.array(zero_point.astype(q.codes.dtype), "zero_point", data_type, bits)
+            if zero_point is not None
+            else c.zeros(scale.shape, data_type),
+            c.array(offset2, "offset", out_type)
             if offset2 is not None
-            else _zeros(scale.shape, out_type),
-        )
-    return _checked(op, name)
+            else c.zeros(scale.shape, out_type),
+        ]
+        op = cai.blockwise_shift_scale
+    cast_to = dtypes.to_mlir(dtype) if out_dtype != dtype else None
+    return Decompression(name, op, operands, cast_to, c.stored_bytes)
 
 
-def emit_palette(store: WeightStore, name: str, p: PaletteCodes, dtype: torch.dtype) -> ir.Value:
-    """``lut_to_dense`` decompressing ``p`` to a ``dtype`` tensor (constants named ``name.*``)."""
+def palette_decompression(
+    store: WeightStore, name: str, p: PaletteCodes, dtype: torch.dtype
+) -> Decompression:
+    """The constants of ``p`` (resources named ``name.*``) and the ``lut_to_dense`` that
+    decompresses them to a ``dtype`` tensor."""
     out_np = _numpy_float(dtype)
     bits = p.storage_bits
     lut = p.lut.astype(out_np)
@@ -369,23 +423,22 @@ def emit_palette(store: WeightStore, name: str, p: PaletteCodes, dtype: torch.dt
         lut = np.pad(lut, pad)
     if p.indices.size and int(p.indices.max()) >= 2**p.bits:
         raise ValueError(f"weight '{name}': {p.bits}-bit palette indices exceed {2**p.bits - 1}")
-    indices = _operand(
-        store, p.indices.astype(np.uint8), f"{name}.indices", integer_type(bits, False), bits
-    )
-    palette = _operand(store, lut, f"{name}.palette", dtypes.to_mlir(dtype))
-    op = cai.lut_to_dense(indices, palette, cai.constant(np.array(0, np.int16)))
-    return _checked(op, name)
+    c = _Constants(store, name)
+    operands = [
+        c.array(p.indices.astype(np.uint8), "indices", integer_type(bits, False), bits),
+        c.array(lut, "palette", dtypes.to_mlir(dtype)),
+        c.index(0, ir.IntegerType.get_signed(16)),
+    ]
+    return Decompression(name, cai.lut_to_dense, operands, None, c.stored_bytes)
 
 
-def _checked(value: ir.Value, name: str) -> ir.Value:
-    op = value.owner.operation if isinstance(value.owner, ir.OpView) else value.owner
-    problems = decompression_problems(op)
-    if problems:
-        op.erase()
-        raise RuntimeHazardError(
-            f"weight '{name}': {op.name} would abort the Core AI runtime: " + "; ".join(problems)
-        )
-    return value
+def decompression(
+    store: WeightStore, name: str, codes: LinearCodes | PaletteCodes, dtype: torch.dtype
+) -> Decompression:
+    """:func:`linear_decompression` or :func:`palette_decompression`, by the codes' kind."""
+    if isinstance(codes, LinearCodes):
+        return linear_decompression(store, name, codes, dtype)
+    return palette_decompression(store, name, codes, dtype)
 
 
 # ------------------------------------------------------------------------ operand rules ---

@@ -79,6 +79,10 @@ _UNCOMPILABLE = {
     "(compiling it aborts the process); use reduce_sum/reduce_max/reduce_min/reduce_product.",
 }
 
+#: Index operands that are 16-bit by definition (the verifier demands si16 and the runtime
+#: reads them correctly), by op name -> operand positions.
+_16_BIT_INDEX_OPERANDS = {"coreai.lut_to_dense": frozenset({2})}
+
 #: Largest number of elements a tensor may have.
 MAX_ELEMENTS = 2**31 - 1
 
@@ -220,7 +224,7 @@ class _Scanner:
     def _operands(self, op: ir.Operation) -> None:
         has_16_bit = any(_int_width(o.type) == 16 for o in op.operands)
         positions = self.index_positions(op) if has_16_bit else set()
-        for i in sorted(positions):
+        for i in sorted(positions - _16_BIT_INDEX_OPERANDS.get(op.name, frozenset())):
             value = op.operands[i]
             if _int_width(value.type) == 16:
                 self.add(

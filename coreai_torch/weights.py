@@ -32,6 +32,8 @@ def _buffer(tensor: torch.Tensor) -> np.ndarray:
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy()
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy()
     return t.numpy()
 
 
@@ -75,8 +77,8 @@ class WeightStore:
             tensor = tensor.to_dense().cpu() if tensor.is_sparse else tensor.cpu()
         ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
         if tensor.numel() < INLINE_LIMIT:
-            if tensor.dtype == torch.bfloat16:
-                return cai.constant(tensor.detach().float().numpy(), dtype=ir.BF16Type.get())
+            if tensor.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+                return cai.constant(tensor.detach().float().numpy(), dtype=ttype.element_type)
             return cai.constant(tensor.detach().numpy().copy(), dtype=ttype.element_type)
         key = self._key(tensor)
         attr = self._attrs.get(key)
@@ -103,9 +105,12 @@ class WeightStore:
         self._tensors.append(copy)
         return self._resource(copy, f"{name}.T")
 
-    def derived(self, data: np.ndarray, name: str, tensor_type: ir.RankedTensorType) -> ir.Value:
-        """A ``coreai.constant`` of ``tensor_type`` over the bytes of ``data``, a buffer
-        computed from weights at conversion time (bit-packed codes, scales, palettes).
+    def derived(
+        self, data: np.ndarray, name: str, tensor_type: ir.RankedTensorType
+    ) -> ir.Attribute:
+        """A resource of ``tensor_type`` over the bytes of ``data``, a buffer computed from
+        weights at conversion time (bit-packed codes, scales, palettes), for
+        ``coreai.constant`` ops (any number of them, in any graph of the program).
 
         ``data`` is kept alive (not copied) and must hold exactly the bytes the type needs:
         ``ceil(elements * bits / 8)``, sub-byte types bit-packed.  Derived constants are not
@@ -128,5 +133,4 @@ class WeightStore:
         unique = self._unique_name(name)
         self.derived_by_name[unique] = buffer
         self.derived_bytes += buffer.size
-        attr = ir.DenseResourceElementsAttr.get_from_buffer(buffer, unique, tensor_type)
-        return cai.ConstantOp(value=attr).result
+        return ir.DenseResourceElementsAttr.get_from_buffer(buffer, unique, tensor_type)

@@ -93,7 +93,9 @@ def test_linear_codes_round_trip_exactly(bits: int, signed: bool) -> None:
     zero_point = rng.integers(low, high, (24, 5)).astype(np.int32)
     for zp in (None, zero_point):
         q = LinearCodes(codes, bits, scale, zp, signed=signed)
-        y = run(lambda store, q=q: compressed.emit_linear(store, "w", q, torch.float32))
+        y = run(
+            lambda store, q=q: compressed.linear_decompression(store, "w", q, torch.float32).build()
+        )
         if zp is None:
             np.testing.assert_array_equal(y, q.dequantized())
         else:
@@ -109,7 +111,9 @@ def test_linear_per_channel_and_per_tensor(bits: int) -> None:
         scale = rng.uniform(0.1, 1.0, scale_shape).astype(np.float32)
         zp = rng.integers(-3, 3, scale_shape).astype(np.int32)
         q = LinearCodes(codes, bits, scale, zp)
-        program = build(lambda store, q=q: compressed.emit_linear(store, "w", q, torch.float32))
+        program = build(
+            lambda store, q=q: compressed.linear_decompression(store, "w", q, torch.float32).build()
+        )
         expected_op = "coreai.dequantize" if bits == 8 else "coreai.blockwise_shift_scale"
         assert expected_op in str(program)
         y = run_program(program, {})["y"]
@@ -121,7 +125,7 @@ def test_zero_point_outside_the_storage_type_is_applied_after_scaling() -> None:
     scale = np.full((8, 2), 0.25, np.float32)
     zp = np.full((8, 2), 300, np.int32)  # no ui4 holds it
     q = LinearCodes(codes, 4, scale, zp, signed=False)
-    y = run(lambda store: compressed.emit_linear(store, "w", q, torch.float32))
+    y = run(lambda store: compressed.linear_decompression(store, "w", q, torch.float32).build())
     np.testing.assert_allclose(y, q.dequantized(), rtol=1e-6, atol=1e-5)
 
 
@@ -131,7 +135,7 @@ def test_float8_round_trips_exactly(fmt: type, scale_shape: tuple[int, int]) -> 
     rng = np.random.default_rng(0)
     codes = (rng.standard_normal((32, 64)) * 4).astype(fmt)
     q = LinearCodes(codes, 8, rng.uniform(0.5, 2, scale_shape).astype(np.float32))
-    y = run(lambda store: compressed.emit_linear(store, "w", q, torch.float32))
+    y = run(lambda store: compressed.linear_decompression(store, "w", q, torch.float32).build())
     np.testing.assert_array_equal(y, q.dequantized())
 
 
@@ -142,7 +146,7 @@ def test_palette_round_trips_exactly(bits: int, groups: tuple[int, int]) -> None
     indices = rng.integers(0, 1 << bits, (16, 40)).astype(np.uint8)
     lut = rng.standard_normal((*groups, 1 << bits, 1)).astype(np.float32)
     p = PaletteCodes(indices, bits, lut)
-    y = run(lambda store: compressed.emit_palette(store, "w", p, torch.float32))
+    y = run(lambda store: compressed.palette_decompression(store, "w", p, torch.float32).build())
     np.testing.assert_array_equal(y, p.dequantized())
 
 
@@ -157,12 +161,12 @@ def test_half_precision_outputs(dtype: torch.dtype) -> None:
     expected = codes.astype(np.float32) * np.repeat(
         scale.astype(np_dtype).astype(np.float32), 32, 1
     )
-    y = run(lambda store: compressed.emit_linear(store, "w", q, dtype))
+    y = run(lambda store: compressed.linear_decompression(store, "w", q, dtype).build())
     np.testing.assert_allclose(y.astype(np.float32), expected, rtol=1e-2)
     p = PaletteCodes(
         rng.integers(0, 16, (16, 64)).astype(np.uint8), 4, rng.standard_normal((1, 1, 16, 1))
     )
-    y = run(lambda store: compressed.emit_palette(store, "w", p, dtype))
+    y = run(lambda store: compressed.palette_decompression(store, "w", p, dtype).build())
     np.testing.assert_array_equal(
         y.astype(np.float32), p.dequantized().astype(np_dtype).astype(np.float32)
     )
@@ -173,7 +177,9 @@ def test_sub_byte_constants_are_stored_packed() -> None:
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 16, (512, 1024)).astype(np.uint8)
     p = PaletteCodes(codes, 4, rng.standard_normal((1, 1, 16, 1)).astype(np.float32))
-    size = asset_bytes(build(lambda store: compressed.emit_palette(store, "w", p, torch.float32)))
+    size = asset_bytes(
+        build(lambda store: compressed.palette_decompression(store, "w", p, torch.float32).build())
+    )
     assert codes.size // 2 <= size <= codes.size // 2 + 16384
 
 
@@ -189,7 +195,7 @@ def test_codes_out_of_range_are_rejected() -> None:
     codes = np.full((4, 64), 9, np.int8)
     q = LinearCodes(codes, 4, np.ones((4, 1), np.float32))
     with pytest.raises(ValueError, match=r"4-bit signed codes must lie in \[-8, 7\]"):
-        build(lambda store: compressed.emit_linear(store, "w", q, torch.float32))
+        build(lambda store: compressed.linear_decompression(store, "w", q, torch.float32).build())
 
 
 # ---------------------------------------------------------------- runtime abort hazards ---
@@ -198,7 +204,8 @@ def test_codes_out_of_range_are_rejected() -> None:
 def _blockwise(store: WeightStore, scale_type: ir.Type, scale_shape: list[int]) -> ir.Value:
     """A hand-built blockwise_shift_scale with an f32 output and the given scale."""
     si8 = ir.IntegerType.get_signed(8)
-    data = store.derived(np.ones((8, 64), np.int8), "q", ir.RankedTensorType.get([8, 64], si8))
+    ttype = ir.RankedTensorType.get([8, 64], si8)
+    data = cai.ConstantOp(value=store.derived(np.ones((8, 64), np.int8), "q", ttype)).result
     zeros = np.zeros(scale_shape, np.float32)
     scale = cai.constant(np.ones(scale_shape, np.float32), dtype=scale_type)
     return cai.blockwise_shift_scale(
@@ -277,7 +284,7 @@ def test_a_cast_int8_weight_stays_int8_in_the_asset(shape: tuple[int, int]) -> N
 
     def emit(store: WeightStore) -> ir.Value:
         ttype = ir.RankedTensorType.get(list(shape), ir.IntegerType.get_signed(8))
-        return cai.cast(store.derived(q, "w", ttype), np.float32)
+        return cai.cast(cai.ConstantOp(value=store.derived(q, "w", ttype)).result, np.float32)
 
     program = build(emit).optimize()
     assert "coreai.cast" in str(program)
