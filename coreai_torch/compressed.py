@@ -26,6 +26,7 @@ What it guarantees (each verified on the runtime, see ``docs/compression.md``):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -264,15 +265,21 @@ class Decompression:
 
     name: str
     op: Callable[..., ir.Value]
-    operands: list[ir.Attribute]
-    #: element type of the result when it differs from the op's (a scale dtype other than
-    #: the weight's: the op computes in the scale's dtype, then a cast)
-    cast_to: ir.Type | None = None
+    #: the op's operands: a constant's attribute, or (attribute, element type) for a
+    #: constant stored in another precision and cast (scales kept in float16)
+    operands: list[ir.Attribute | tuple[ir.Attribute, ir.Type]]
     #: bytes of the resources created for the weight
     stored_bytes: int = 0
 
     def build(self) -> ir.Value:
-        values = [cai.ConstantOp(value=attr).result for attr in self.operands]
+        values = []
+        for operand in self.operands:
+            attr, cast_to = operand if isinstance(operand, tuple) else (operand, None)
+            value = cai.ConstantOp(value=attr).result
+            if cast_to is not None:
+                shape = ir.RankedTensorType(value.type).shape
+                value = cai.cast(value, ir.RankedTensorType.get(shape, cast_to))
+            values.append(value)
         result = self.op(*values)
         op = result.owner.operation if isinstance(result.owner, ir.OpView) else result.owner
         problems = decompression_problems(op)
@@ -282,9 +289,6 @@ class Decompression:
                 f"weight '{self.name}': {op.name} would abort the Core AI runtime: "
                 + "; ".join(problems)
             )
-        if self.cast_to is not None:
-            shape = ir.RankedTensorType(result.type).shape
-            result = cai.cast(result, ir.RankedTensorType.get(shape, self.cast_to))
         return result
 
 
@@ -348,13 +352,12 @@ def linear_decompression(
     scale_dtype: torch.dtype | None = None,
 ) -> Decompression:
     """The constants of ``q`` (resources named ``name.*``) and the op that decompresses them
-    to a ``dtype`` tensor.  Scales are stored in ``scale_dtype`` (default ``dtype``); the op
-    then computes in that precision (the runtime requires scale type == output type) and
-    the result is cast to ``dtype``."""
-    out_dtype = scale_dtype or dtype
-    out_np = _numpy_float(out_dtype)
-    out_type = dtypes.to_mlir(out_dtype)
-    _numpy_float(dtype)
+    to a ``dtype`` tensor.  Scales are stored in ``scale_dtype`` (default ``dtype``) and,
+    when that differs, cast to ``dtype`` before the op (the runtime requires the scale's type
+    to be the output's; the cast is never folded, see :func:`keeps_compressed`)."""
+    out_np = _numpy_float(dtype)
+    out_type = dtypes.to_mlir(dtype)
+    scale_np = _numpy_float(scale_dtype or dtype)
     bits = q.storage_bits
     if q.is_float8:
         data_type = FLOAT8_TYPES[q.codes.dtype].get()
@@ -374,8 +377,14 @@ def linear_decompression(
             # not representable in the data's type: subtract it after scaling instead
             offset2 = (-(zero_point.astype(np.float32) * q.scale.astype(np.float32))).astype(out_np)
             zero_point = None
-    scale = q.scale.astype(out_np)
+    scale = q.scale.astype(scale_np)
     c = _Constants(store, name)
+
+    def scale_operand(values: np.ndarray) -> ir.Attribute | tuple[ir.Attribute, ir.Type]:
+        if scale_dtype is None or scale_dtype == dtype:
+            return c.array(values, "scale", out_type)
+        return c.array(values, "scale", dtypes.to_mlir(scale_dtype)), out_type
+
     data = c.array(q.codes, "codes", data_type, bits)
     axis = _channel_axis(q.codes.shape, q.scale.shape)
     if bits == 8 and axis != "blocks" and offset2 is None:
@@ -384,7 +393,7 @@ def linear_decompression(
         si32 = ir.IntegerType.get_signed(32)
         operands = [
             data,
-            c.array(scale_p, "scale", out_type),
+            scale_operand(scale_p),
             c.array(
                 zero_point.reshape(scale_p.shape).astype(q.codes.dtype), "zero_point", data_type
             )
@@ -397,7 +406,7 @@ def linear_decompression(
     else:
         operands = [
             data,
-            c.array(scale, "scale", out_type),
+            scale_operand(scale),
             c.array(zero_point.astype(q.codes.dtype), "zero_point", data_type, bits)
             if zero_point is not None
             else c.zeros(scale.shape, data_type),
@@ -406,8 +415,7 @@ def linear_decompression(
             else c.zeros(scale.shape, out_type),
         ]
         op = cai.blockwise_shift_scale
-    cast_to = dtypes.to_mlir(dtype) if out_dtype != dtype else None
-    return Decompression(name, op, operands, cast_to, c.stored_bytes)
+    return Decompression(name, op, operands, c.stored_bytes)
 
 
 def palette_decompression(
@@ -429,7 +437,7 @@ def palette_decompression(
         c.array(lut, "palette", dtypes.to_mlir(dtype)),
         c.index(0, ir.IntegerType.get_signed(16)),
     ]
-    return Decompression(name, cai.lut_to_dense, operands, None, c.stored_bytes)
+    return Decompression(name, cai.lut_to_dense, operands, c.stored_bytes)
 
 
 def decompression(
@@ -519,10 +527,16 @@ def is_compressed_type(element_type: ir.Type) -> bool:
     return str(element_type).startswith(("f8", "f4"))
 
 
+#: resources :class:`Decompression` creates (``<weight>.scale`` ...), see ``_Constants``
+_DERIVED = re.compile(
+    r'^dense_resource<"?[^">]*\.(codes|indices|scale|zero_point|offset|palette)(_\d+)?"?>'
+)
+
+
 def keeps_compressed(op: ir.Operation) -> bool:
     """Fold guard (:data:`coreai_torch._mlir.FOLD_GUARDS`): never fold a ``cast`` of a
-    compressed resource constant (an int8 weight read through ``cast``), which would store
-    the weight as float in the asset."""
+    compressed resource constant (an int8 weight read through ``cast``, float16 scales of a
+    float32 weight), which would store it widened in the asset."""
     if op.name != "coreai.cast" or len(op.operands) != 1:
         return True
     owner = op.operands[0].owner
@@ -531,9 +545,11 @@ def keeps_compressed(op: ir.Operation) -> bool:
     owner = getattr(owner, "operation", owner)
     if owner.name != "coreai.constant":
         return True
-    if not ir.DenseResourceElementsAttr.isinstance(owner.attributes["value"]):
+    value = owner.attributes["value"]
+    if not ir.DenseResourceElementsAttr.isinstance(value):
         return True
-    return not is_compressed_type(ir.ShapedType(op.operands[0].type).element_type)
+    element = ir.ShapedType(op.operands[0].type).element_type
+    return not (is_compressed_type(element) or _DERIVED.match(str(value)))
 
 
 FOLD_GUARDS.append(keeps_compressed)

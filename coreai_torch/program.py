@@ -9,14 +9,19 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
+from coreai_torch.passes.compress import scales_after_matmul
 from coreai_torch.passes.pretranspose import pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
+
+if TYPE_CHECKING:
+    from coreai_torch.compression import CompressionConfig
+    from coreai_torch.passes.compress import CompressionReport
 
 
 def _verify(module: ir.Module, when: str) -> None:
@@ -109,8 +114,22 @@ class AIProgram(ca.AIProgram):
             and pretranspose_weights(candidate, self.weights)
         ):
             _verify(candidate, "after storing weights transposed")
+        with candidate.context, ir.Location.unknown():
+            if scales_after_matmul(candidate):
+                _verify(candidate, "after moving int8 scales past their matmuls")
         self._module._mlir_module = candidate
         return self
+
+    def compress(self, config: CompressionConfig) -> CompressionReport:
+        """Store the weights ``config`` selects compressed (int8/int4 linear quantization or
+        palettes: :mod:`coreai_torch.compression`), in place; returns what was done.
+
+        Best called after :meth:`optimize` (either order works).  Weights already compressed
+        are left alone; see :mod:`coreai_torch.passes.compress`.
+        """
+        from coreai_torch.passes.compress import compress
+
+        return compress(self, config)
 
     def save_asset(
         self, path: str | os.PathLike[str], metadata: Any = None, **kwargs: Any

@@ -4,9 +4,7 @@ conversion, and casts of compressed constants are not folded back into float wei
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -20,6 +18,7 @@ from coreai_torch.errors import RuntimeHazardError
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import run_program
 from coreai_torch.weights import WeightStore
+from tests.helpers import asset_bytes
 
 
 def build(emit: Callable[[WeightStore], ir.Value]) -> AIProgram:
@@ -40,13 +39,6 @@ def build(emit: Callable[[WeightStore], ir.Value]) -> AIProgram:
 
 def run(emit: Callable[[WeightStore], ir.Value]) -> np.ndarray:
     return run_program(build(emit), {})["y"]
-
-
-def asset_bytes(program: AIProgram) -> int:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.aimodel"
-        program.save_asset(path)
-        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def assert_close_to_rounding(actual: np.ndarray, expected: np.ndarray) -> None:

@@ -100,8 +100,9 @@ def _classify(ops: list[ir.Operation]) -> _Readers | None:
     return _Readers(perm, constants)  # type: ignore[arg-type]
 
 
-def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers]:
-    """The weights of ``store`` that can be stored transposed, by resource name."""
+def weight_constants(module: ir.Module, store: WeightStore) -> dict[str, list[ir.Operation]]:
+    """The ``coreai.constant`` ops of every weight of ``store`` in ``module`` (one per graph
+    that reads it), by resource name."""
     constants: dict[str, list[ir.Operation]] = defaultdict(list)
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -111,8 +112,13 @@ def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
+    return constants
+
+
+def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers]:
+    """The weights of ``store`` that can be stored transposed, by resource name."""
     found = {}
-    for name, ops in constants.items():
+    for name, ops in weight_constants(module, store).items():
         readers = _classify(ops)
         if readers is not None:
             found[name] = readers

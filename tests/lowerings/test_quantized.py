@@ -4,9 +4,7 @@ stored compressed, activations are fake-quantized at run time as PyTorch compute
 
 from __future__ import annotations
 
-import tempfile
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +14,7 @@ from torch.ao.quantization.fx import _decomposed  # noqa: F401  (registers quant
 from coreai_torch import TorchConverter, get_decomp_table
 from coreai_torch.runtime import Session
 from coreai_torch.verify import compare, eager_outputs, run_entrypoint
+from tests.helpers import asset_bytes
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -81,10 +80,7 @@ def convert_and_check(
     for e, a in zip(reference, actual, strict=True):
         result = compare("out", e, a, atol=tol, rtol=0.0)
         assert result.ok, str(result)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.aimodel"
-        program.save_asset(path)
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    size = asset_bytes(program)
     return str(program), size
 
 

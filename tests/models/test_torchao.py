@@ -10,10 +10,8 @@ quantized embeddings runs in the fast suite; the rest are slow.
 
 from __future__ import annotations
 
-import tempfile
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,6 +21,7 @@ import torch.nn as nn
 from coreai_torch import TorchConverter, get_decomp_table
 from coreai_torch.runtime import Session
 from coreai_torch.verify import compare, eager_outputs, run_entrypoint
+from tests.helpers import asset_bytes
 from tests.models.common import Call, model_tolerance, redraw_weights
 from tests.models.test_decoder_lms import SMALL
 
@@ -107,10 +106,7 @@ def check_quantized(
     for i, (e, a) in enumerate(zip(reference, actual, strict=True)):
         result = compare(f"out{i}", e, a, atol=tol, rtol=0.0)
         assert result.ok, f"{config}: {result} (tolerance {tol:.2e})"
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "m.aimodel"
-        program.save_asset(path)
-        size = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    size = asset_bytes(program)
     assert size <= bound, f"asset {size} B > {bound} B allowed for {bits_per_weight} bits/weight"
     print(f"asset {size} B = {size / fp32_bytes:.3f} x fp32 ({fp32_bytes} B), bound {bound} B")
     return {"program": program, "asset_bytes": size}
