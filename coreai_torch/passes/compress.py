@@ -119,13 +119,13 @@ class CompressionReport:
         """One line: how many weights, bytes before -> after."""
         ratio = self.bytes_after / self.bytes_before if self.bytes_before else 1.0
         return (
-            f"{len(self.weights)} weight(s) compressed ({self.config}): "
+            f"{len(self.weights)} weight(s) ({self.config}): "
             f"{_mb(self.bytes_before)} -> {_mb(self.bytes_after)} ({ratio:.3f}x)"
             + (f", {len(self.skipped)} left as they were" if self.skipped else "")
         )
 
     def __str__(self) -> str:
-        lines = [f"{self.summary()} in {self.seconds:.2f} s"]
+        lines = [f"compressed {self.summary()} in {self.seconds:.2f} s"]
         if self.weights:
             width = max(len(w.name) for w in self.weights)
             form = max(len(w.form) for w in self.weights)
