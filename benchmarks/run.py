@@ -8,6 +8,10 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 ``bench_results/results.json``.
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
+                             [--no-compression] [--compression-runs 3]
+
+The compression table (``benchmarks/compression.py``) converts the 0.27B Llama once per
+weight form (fp32, int8, int4, 4-bit palettes).
 """
 
 from __future__ import annotations
@@ -239,6 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compression",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the compression table (the 0.27B Llama per weight form)",
+    )
+    parser.add_argument("--compression-runs", type=int, default=3)
+    parser.add_argument("--one-compression", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -246,6 +258,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one_ablation:
         print("RESULT " + json.dumps(measure_ablation(args.one_ablation, args.runs)))
+        return 0
+    if args.one_compression:
+        from benchmarks.compression import measure_compression
+
+        print("RESULT " + json.dumps(measure_compression(args.one_compression, args.runs)))
         return 0
     if args.one_kernels:
         from benchmarks.kernels import measure_kernels
@@ -261,12 +278,27 @@ def main(argv: list[str] | None = None) -> int:
         for name, spec in ABLATION_MODELS.items():
             print(f"== IR ablation, {name}: {spec.description}", flush=True)
             ablations.append(_child("--one-ablation", name, args.ablation_runs))
+    compressed = []
+    if args.compression:
+        from benchmarks.compression import FORMS
+
+        for form in FORMS:
+            print(f"== compression: the 0.27B Llama as {form}", flush=True)
+            compressed.append(_child("--one-compression", form, args.compression_runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
-        json.dumps({"models": results, "ablation": ablations, "kernels": kernels}, indent=2)
+        json.dumps(
+            {
+                "models": results,
+                "ablation": ablations,
+                "compression": compressed,
+                "kernels": kernels,
+            },
+            indent=2,
+        )
     )
     if results:
         method = next((r["memory_method"] for r in results if "memory_method" in r), "?")
@@ -278,6 +310,11 @@ def main(argv: list[str] | None = None) -> int:
             "(Δ: median vs full).\n"
         )
         print(ablation_table(ablations))
+    if compressed:
+        from benchmarks.compression import compression_table
+
+        print("\nCompressed weights (AIProgram.compress), peak RSS above the exported model.\n")
+        print(compression_table(compressed))
     if "rows" in kernels:
         print(
             f"\nSingle ops, median of {args.runs} runs "
@@ -285,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(kernel_table(kernels["rows"]))
     print(f"\nJSON: {out}")
-    return 0 if all("error" not in r for r in [*results, *ablations, kernels]) else 1
+    failed = any("error" in r for r in [*results, *ablations, *compressed, kernels])
+    return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
-from coreai_torch.passes.compress import scales_after_matmul
+from coreai_torch.passes.compress import lookups_before_decompression, scales_after_matmul
 from coreai_torch.passes.pretranspose import pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.signature import ProgramSignature
@@ -115,8 +115,8 @@ class AIProgram(ca.AIProgram):
         ):
             _verify(candidate, "after storing weights transposed")
         with candidate.context, ir.Location.unknown():
-            if scales_after_matmul(candidate):
-                _verify(candidate, "after moving int8 scales past their matmuls")
+            if scales_after_matmul(candidate) + lookups_before_decompression(candidate):
+                _verify(candidate, "after placing the decompression of compressed weights")
         self._module._mlir_module = candidate
         return self
 

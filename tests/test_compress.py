@@ -104,9 +104,14 @@ def lut_values(program: AIProgram, indices_name: str) -> np.ndarray:
 
     found = []
 
+    def source(value: ir.Value) -> ir.Operation:
+        """The constant behind a value (through the row lookups of compressed tables)."""
+        op = value.owner
+        return source(op.operands[0]) if op.name == "coreai.gather_nd" else op
+
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "coreai.lut_to_dense" and indices_name in str(op.operands[0].owner):
-            attr = op.operands[1].owner.attributes["value"]
+        if op.name == "coreai.lut_to_dense" and indices_name in str(source(op.operands[0])):
+            attr = source(op.operands[1]).attributes["value"]
             if ir.DenseResourceElementsAttr.isinstance(attr):
                 resource = str(attr).split("<")[1].split(">")[0].strip('"')
                 found.append(program.weights.derived_by_name[resource].view(np.float32))
@@ -238,7 +243,7 @@ def test_linear_quantization(config: Any, bits: float, optimize_first: bool) -> 
 def test_int8_per_channel_is_read_as_cast_matmul_scale() -> None:
     program, _ = check_linear(compression.LinearQuantization(bits=8), 8 + 32 / 256, True)
     main = str(program)[str(program).index("coreai.graph @main") :]
-    assert "coreai.dequantize" not in main.split("gather_nd")[-1]  # only the embedding's
+    assert main.count("= coreai.dequantize") == 1  # only the embedding's looked-up rows
     assert main.count("coreai.cast") >= 8
 
 
@@ -452,6 +457,45 @@ def test_half_precision_programs_get_half_precision_scales() -> None:
         actual = run_entrypoint(session, program, args)[0]
     # float16 arithmetic on both sides of a float32 reference
     assert compare("out", expected, actual, atol=0.05 * float(expected.abs().max()), rtol=0).ok
+
+
+@pytest.mark.parametrize(
+    ("config", "gathered"),
+    [
+        (compression.LinearQuantization(bits=4, block_size=32), "si4"),
+        (compression.LinearQuantization(bits=8), "si8"),
+        (compression.LinearQuantization(bits=8, block_size=64, symmetric=False), "ui8"),
+        (compression.Palettization(bits=4), "ui4"),
+        (compression.Palettization(bits=4, group_size=16), "ui4"),
+        (compression.LinearQuantization(bits=2, block_size=32), None),
+    ],
+    ids=["int4", "int8", "int8-b64-asym", "palette4", "palette4-g16", "int2"],
+)
+def test_embedding_lookups_decompress_only_their_rows(config: Any, gathered: str | None) -> None:
+    """``gather_nd`` of the compressed rows, then the decompression of those rows (4- and
+    8-bit data; 2-bit tables, which gather_nd misreads, are decompressed whole)."""
+    model = Call(nn.Embedding(VOCAB, 128), lambda m, ids: m(ids) * 2)
+    args = tokens()
+    program = convert(model, args).optimize()
+    report = program.compress(config)
+    assert [w.reader for w in report.weights] == ["embedding"]
+    main = str(program)
+    lookups = [line for line in main.splitlines() if "coreai.gather_nd" in line]
+    if gathered is None:
+        assert any("x128xf32>" in line.split("->")[0] for line in lookups), main
+    else:
+        assert any(f"tensor<{VOCAB}x128x{gathered}>" in line for line in lookups), main
+        assert f"tensor<{VOCAB}x128xf32>" not in main  # the whole table is never decompressed
+    if isinstance(config, compression.LinearQuantization):
+        fake = lambda name, w: fake_linear(w, config)  # noqa: E731
+    else:
+
+        def fake(name: str, w: torch.Tensor) -> torch.Tensor:
+            indices, palettes = stored_palette(program, name, 4, False)
+            return fake_palette(w, indices, palettes, config.group_size)
+
+    reference = reference_model(model, report, fake)
+    check_against(program, reference, args, 10**7)
 
 
 def test_configuration_errors() -> None:

@@ -18,7 +18,9 @@ Weights already compressed (by an earlier ``compress()`` or because the model wa
 quantized with torchao) are listed as such and left alone: compressing twice would compound
 the error.  8-bit weights with one scale per output channel read by a float32 matmul are
 finally rewritten into ``cast -> matmul -> scale`` (:func:`scales_after_matmul`), the
-runtime's fastest form.
+runtime's fastest form, and embedding lookups of compressed tables gather the compressed
+rows before decompressing them (:func:`lookups_before_decompression`).  ``optimize()`` runs
+both too (for models quantized with torchao).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from coreai_torch import compressed, dtypes
 from coreai_torch._mlir import cai, ir
 from coreai_torch.compression import CompressionConfig, LinearQuantization, Palettization
 from coreai_torch.hazards import _constant_values
-from coreai_torch.lowerings.common import cast
+from coreai_torch.lowerings.common import cast, reshape, shape_of
 from coreai_torch.passes.pretranspose import _is_row_lookup, _resource_name, weight_constants
 from coreai_torch.quantize import palettize, quantize_linear
 from coreai_torch.weights import WeightStore
@@ -55,6 +57,9 @@ _TO_OUTPUT = frozenset(
         "coreai.decomposable.broadcasting_add",
         "coreai.decomposable.broadcasting_mul",
     }
+)
+_DECOMPRESSORS = frozenset(
+    {"coreai.blockwise_shift_scale", "coreai.dequantize", "coreai.lut_to_dense"}
 )
 #: derived constants holding a compressed weight's codes (see compressed.Decompression)
 _CODES = re.compile(r"^(.*)\.(?:codes|indices)(?:_\d+)?$")
@@ -422,6 +427,7 @@ def compress(program: Any, config: CompressionConfig) -> CompressionReport:
                 )
             )
         scales_after_matmul(module)
+        lookups_before_decompression(module)
     _verify(module, "after compress()")
     report.seconds = time.perf_counter() - start
     return report
@@ -486,5 +492,119 @@ def scales_after_matmul(module: ir.Module) -> int:
             matmul.result.replace_all_uses_with(scaled)
             matmul.erase()
         op.erase()
+        done += 1
+    return done
+
+
+# ------------------------------------------------- embedding lookups of compressed tables ---
+
+#: element widths ``gather_nd`` reads correctly when they are stored packed (2-bit data
+#: verifies but is read wrong; 1-, 3- and 6-bit data do not verify)
+_GATHERABLE_BITS = (4, 8)
+
+
+def _gatherable(value: ir.Value) -> bool:
+    element = ir.RankedTensorType(value.type).element_type
+    if ir.IntegerType.isinstance(element):
+        return ir.IntegerType(element).width in _GATHERABLE_BITS
+    return str(element).startswith("f8")
+
+
+def _splat(value: ir.Value) -> ir.Attribute | None:
+    if isinstance(value.owner, ir.Block):
+        return None
+    op = _operation(value.owner)
+    attr = op.attributes["value"] if op.name == "coreai.constant" else None
+    if attr is None or not ir.DenseElementsAttr.isinstance(attr):
+        return None
+    dense = ir.DenseElementsAttr(attr)
+    return dense.get_splat_value() if dense.is_splat else None
+
+
+def _rows(value: ir.Value, rows: int, ids: ir.Value) -> ir.Value | None:
+    """Per-row parameters gathered by ``ids`` (``[n, 1]``), kept as they are when they do
+    not vary along the rows, None when rows share them in blocks."""
+    shape = shape_of(value)
+    if not shape or shape[0] == 1:
+        return value
+    if shape[0] != rows:
+        return None
+    count = shape_of(ids)[0]
+    splat = _splat(value)
+    if splat is not None:  # zero offsets: the same splat, one row per id
+        ttype = ir.RankedTensorType.get([count, *shape[1:]], splat.type)
+        return cai.ConstantOp(value=ir.DenseElementsAttr.get_splat(ttype, splat)).result
+    if len(shape) == 1:  # dequantize's 1-D per-row parameters
+        return reshape(cai.gather_nd(reshape(value, [rows, 1]), ids), [count])
+    return cai.gather_nd(value, ids)
+
+
+def _lookup(decompress: ir.Operation, ids: ir.Value) -> ir.Value | None:
+    """``decompress`` applied to the rows ``ids`` (``[n, 1]`` si32) of its table only."""
+    rows = shape_of(decompress.result)[0]
+    if decompress.name == "coreai.dequantize":
+        data, scale, offset1, offset2, axis = decompress.operands
+        along = _constant_values(axis)
+        params = [scale, offset1, offset2]
+        if along is not None and along.size == 1 and int(along[0]) == 0:
+            params = [_rows(v, rows, ids) for v in params]  # type: ignore[misc]
+        return cai.dequantize(cai.gather_nd(data, ids), *params, axis)
+    if decompress.name == "coreai.blockwise_shift_scale":
+        data, *params = decompress.operands
+        gathered = [_rows(v, rows, ids) for v in params]
+        if any(v is None for v in gathered):
+            return None
+        return cai.blockwise_shift_scale(cai.gather_nd(data, ids), *gathered)
+    if decompress.name == "coreai.lut_to_dense":
+        indices, lut, axis = decompress.operands
+        groups = shape_of(lut)[0]
+        if groups not in (1, rows):
+            size = rows // groups
+            ids_type = ir.RankedTensorType(ids.type)
+            divisor = cai.constant(np.full([1, 1], size, np.int32), dtype=ids_type.element_type)
+            lut = cai.gather_nd(lut, cai.broadcasting_floor_divide(ids, divisor))
+        elif groups == rows:
+            lut = cai.gather_nd(lut, ids)
+        return cai.lut_to_dense(cai.gather_nd(indices, ids), lut, axis)
+    return None
+
+
+def lookups_before_decompression(module: ir.Module) -> int:
+    """``gather_nd(decompress(table), ids)`` (an embedding lookup of a compressed ``[V, D]``
+    table) becomes ``decompress(gather_nd(table, ids))``: only the rows looked up are
+    decompressed, not the whole table on every call.  For 4- and 8-bit data (what
+    ``gather_nd`` reads correctly).  Returns how many lookups were rewritten."""
+    lookups: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "coreai.gather_nd" and _is_row_lookup(op):
+            source = op.operands[0].owner
+            if not isinstance(source, ir.Block) and _operation(source).name in _DECOMPRESSORS:
+                lookups.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    done = 0
+    for op in lookups:
+        decompress = _operation(op.operands[0].owner)
+        table = ir.RankedTensorType(decompress.result.type)
+        if table.rank != 2 or not _gatherable(decompress.operands[0]):
+            continue
+        out_shape = shape_of(op.result)
+        count = int(np.prod(out_shape[:-1]))
+        with ir.InsertionPoint(op), op.location:
+            ids = reshape(op.operands[1], [count, 1])
+            rows = _lookup(decompress, ids)
+            if rows is None:
+                continue
+            value = reshape(rows, out_shape)
+        op.result.replace_all_uses_with(value)
+        op.erase()
+        if not list(decompress.result.uses):
+            sources = [o.owner for o in decompress.operands if not isinstance(o.owner, ir.Block)]
+            decompress.erase()
+            for source in map(_operation, sources):
+                if source.name == "coreai.constant" and not list(source.result.uses):
+                    source.erase()
         done += 1
     return done

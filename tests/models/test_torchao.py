@@ -125,6 +125,8 @@ def test_llama_int4_blocks_with_quantized_embeddings() -> None:
     main = text[text.index("coreai.graph @main") :]
     # every matmul reads its decompressed weight directly (no transpose of a weight)
     assert "model.layers.0.mlp.down_proj.weight.codes> : tensor<512x256xsi4>" in main
+    # the embedding lookup gathers compressed rows (optimize() puts it before decompression)
+    assert any("gather_nd" in line and "256x256xsi4>" in line for line in main.splitlines())
 
 
 INTX = [
