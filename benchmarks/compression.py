@@ -15,10 +15,7 @@ fp32 eager PyTorch.
 from __future__ import annotations
 
 import math
-import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 #: form -> ``compression.from_spec`` name (None: not compressed)
@@ -49,10 +46,9 @@ def measure_compression(form: str, runs: int) -> dict[str, Any]:
 
     from benchmarks.memory import PhaseMemory
     from benchmarks.models import MODELS
-    from benchmarks.run import _dir_size, _warm_up
+    from benchmarks.run import _warm_up, save_load_run
     from coreai_torch import TorchConverter, compression
-    from coreai_torch.runtime import Session
-    from coreai_torch.verify import eager_outputs, export_decomposed, run_entrypoint
+    from coreai_torch.verify import eager_outputs, export_decomposed
 
     torch.manual_seed(0)
     model, args = MODELS[MODEL].build()
@@ -76,30 +72,7 @@ def measure_compression(form: str, runs: int) -> dict[str, Any]:
             result["compressed_bytes"] = report.bytes_after
             result["weight_snr_db"] = min((w.snr_db for w in report.weights), default=math.inf)
         result["compress_s"] = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{form}.aimodel"
-        with memory.phase("save"):
-            start = time.perf_counter()
-            program.save_asset(path)
-            result["save_s"] = time.perf_counter() - start
-        result["asset_bytes"] = _dir_size(path)
-        with memory.phase("load"):
-            start = time.perf_counter()
-            session = Session(path)
-            session.open()
-            session.function("main")
-            result["load_s"] = time.perf_counter() - start
-        try:
-            actual = run_entrypoint(session, program, args)[0]  # warm-up
-            latencies = []
-            for _ in range(runs):
-                start = time.perf_counter()
-                run_entrypoint(session, program, args)
-                latencies.append(time.perf_counter() - start)
-        finally:
-            session.close()
-    result.update({f"{phase}_rss": peak for phase, peak in memory.peaks.items()})
-    result["latency_ms"] = statistics.median(latencies) * 1000
+    actual = save_load_run(program, args, memory, runs, form, result)[0]
     result["logits_snr_db"] = snr_db(reference.numpy(), actual)
     result["ratio"] = result["asset_bytes"] / weight_bytes
     bound = BOUNDS.get(form)

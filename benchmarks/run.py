@@ -58,36 +58,15 @@ def _warm_up() -> None:
         run_entrypoint(session, program, args)
 
 
-def measure(name: str, runs: int) -> dict[str, Any]:
-    """Convert, save, load and run one model; returns the measurements."""
-    import torch
-
-    from benchmarks.memory import PhaseMemory
-    from benchmarks.models import MODELS
-    from coreai_torch import TorchConverter
+def save_load_run(
+    program: Any, args: Any, memory: Any, runs: int, name: str, result: dict[str, Any]
+) -> list[Any]:
+    """Save ``program``, load it on the runtime, call it once to warm up and ``runs`` times
+    more: records save/load time and peak RSS, asset bytes and the median latency in
+    ``result``; returns the outputs of the warm-up call."""
     from coreai_torch.runtime import Session
-    from coreai_torch.verify import compare, eager_outputs, export_decomposed, run_entrypoint
+    from coreai_torch.verify import run_entrypoint
 
-    torch.manual_seed(0)
-    model, args = MODELS[name].build()
-    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    result: dict[str, Any] = {"model": name, "weight_bytes": weight_bytes}
-
-    start = time.perf_counter()
-    ep = export_decomposed(model, args)
-    result["export_s"] = time.perf_counter() - start
-    _warm_up()
-
-    memory = PhaseMemory()
-    result["memory_method"] = memory.method
-    with memory.phase("to_coreai"):
-        start = time.perf_counter()
-        program = TorchConverter().add_exported_program(ep).to_coreai()
-        result["to_coreai_s"] = time.perf_counter() - start
-    with memory.phase("optimize"):
-        start = time.perf_counter()
-        program.optimize()
-        result["optimize_s"] = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.aimodel"
         with memory.phase("save"):
@@ -113,6 +92,39 @@ def measure(name: str, runs: int) -> dict[str, Any]:
             session.close()
     result.update({f"{phase}_rss": peak for phase, peak in memory.peaks.items()})
     result["latency_ms"] = statistics.median(latencies) * 1000
+    return actual
+
+
+def measure(name: str, runs: int) -> dict[str, Any]:
+    """Convert, save, load and run one model; returns the measurements."""
+    import torch
+
+    from benchmarks.memory import PhaseMemory
+    from benchmarks.models import MODELS
+    from coreai_torch import TorchConverter
+    from coreai_torch.verify import compare, eager_outputs, export_decomposed
+
+    torch.manual_seed(0)
+    model, args = MODELS[name].build()
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    result: dict[str, Any] = {"model": name, "weight_bytes": weight_bytes}
+
+    start = time.perf_counter()
+    ep = export_decomposed(model, args)
+    result["export_s"] = time.perf_counter() - start
+    _warm_up()
+
+    memory = PhaseMemory()
+    result["memory_method"] = memory.method
+    with memory.phase("to_coreai"):
+        start = time.perf_counter()
+        program = TorchConverter().add_exported_program(ep).to_coreai()
+        result["to_coreai_s"] = time.perf_counter() - start
+    with memory.phase("optimize"):
+        start = time.perf_counter()
+        program.optimize()
+        result["optimize_s"] = time.perf_counter() - start
+    actual = save_load_run(program, args, memory, runs, name, result)
 
     expected = eager_outputs(model, args)
     eager = []
