@@ -515,6 +515,13 @@ def test_configuration_errors() -> None:
         convert(nn.Linear(64, 64), (torch.randn(1, 64),)).compress("int4")  # type: ignore[arg-type]
 
 
+def test_compress_needs_a_converted_program() -> None:
+    program = convert(nn.Linear(64, 64), (torch.randn(1, 64),))
+    program.weights = None
+    with pytest.raises(ValueError, match="needs a program converted by TorchConverter"):
+        program.compress(compression.LinearQuantization())
+
+
 def test_a_block_size_that_does_not_divide_is_reported() -> None:
     model = nn.Sequential(nn.Linear(96, 64), nn.Linear(64, 64))
     program = convert(model, (torch.randn(2, 96),)).optimize()

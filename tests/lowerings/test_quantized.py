@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 from torch.ao.quantization.fx import _decomposed  # noqa: F401  (registers quantized_decomposed)
 
-from coreai_torch import TorchConverter, get_decomp_table
+from coreai_torch import TorchConverter, UnsupportedOpError, get_decomp_table
 from coreai_torch.runtime import Session
 from coreai_torch.verify import compare, eager_outputs, run_entrypoint
 from tests.helpers import asset_bytes
@@ -201,3 +201,20 @@ def test_per_tensor_weight_and_activation_fake_quantization() -> None:
     x = (torch.randint(-100, 100, (4, 64)) * 0.05).float()
     text, _ = convert_and_check(PerTensorWeight(), (x,))
     assert "xui8>" in text and "coreai.dequantize" in text
+
+
+def test_a_codebook_of_run_time_values_is_rejected() -> None:
+    from torchao.prototype.quantization.codebook_coreml import codebook_ops  # noqa: F401
+
+    class RuntimeCodes(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("book", torch.randn(1, 1, 16, 1))
+
+        def forward(self, codes: torch.Tensor) -> torch.Tensor:
+            return torch.ops.quant.dequantize_codebook(codes, self.book, 4, [-1, -1])
+
+    ep = torch.export.export(RuntimeCodes(), (torch.randint(0, 16, (8, 32), dtype=torch.int32),))
+    ep = ep.run_decompositions(get_decomp_table())
+    with pytest.raises(UnsupportedOpError, match="codes and the codebook must be weights"):
+        TorchConverter().add_exported_program(ep).to_coreai()
