@@ -232,15 +232,15 @@ def cmd_convert(opts: argparse.Namespace) -> int:
     )
     with timed(timings, "to_coreai"):
         program = converter.to_coreai()
+    compressed = None
+    if compression is not None:  # before optimize(): no transposed float copies of weights
+        with timed(timings, "compress"):
+            compressed = program.compress(compression)
     if opts.no_optimize:
         notes.append("not optimized (--no-optimize)")
     else:
         with timed(timings, "optimize"):
             program.optimize()
-    compressed = None
-    if compression is not None:
-        with timed(timings, "compress"):
-            compressed = program.compress(compression)
     with timed(timings, "save"):
         program.save_asset(output)
     report = ConversionReport.build(

@@ -124,8 +124,10 @@ class AIProgram(ca.AIProgram):
         """Store the weights ``config`` selects compressed (int8/int4 linear quantization or
         palettes: :mod:`coreai_torch.compression`), in place; returns what was done.
 
-        Best called after :meth:`optimize` (either order works).  Weights already compressed
-        are left alone; see :mod:`coreai_torch.passes.compress`.
+        Either order with :meth:`optimize` works; compressing first saves memory (weights
+        read transposed are compressed in the transposed layout directly, so ``optimize()``
+        makes no transposed float copies of them).  Weights already compressed are left
+        alone; see :mod:`coreai_torch.passes.compress`.
         """
         from coreai_torch.passes.compress import compress
 

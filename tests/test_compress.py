@@ -367,6 +367,7 @@ def test_a_weight_read_by_other_ops_is_left_alone_with_the_reason() -> None:
     check_against(program, reference, args, 128 * 128 * 5 + ASSET_OVERHEAD)
 
 
+@pytest.mark.slow
 def test_tied_embeddings_are_compressed_once() -> None:
     """A head tied to the token embeddings (one weight, read by the lookup and the matmul)."""
     model = llama(tie=True)
@@ -381,6 +382,7 @@ def test_tied_embeddings_are_compressed_once() -> None:
     check_against(program, reference, args, bound(model, report, 8.2))
 
 
+@pytest.mark.slow
 def test_entry_points_share_the_compressed_weights() -> None:
     """Two entry points reading the same weights store them once."""
     model = llama()
@@ -439,6 +441,7 @@ def test_convolution_kernels(config: compression.LinearQuantization) -> None:
     check_against(program, reference, args, bound(model, report, config.bits + 2))
 
 
+@pytest.mark.slow
 def test_half_precision_programs_get_half_precision_scales() -> None:
     """A float16 program: scales and decompressed weights in float16 (the weight's own
     element type), as the runtime requires them to match."""

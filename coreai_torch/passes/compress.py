@@ -306,8 +306,9 @@ def _fit(
 
 
 def _snr(weight: np.ndarray, approximation: np.ndarray) -> float:
-    signal = float(np.square(weight, dtype=np.float64).sum())
-    noise = float(np.square(weight - approximation, dtype=np.float64).sum())
+    flat = weight.reshape(-1)
+    error = (weight - approximation).reshape(-1)
+    signal, noise = float(np.dot(flat, flat)), float(np.dot(error, error))
     if noise == 0:
         return math.inf
     return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
