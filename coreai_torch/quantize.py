@@ -13,6 +13,7 @@ few passes over the weight whatever its size; centroids start at the weighted qu
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -54,6 +55,27 @@ def _chunks(
         yield tuple(index), chunk
 
 
+class _Noise:
+    """Σw² and Σ(w - ŵ)² accumulated over chunks, for the fit's signal-to-noise ratio."""
+
+    def __init__(self) -> None:
+        self.signal = 0.0
+        self.noise = 0.0
+
+    def add(self, weight: np.ndarray, approximation: np.ndarray) -> None:
+        flat = weight.reshape(-1)
+        error = (weight - approximation).reshape(-1)
+        self.signal += float(np.dot(flat, flat))
+        self.noise += float(np.dot(error, error))
+
+    @property
+    def snr_db(self) -> float:
+        """10·log10(Σw² / Σ(w - ŵ)²) in dB."""
+        if self.noise == 0:
+            return math.inf
+        return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
+
+
 def quantize_linear(
     weight: np.ndarray,
     params: Sequence[int],
@@ -61,8 +83,9 @@ def quantize_linear(
     *,
     symmetric: bool = True,
     scale_dtype: type[np.generic] = np.float32,
-) -> LinearCodes:
-    """``weight`` (float32) as ``bits``-bit codes with one scale (and zero point) per block.
+) -> tuple[LinearCodes, float]:
+    """``weight`` as ``bits``-bit codes with one scale (and zero point) per block, and the
+    fit's SNR in dB.  ``weight`` may be any strided view: it is read chunk by chunk.
 
     Symmetric: ``scale = max|w| / (2**(bits-1) - 1)``, codes in ``[-2**(bits-1), 2**(bits-1)-1]``.
     Asymmetric: ``scale = (max - min) / (2**bits - 1)`` over the block's range widened to
@@ -75,6 +98,7 @@ def quantize_linear(
     zero_point = None if symmetric else np.empty(params, np.int32)
     codes = np.empty(shape, np.int8 if symmetric else np.uint8)
     high = (1 << (bits - 1)) - 1 if symmetric else (1 << bits) - 1
+    noise = _Noise()
     for index, p in _chunks(shape, params):
         w = np.asarray(weight[index], dtype=np.float32)
         split, inner = _blocked(w.shape, p)
@@ -91,12 +115,14 @@ def quantize_linear(
         scale[index] = s.reshape(p)
         if symmetric:
             q = np.clip(scaled, -high - 1, high)
+            noise.add(blocks, q * s)
         else:
             zp = np.clip(np.round(-lo / s), 0, high)
             zero_point[index] = zp.reshape(p)  # type: ignore[index]
             q = np.clip(scaled + zp, 0, high)
+            noise.add(blocks, (q - zp) * s)
         codes[index] = q.reshape(w.shape)
-    return LinearCodes(codes, bits, scale, zero_point, signed=symmetric)
+    return LinearCodes(codes, bits, scale, zero_point, signed=symmetric), noise.snr_db
 
 
 # ------------------------------------------------------------------------------ palettes ---
@@ -115,18 +141,25 @@ def _rows_searchsorted(rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
 
 
 def _histogram(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the mean value in each of ``bins`` equal bins and the bin counts."""
-    groups = values.shape[0]
-    low = values.min(1, keepdims=True)
-    width = (values.max(1, keepdims=True) - low) / bins
+    """Per row: the mean value in each of ``bins`` equal bins and the bin counts (read in
+    chunks of columns, so the temporaries stay small)."""
+    groups, count = values.shape
+    low = values.min(1, keepdims=True).astype(np.float64)
+    width = (values.max(1, keepdims=True).astype(np.float64) - low) / bins
     width[width == 0] = 1.0
-    which = np.clip(((values - low) / width).astype(np.int64), 0, bins - 1)
-    which += (np.arange(groups) * bins)[:, None]
-    counts = np.bincount(which.ravel(), minlength=groups * bins).reshape(groups, bins)
-    sums = np.bincount(which.ravel(), values.ravel(), groups * bins).reshape(groups, bins)
+    offsets = (np.arange(groups) * bins)[:, None]
+    counts = np.zeros(groups * bins)
+    sums = np.zeros(groups * bins)
+    step = max(1, CHUNK // groups)
+    for start in range(0, count, step):
+        part = values[:, start : start + step]
+        which = np.clip(((part - low) / width).astype(np.int64), 0, bins - 1) + offsets
+        counts += np.bincount(which.ravel(), minlength=groups * bins)
+        sums += np.bincount(which.ravel(), part.ravel().astype(np.float64), groups * bins)
+    counts, sums = counts.reshape(groups, bins), sums.reshape(groups, bins)
     centers = low + (np.arange(bins) + 0.5) * width
     means = np.where(counts > 0, sums / np.maximum(counts, 1), centers)
-    return means, counts.astype(np.float64)
+    return means, counts
 
 
 def kmeans_1d(values: np.ndarray, k: int, iterations: int = 100) -> np.ndarray:
@@ -136,12 +169,12 @@ def kmeans_1d(values: np.ndarray, k: int, iterations: int = 100) -> np.ndarray:
     boundaries: an iteration finds the runs by binary search and their weighted means from
     prefix sums, ``O(groups * k * log points)``.
     """
-    values = np.asarray(values, dtype=np.float64)
     groups, count = values.shape
     if count > HISTOGRAM_BINS:  # bin means, in order, weighted by their counts
         points, weights = _histogram(values, HISTOGRAM_BINS)
     else:
-        points, weights = np.sort(values, 1), np.ones_like(values)
+        points = np.sort(np.asarray(values, dtype=np.float64), 1)
+        weights = np.ones_like(points)
     zero = np.zeros((groups, 1))
     mass_before = np.concatenate([zero, np.cumsum(weights, 1)], 1)
     total_before = np.concatenate([zero, np.cumsum(weights * points, 1)], 1)
@@ -166,9 +199,10 @@ def kmeans_1d(values: np.ndarray, k: int, iterations: int = 100) -> np.ndarray:
 
 def palettize(
     weight: np.ndarray, channel_axis: int, group_size: int | None, bits: int, iterations: int = 100
-) -> PaletteCodes:
-    """``weight`` as ``bits``-bit indices into palettes fitted by :func:`kmeans_1d`: one
-    palette per ``group_size`` indices along ``channel_axis`` (None: one for the weight)."""
+) -> tuple[PaletteCodes, float]:
+    """``weight`` as ``bits``-bit indices into palettes fitted by :func:`kmeans_1d` (one
+    palette per ``group_size`` indices along ``channel_axis``; None: one for the weight), and
+    the fit's SNR in dB."""
     shape = list(weight.shape)
     channels = shape[channel_axis]
     size = channels if group_size is None else group_size
@@ -179,16 +213,23 @@ def palettize(
     palettes = kmeans_1d(rows, k, iterations).astype(np.float32)
     boundaries = (palettes[:, 1:] + palettes[:, :-1]) / 2
     indices = np.empty(rows.shape, np.uint8)
-    step = max(1, CHUNK // rows.shape[1])
-    for start in range(0, groups, step):
-        part = slice(start, start + step)
-        if groups == 1:
-            indices[part] = np.searchsorted(boundaries[0], rows[0])[None]
-        else:
-            indices[part] = _rows_searchsorted(boundaries[part], rows[part])
+    noise = _Noise()
+    rows_per_step = max(1, CHUNK // rows.shape[1])
+    columns_per_step = CHUNK if groups == 1 else rows.shape[1]
+    for start in range(0, groups, rows_per_step):
+        for column in range(0, rows.shape[1], columns_per_step):
+            part = (slice(start, start + rows_per_step), slice(column, column + columns_per_step))
+            chunk = rows[part]
+            found = (
+                np.searchsorted(boundaries[0], chunk[0])[None]
+                if groups == 1
+                else _rows_searchsorted(boundaries[part[0]], chunk)
+            )
+            indices[part] = found
+            noise.add(chunk, np.take_along_axis(palettes[part[0]], found, 1))
     moved = [shape[channel_axis]] + [s for a, s in enumerate(shape) if a != channel_axis]
     indices = np.moveaxis(indices.reshape(moved), 0, channel_axis)
     lut_groups = [1] * len(shape)
     lut_groups[channel_axis] = groups
     lut = palettes.reshape(*lut_groups, k, 1)
-    return PaletteCodes(np.ascontiguousarray(indices), bits, lut)
+    return PaletteCodes(np.ascontiguousarray(indices), bits, lut), noise.snr_db

@@ -25,7 +25,6 @@ both too (for models quantized with torchao).
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -280,8 +279,8 @@ def _selected(config: CompressionConfig, plan: _Plan) -> str | None:
 def _fit(
     config: CompressionConfig, weight: np.ndarray, plan: _Plan, dtype: torch.dtype
 ) -> tuple[Any, str] | str:
-    """The codes of ``weight`` (in the stored layout) and a description of the form, or
-    why the configuration cannot be applied to it."""
+    """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
+    configuration cannot be applied to it."""
     shape = weight.shape
     channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
     if isinstance(config, LinearQuantization):
@@ -293,33 +292,23 @@ def _fit(
                 return f"its input size {reduced} is not a multiple of block_size={block}"
             params[plan.reduction_axis] = reduced // block
         scale_dtype = dtypes.to_numpy(config.scale_dtype or dtype)
-        codes = quantize_linear(
+        return quantize_linear(
             weight, params, config.bits, symmetric=config.symmetric, scale_dtype=scale_dtype
         )
-        return codes, config.describe()
     group = config.group_size
     if group is not None and group < channels and channels % group:
         return f"its {channels} output channels are not a multiple of group_size={group}"
     group = None if group is None or group >= channels else group
-    codes = palettize(weight, plan.channel_axis, group, config.bits, config.iterations)
-    return codes, config.describe()
-
-
-def _snr(weight: np.ndarray, approximation: np.ndarray) -> float:
-    flat = weight.reshape(-1)
-    error = (weight - approximation).reshape(-1)
-    signal, noise = float(np.dot(flat, flat)), float(np.dot(error, error))
-    if noise == 0:
-        return math.inf
-    return 10 * math.log10(signal / noise) if signal > 0 else -math.inf
+    return palettize(weight, plan.channel_axis, group, config.bits, config.iterations)
 
 
 def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
-    """The weight as float32 numpy in the stored layout (a view when it already is)."""
+    """The weight as float32 numpy in the stored layout: a (strided) view of a float32
+    weight, a converted copy of a float16 / bfloat16 one."""
     t = tensor.detach()
     if t.dtype != torch.float32:
         t = t.float()
-    return t.permute(perm).contiguous().numpy()
+    return t.permute(perm).numpy()
 
 
 # ------------------------------------------------------------------------------- rewrite ---
@@ -406,7 +395,7 @@ def compress(program: Any, config: CompressionConfig) -> CompressionReport:
             if isinstance(fitted, str):
                 report.skipped.append((name, fitted))
                 continue
-            codes, form = fitted
+            codes, snr = fitted
             decompression = (
                 compressed.linear_decompression(
                     store, name, codes, dtype, getattr(config, "scale_dtype", None)
@@ -418,12 +407,12 @@ def compress(program: Any, config: CompressionConfig) -> CompressionReport:
             report.weights.append(
                 CompressedWeight(
                     name,
-                    form,
+                    config.describe(),
                     config.bits,
                     tuple(tensor.shape)[:: -1 if resource.endswith(".T") else 1],
                     tensor.numel() * tensor.element_size(),
                     decompression.stored_bytes,
-                    _snr(weight, codes.dequantized()),
+                    snr,
                     plan.reader,
                 )
             )
