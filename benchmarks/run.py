@@ -8,10 +8,13 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 ``bench_results/results.json``.
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
-                             [--large]
+                             [--large] [--no-compression] [--compression-runs 3]
 
 ``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor
 (``benchmarks/large.py``; needs about 8 GB of free memory).
+
+The compression table (``benchmarks/compression.py``) converts the 0.27B Llama once per
+weight form (fp32, int8, int4, 4-bit palettes).
 """
 
 from __future__ import annotations
@@ -58,36 +61,15 @@ def _warm_up() -> None:
         run_entrypoint(session, program, args)
 
 
-def measure(name: str, runs: int) -> dict[str, Any]:
-    """Convert, save, load and run one model; returns the measurements."""
-    import torch
-
-    from benchmarks.memory import PhaseMemory
-    from benchmarks.models import MODELS
-    from coreai_torch import TorchConverter
+def save_load_run(
+    program: Any, args: Any, memory: Any, runs: int, name: str, result: dict[str, Any]
+) -> list[Any]:
+    """Save ``program``, load it on the runtime, call it once to warm up and ``runs`` times
+    more: records save/load time and peak RSS, asset bytes and the median latency in
+    ``result``; returns the outputs of the warm-up call."""
     from coreai_torch.runtime import Session
-    from coreai_torch.verify import compare, eager_outputs, export_decomposed, run_entrypoint
+    from coreai_torch.verify import run_entrypoint
 
-    torch.manual_seed(0)
-    model, args = MODELS[name].build()
-    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-    result: dict[str, Any] = {"model": name, "weight_bytes": weight_bytes}
-
-    start = time.perf_counter()
-    ep = export_decomposed(model, args)
-    result["export_s"] = time.perf_counter() - start
-    _warm_up()
-
-    memory = PhaseMemory()
-    result["memory_method"] = memory.method
-    with memory.phase("to_coreai"):
-        start = time.perf_counter()
-        program = TorchConverter().add_exported_program(ep).to_coreai()
-        result["to_coreai_s"] = time.perf_counter() - start
-    with memory.phase("optimize"):
-        start = time.perf_counter()
-        program.optimize()
-        result["optimize_s"] = time.perf_counter() - start
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{name}.aimodel"
         with memory.phase("save"):
@@ -113,6 +95,39 @@ def measure(name: str, runs: int) -> dict[str, Any]:
             session.close()
     result.update({f"{phase}_rss": peak for phase, peak in memory.peaks.items()})
     result["latency_ms"] = statistics.median(latencies) * 1000
+    return actual
+
+
+def measure(name: str, runs: int) -> dict[str, Any]:
+    """Convert, save, load and run one model; returns the measurements."""
+    import torch
+
+    from benchmarks.memory import PhaseMemory
+    from benchmarks.models import MODELS
+    from coreai_torch import TorchConverter
+    from coreai_torch.verify import compare, eager_outputs, export_decomposed
+
+    torch.manual_seed(0)
+    model, args = MODELS[name].build()
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    result: dict[str, Any] = {"model": name, "weight_bytes": weight_bytes}
+
+    start = time.perf_counter()
+    ep = export_decomposed(model, args)
+    result["export_s"] = time.perf_counter() - start
+    _warm_up()
+
+    memory = PhaseMemory()
+    result["memory_method"] = memory.method
+    with memory.phase("to_coreai"):
+        start = time.perf_counter()
+        program = TorchConverter().add_exported_program(ep).to_coreai()
+        result["to_coreai_s"] = time.perf_counter() - start
+    with memory.phase("optimize"):
+        start = time.perf_counter()
+        program.optimize()
+        result["optimize_s"] = time.perf_counter() - start
+    actual = save_load_run(program, args, memory, runs, name, result)
 
     expected = eager_outputs(model, args)
     eager = []
@@ -247,6 +262,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
     parser.add_argument("--one-large", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--compression",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the compression table (the 0.27B Llama per weight form)",
+    )
+    parser.add_argument("--compression-runs", type=int, default=3)
+    parser.add_argument("--one-compression", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -259,6 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.large import measure_if_possible
 
         print("RESULT " + json.dumps(measure_if_possible(int4=args.one_large == "int4")))
+        return 0
+    if args.one_compression:
+        from benchmarks.compression import measure_compression
+
+        print("RESULT " + json.dumps(measure_compression(args.one_compression, args.runs)))
         return 0
     if args.one_kernels:
         from benchmarks.kernels import measure_kernels
@@ -282,13 +310,26 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             large_results.append(_child("--one-large", variant, args.runs))
+    compressed = []
+    if args.compression:
+        from benchmarks.compression import FORMS
+
+        for form in FORMS:
+            print(f"== compression: the 0.27B Llama as {form}", flush=True)
+            compressed.append(_child("--one-compression", form, args.compression_runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
         json.dumps(
-            {"models": results, "ablation": ablations, "kernels": kernels, "large": large_results},
+            {
+                "models": results,
+                "ablation": ablations,
+                "compression": compressed,
+                "kernels": kernels,
+                "large": large_results,
+            },
             indent=2,
         )
     )
@@ -302,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
             "(Δ: median vs full).\n"
         )
         print(ablation_table(ablations))
+    if compressed:
+        from benchmarks.compression import compression_table
+
+        print("\nCompressed weights (AIProgram.compress), peak RSS above the exported model.\n")
+        print(compression_table(compressed))
     if "rows" in kernels:
         print(
             f"\nSingle ops, median of {args.runs} runs "
@@ -314,8 +360,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\nLarge model (conversion only; noisy on a shared machine).\n")
         print("\n\n".join(large_table(r) for r in large_results))
     print(f"\nJSON: {out}")
-    measured = [*results, *ablations, kernels, *large_results]
-    return 0 if all("error" not in r for r in measured) else 1
+    measured = [*results, *ablations, *compressed, kernels, *large_results]
+    failed = any("error" in r for r in measured)
+    return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0
 
 
 if __name__ == "__main__":

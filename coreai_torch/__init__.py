@@ -5,7 +5,7 @@ program = coreai_torch.TorchConverter().add_exported_program(ep).to_coreai()
 program.optimize().save_asset(Path("model.aimodel"))
 """
 
-from coreai_torch import composite_ops, errors, progress
+from coreai_torch import composite_ops, compression, errors, progress
 from coreai_torch.analysis import analyze
 from coreai_torch.composite import generate_composite_decl
 from coreai_torch.converter import TorchConverter
@@ -23,12 +23,14 @@ from coreai_torch.errors import (
 )
 from coreai_torch.externalize import ExternalizeSpec
 from coreai_torch.metal import MetalParameter, TorchMetalKernel
+from coreai_torch.passes.compress import CompressionReport
 from coreai_torch.program import AIProgram
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AIProgram",
+    "CompressionReport",
     "ConversionError",
     "ExternalizationError",
     "ExternalizeSpec",
@@ -44,6 +46,7 @@ __all__ = [
     "VerificationError",
     "analyze",
     "composite_ops",
+    "compression",
     "errors",
     "generate_composite_decl",
     "get_decomp_table",

@@ -2,6 +2,7 @@
 
     coreai-torch convert model.pt2 -o model.aimodel          # a torch.export.save()d program
     coreai-torch convert model.py:make -o model.aimodel      # make() -> (module, example_inputs)
+    coreai-torch convert model.pt2 --compress int4 [--block-size 32]   # weights compressed
     coreai-torch verify model.aimodel model.py:make [--inputs x.npy] [--bisect]
     coreai-torch ops model.pt2                               # ops needed / supported / missing
     coreai-torch demo
@@ -212,6 +213,7 @@ def _names(text: str | None) -> list[str] | None:
 def cmd_convert(opts: argparse.Namespace) -> int:
     from coreai_torch.report import ConversionReport, timed
 
+    compression = _compression(opts)
     source = load_source(opts.source)
     output = Path(opts.output) if opts.output else Path(f"{source.stem}.aimodel")
     if output.suffix != ".aimodel":
@@ -230,6 +232,10 @@ def cmd_convert(opts: argparse.Namespace) -> int:
     )
     with timed(timings, "to_coreai"):
         program = converter.to_coreai()
+    compressed = None
+    if compression is not None:  # before optimize(): no transposed float copies of weights
+        with timed(timings, "compress"):
+            compressed = program.compress(compression)
     if opts.no_optimize:
         notes.append("not optimized (--no-optimize)")
     else:
@@ -240,8 +246,23 @@ def cmd_convert(opts: argparse.Namespace) -> int:
     report = ConversionReport.build(
         converter, program, timings=timings, source=source.label, asset=output, notes=notes
     )
+    report.compression = compressed
     _emit(opts, report.to_dict(), str(report))
     return EXIT_OK
+
+
+def _compression(opts: argparse.Namespace) -> Any:
+    """The compression ``--compress`` / ``--block-size`` ask for, or None."""
+    from coreai_torch import compression
+
+    if opts.compress is None:
+        if opts.block_size is not None:
+            raise CliError("--block-size needs --compress (e.g. --compress int4 --block-size 64)")
+        return None
+    try:
+        return compression.from_spec(opts.compress, opts.block_size)
+    except ValueError as error:
+        raise CliError(f"--compress: {error}") from None
 
 
 def _show_progress(opts: argparse.Namespace) -> bool:
@@ -510,6 +531,19 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--state-names", metavar="A,B", help="names of the states")
     convert.add_argument("--entrypoint", default="main", help="entry point name (default main)")
     convert.add_argument("--no-optimize", action="store_true", help="skip program.optimize()")
+    convert.add_argument(
+        "--compress",
+        metavar="FORM",
+        help="store the weights compressed: int8 (per output channel), int4 (blocks of 32), "
+        "palette4 (4-bit k-means palettes), or int2..int8 / palette1..palette8",
+    )
+    convert.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="with --compress: weights per scale along the input axis (int), or output "
+        "channels per palette (palette)",
+    )
     convert.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,

@@ -71,6 +71,23 @@ RECURRENT_OPS: tuple[torch._ops.OpOverload, ...] = (
 )
 
 
+#: Quantization ops lowered to Core AI's compressed weights (lowerings/quantized.py), by
+#: (namespace, name): they exist only once torchao is imported, which the converter never
+#: does itself (torchao is optional).
+QUANTIZATION_OPS: tuple[tuple[str, str], ...] = (
+    ("torchao", "dequantize_affine"),
+    ("quant", "dequantize_codebook"),
+)
+
+
+def _registered(namespace: str, name: str) -> torch._ops.OpOverload | None:
+    """``torch.ops.<namespace>.<name>.default`` if a library registered it, else None."""
+    try:
+        return getattr(getattr(torch.ops, namespace), name).default
+    except (AttributeError, RuntimeError):
+        return None
+
+
 #: Decompositions that replace PyTorch's own for these ops.
 _REPLACEMENTS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
     aten.adaptive_avg_pool2d.default: _adaptive_avg_pool2d,
@@ -79,7 +96,8 @@ _REPLACEMENTS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
 
 def get_decomp_table() -> dict:
     """PyTorch's default decomposition table minus the ops lowered as composite ops (and the
-    ops lowered natively, see ``NATIVE_OPS``).
+    ops lowered natively, see ``NATIVE_OPS``; torchao's dequantization ops when torchao is
+    loaded, see ``QUANTIZATION_OPS``).
 
     Use it with ``ExportedProgram.run_decompositions()``; every call returns a fresh copy, so
     mutating it affects nobody else.
@@ -89,6 +107,10 @@ def get_decomp_table() -> dict:
         table.pop(op, None)
     for op in RECURRENT_OPS:
         table.pop(op, None)
+    for namespace, name in QUANTIZATION_OPS:
+        op = _registered(namespace, name)
+        if op is not None:
+            table.pop(op, None)
     table.update(_REPLACEMENTS)
     return table
 

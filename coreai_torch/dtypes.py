@@ -34,6 +34,8 @@ _TORCH_TO_MLIR = {
     torch.uint64: lambda: ir.IntegerType.get_unsigned(64),
     torch.bool: lambda: ir.IntegerType.get_signless(1),
     torch.complex64: lambda: ir.ComplexType.get(ir.F32Type.get()),
+    torch.float8_e4m3fn: lambda: ir.Float8E4M3FNType.get(),
+    torch.float8_e5m2: lambda: ir.Float8E5M2Type.get(),
 }
 
 _MLIR_NAME_TO_TORCH = {
@@ -51,6 +53,8 @@ _MLIR_NAME_TO_TORCH = {
     "ui64": torch.uint64,
     "i1": torch.bool,
     "complex<f32>": torch.complex64,
+    "f8E4M3FN": torch.float8_e4m3fn,
+    "f8E5M2": torch.float8_e5m2,
 }
 
 _TORCH_TO_NUMPY = {
@@ -68,6 +72,8 @@ _TORCH_TO_NUMPY = {
     torch.uint64: np.uint64,
     torch.bool: np.bool_,
     torch.complex64: np.complex64,
+    torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+    torch.float8_e5m2: ml_dtypes.float8_e5m2,
 }
 
 

@@ -10,7 +10,10 @@ lowering (built-in or user) emitted the ops:
 * 16-bit integer index operands (axes, permutations, pads, starts, indices, ...);
 * ``pad`` amounts of 2**31 or more (a negative amount stored as ``ui32``);
 * integer division or remainder by a constant divisor that contains zero;
-* ops the runtime's compiler cannot legalize (``reduce_index``, the generic ``reduce``).
+* ops the runtime's compiler cannot legalize (``reduce_index``, the generic ``reduce``);
+* decompression ops whose operands break the rules the runtime relies on (a
+  ``blockwise_shift_scale`` scale of another type than its output, or of another rank than its
+  data: :func:`coreai_torch.compressed.decompression_problems`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import torch.fx
 
 from coreai_torch._mlir import ir
+from coreai_torch.compressed import decompression_problems
 from coreai_torch.errors import RuntimeHazardError
 
 #: Operand names (ODS accessors) that hold axes, shapes, sizes, positions or indices.
@@ -74,6 +78,10 @@ _UNCOMPILABLE = {
     "coreai.reduce": "(the generic region reduction) cannot be compiled by the Core AI runtime "
     "(compiling it aborts the process); use reduce_sum/reduce_max/reduce_min/reduce_product.",
 }
+
+#: Index operands that are 16-bit by definition (the verifier demands si16 and the runtime
+#: reads them correctly), by op name -> operand positions.
+_16_BIT_INDEX_OPERANDS = {"coreai.lut_to_dense": frozenset({2})}
 
 #: Largest number of elements a tensor may have.
 MAX_ELEMENTS = 2**31 - 1
@@ -181,6 +189,8 @@ class _Scanner:
             return
         if op.name in _UNCOMPILABLE:
             self.add(op, _UNCOMPILABLE[op.name])
+        for problem in decompression_problems(op):
+            self.add(op, problem)
         self._results(op)
         self._operands(op)
 
@@ -214,7 +224,7 @@ class _Scanner:
     def _operands(self, op: ir.Operation) -> None:
         has_16_bit = any(_int_width(o.type) == 16 for o in op.operands)
         positions = self.index_positions(op) if has_16_bit else set()
-        for i in sorted(positions):
+        for i in sorted(positions - _16_BIT_INDEX_OPERANDS.get(op.name, frozenset())):
             value = op.operands[i]
             if _int_width(value.type) == 16:
                 self.add(

@@ -361,6 +361,7 @@ class GraphImporter:
                     update = self._state_update(values[state.update], handle)
                     outputs.append((state.name, cai.write_handle(handle, update, token)))
                 graph.outputs_spec = outputs
+            _erase_unused_constants(graph.operation.regions[0].blocks[0])
         self.builder.graph_names.append(self.name)
 
     def lower_nodes(
@@ -605,6 +606,22 @@ class GraphImporter:
         if update.type != inner:
             update = cai.cast(update, ir.RankedTensorType(inner))
         return update
+
+
+#: ops without effects that a graph may be left holding unused
+_DEAD_IF_UNUSED = frozenset({"coreai.constant", "coreai.cast"})
+
+
+def _erase_unused_constants(block: ir.Block) -> None:
+    """Erase constants (and casts of them) nothing reads: e.g. the original tensors of a
+    weight a lowering stored compressed (``lowerings/quantized.py``), which would otherwise
+    be saved in the asset of an unoptimized program."""
+    for op in reversed(list(block.operations)):
+        operation = op.operation
+        if operation.name in _DEAD_IF_UNUSED and not any(
+            list(result.uses) for result in operation.results
+        ):
+            operation.erase()
 
 
 def _enclosing_graph(op: Any) -> ir.Operation | None:

@@ -11,16 +11,21 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
+from coreai_torch.passes.compress import lookups_before_decompression, scales_after_matmul
 from coreai_torch.passes.pretranspose import pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.saving import save_program
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
+
+if TYPE_CHECKING:
+    from coreai_torch.compression import CompressionConfig
+    from coreai_torch.passes.compress import CompressionReport
 
 
 def _verify(module: ir.Module, when: str) -> None:
@@ -142,8 +147,24 @@ class AIProgram(ca.AIProgram):
                 and pretranspose_weights(candidate, self.weights)
             ):
                 _verify(candidate, "after storing weights transposed")
+            with candidate.context, ir.Location.unknown():
+                if scales_after_matmul(candidate) + lookups_before_decompression(candidate):
+                    _verify(candidate, "after placing the decompression of compressed weights")
             self._module._mlir_module = candidate
         return self
+
+    def compress(self, config: CompressionConfig) -> CompressionReport:
+        """Store the weights ``config`` selects compressed (int8/int4 linear quantization or
+        palettes: :mod:`coreai_torch.compression`), in place; returns what was done.
+
+        Either order with :meth:`optimize` works; compressing first saves memory (weights
+        read transposed are compressed in the transposed layout directly, so ``optimize()``
+        makes no transposed float copies of them).  Weights already compressed are left
+        alone; see :mod:`coreai_torch.passes.compress`.
+        """
+        from coreai_torch.passes.compress import compress
+
+        return compress(self, config)
 
     def save_asset(
         self, path: str | os.PathLike[str], metadata: Any = None, **kwargs: Any

@@ -163,6 +163,8 @@ class ConversionReport:
     asset: str = ""
     asset_bytes: int = 0
     notes: list[str] = field(default_factory=list)
+    #: what ``AIProgram.compress()`` did (a ``CompressionReport``), if it ran
+    compression: Any = None
 
     @classmethod
     def build(
@@ -218,6 +220,7 @@ class ConversionReport:
             "asset": self.asset,
             "asset_bytes": self.asset_bytes,
             "notes": list(self.notes),
+            "compression": self.compression.to_dict() if self.compression else None,
         }
 
     def __str__(self) -> str:
@@ -231,6 +234,8 @@ class ConversionReport:
             f"weights    {self.weight_tensors} tensors, {_human_bytes(self.weight_total_bytes)} "
             f"({_human_bytes(self.weight_bytes)} as zero-copy resources)"
         )
+        if self.compression is not None:
+            lines.append(f"compressed {self.compression.summary()}")
         if self.timings:
             lines.append(
                 "timings    " + " | ".join(f"{k} {v:.3f} s" for k, v in self.timings.items())

@@ -84,6 +84,8 @@ def _buffer(tensor: torch.Tensor) -> np.ndarray:
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy()
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy()
     return t.numpy()
 
 
@@ -166,6 +168,9 @@ class WeightStore:
         #: placeholder tag -> the transpose it stands for, until materialized
         self.pending: dict[bytes, PendingTranspose] = {}
         self.total_bytes = 0
+        #: resource name -> the buffer of a derived constant (see :meth:`derived`)
+        self.derived_by_name: dict[str, np.ndarray] = {}
+        self.derived_bytes = 0
 
     @staticmethod
     def _key(tensor: torch.Tensor) -> tuple:
@@ -192,8 +197,8 @@ class WeightStore:
             tensor = tensor.to_dense().cpu() if tensor.is_sparse else tensor.cpu()
         ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
         if tensor.numel() < INLINE_LIMIT:
-            if tensor.dtype == torch.bfloat16:
-                return cai.constant(tensor.detach().float().numpy(), dtype=ir.BF16Type.get())
+            if tensor.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+                return cai.constant(tensor.detach().float().numpy(), dtype=ttype.element_type)
             return cai.constant(tensor.detach().numpy().copy(), dtype=ttype.element_type)
         key = self._key(tensor)
         attr = self._attrs.get(key)
@@ -251,3 +256,33 @@ class WeightStore:
         while self.pending:
             _, entry = self.pending.popitem()
             entry.materialize()
+
+    def derived(
+        self, data: np.ndarray, name: str, tensor_type: ir.RankedTensorType
+    ) -> ir.Attribute:
+        """A resource of ``tensor_type`` over the bytes of ``data``, a buffer computed from
+        weights at conversion time (bit-packed codes, scales, palettes), for
+        ``coreai.constant`` ops (any number of them, in any graph of the program).
+
+        ``data`` is kept alive (not copied) and must hold exactly the bytes the type needs:
+        ``ceil(elements * bits / 8)``, sub-byte types bit-packed.  Derived constants are not
+        :attr:`by_name` weights: passes that re-lay weights (``pretranspose``) leave them alone.
+        """
+        element = tensor_type.element_type
+        bits = (
+            ir.IntegerType(element).width
+            if ir.IntegerType.isinstance(element)
+            else ir.FloatType(element).width
+        )
+        numel = int(np.prod(tensor_type.shape, dtype=np.int64))
+        expected = -(-numel * bits // 8)
+        buffer = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if buffer.size != expected:
+            raise ValueError(
+                f"derived constant '{name}' of type {tensor_type} needs {expected} bytes, got "
+                f"{buffer.size}"
+            )
+        unique = self._unique_name(name)
+        self.derived_by_name[unique] = buffer
+        self.derived_bytes += buffer.size
+        return ir.DenseResourceElementsAttr.get_from_buffer(buffer, unique, tensor_type)

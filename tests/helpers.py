@@ -38,6 +38,17 @@ def check_module(
     return report
 
 
+def asset_bytes(program: AIProgram) -> int:
+    """Bytes of the asset ``program.save_asset`` writes (saved to a temporary directory)."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.aimodel"
+        program.save_asset(path)
+        return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
 def check_runs(
     model: nn.Module,
     program: AIProgram,

@@ -44,6 +44,12 @@ def make():
 def other_weights():
     torch.manual_seed(1)
     return Tiny().eval(), (torch.randn(2, 8), torch.randint(1, 5, (2,)))
+
+
+def wide():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 64))
+    return model.eval(), (torch.randn(2, 64),)
 """
 
 SETUP_PY = """
@@ -274,6 +280,8 @@ def test_errors_are_one_line_with_exit_code_2(work: Path) -> None:
         (["convert", "model.py:make", "-o", "x.bin"], "must end in .aimodel, got x.bin"),
         (["convert", "model.py:make", "--input-names", "a"], "input_names has 1 name(s)"),
         (["verify", "none.aimodel", "model.py:make"], "none.aimodel: no such .aimodel"),
+        (["convert", "model.py:make", "--compress", "int9"], "--compress: unknown compression"),
+        (["convert", "model.py:make", "--block-size", "32"], "--block-size needs --compress"),
         (
             ["verify", "out/model.aimodel", "custom_op.py:make"],
             "has 2 inputs ['features', 'ids'] but the source program has 1",
@@ -296,6 +304,41 @@ def test_error_messages(
     err = capsys.readouterr().err.strip()
     assert err.startswith("coreai-torch: error: ") and message in err, err
     assert "\n" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("form", "block", "ratio"),
+    [("int4", None, 0.156), ("int8", None, 0.260), ("palette4", None, 0.125), ("int4", 64, 0.141)],
+)
+def test_convert_with_compressed_weights(
+    work: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    form: str,
+    block: int | None,
+    ratio: float,
+) -> None:
+    monkeypatch.chdir(work)
+    blocks = ["--block-size", str(block)] if block else []
+    out = f"{form}.aimodel"
+    assert main(["convert", "model.py:wide", "-o", out, "--compress", form, *blocks]) == 0
+    text = capsys.readouterr().out
+    (line,) = [line for line in text.splitlines() if line.startswith("compressed ")]
+    kind = "4-bit palettes" if form == "palette4" else form
+    assert line.startswith(f"compressed 2 weight(s) ({kind}") and "128.0 KB ->" in line
+    assert f"({ratio:.3f}x)" in line, line
+    assert "compress " in text.split("timings")[1]
+    assert main(["convert", "model.py:wide", "-o", "plain.aimodel", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["compression"] is None
+    assert main(["convert", "model.py:wide", "-o", out, "--compress", form, *blocks, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    weights = report["compression"]["weights"]
+    assert [w["name"] for w in weights] == ["0.weight", "2.weight"]
+    saved = plain["asset_bytes"] - report["asset_bytes"]
+    assert saved >= 0.95 * (
+        report["compression"]["bytes_before"] - report["compression"]["bytes_after"]
+    )
 
 
 def test_debug_shows_the_traceback(work: Path, capsys: pytest.CaptureFixture) -> None:

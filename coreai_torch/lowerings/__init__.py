@@ -20,6 +20,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     norm,
     padding,
     polynomials,
+    quantized,
     recurrent,
     reduction,
     resize,

@@ -38,7 +38,7 @@ def _permutation(op: ir.Operation) -> tuple[int, ...] | None:
     return tuple(int(v) for v in ir.DenseIntElementsAttr(value))
 
 
-def _is_row_lookup(op: ir.Operation) -> bool:
+def is_row_lookup(op: ir.Operation) -> bool:
     """Whether ``op`` is ``gather_nd(matrix, indices[..., 1])`` with static shapes: rows of
     a 2-D table by index, as ``aten.embedding`` lowers."""
     if op.name != "coreai.gather_nd":
@@ -74,7 +74,7 @@ def _classify(ops: list[ir.Operation]) -> _Readers | None:
             if user.name == "coreai.transpose" and use.operand_number == 0:
                 perms.add(_permutation(user))
                 transposes.append(user)
-            elif use.operand_number == 0 and _is_row_lookup(user):
+            elif use.operand_number == 0 and is_row_lookup(user):
                 lookups.append(user)
             else:
                 return None
@@ -87,8 +87,9 @@ def _classify(ops: list[ir.Operation]) -> _Readers | None:
     return _Readers(perm, constants)  # type: ignore[arg-type]
 
 
-def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers]:
-    """The weights of ``store`` that can be stored transposed, by resource name."""
+def weight_constants(module: ir.Module, store: WeightStore) -> dict[str, list[ir.Operation]]:
+    """The ``coreai.constant`` ops of every weight of ``store`` in ``module`` (one per graph
+    that reads it), by resource name."""
     constants: dict[str, list[ir.Operation]] = defaultdict(list)
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -98,8 +99,13 @@ def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
+    return constants
+
+
+def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers]:
+    """The weights of ``store`` that can be stored transposed, by resource name."""
     found = {}
-    for name, ops in constants.items():
+    for name, ops in weight_constants(module, store).items():
         readers = _classify(ops)
         if readers is not None:
             found[name] = readers
