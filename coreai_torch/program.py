@@ -15,6 +15,8 @@ from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
 from coreai_torch.passes.pretranspose import pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
+from coreai_torch.passes.weight_casts import keep_weight_casts
+from coreai_torch.precision.policy import FP32, Precision
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
 
@@ -45,11 +47,14 @@ class AIProgram(ca.AIProgram):
     signatures: dict[str, ProgramSignature]
     #: the program's weights (set by ``TorchConverter.to_coreai``; None for other programs)
     weights: WeightStore | None
+    #: the precision policy it was converted with (float32: as exported)
+    precision: Precision
 
     def __init__(self, module: ca.Module) -> None:
         super().__init__(module)
         self.signatures = {}
         self.weights = None
+        self.precision = FP32
 
     @property
     def mlir_module(self) -> ir.Module:
@@ -88,6 +93,7 @@ class AIProgram(ca.AIProgram):
         program in place and returns it.
         """
         module = self.mlir_module
+        keep_weight_casts(module.context)
         with module.context:
             candidate = clone_module(module=module)
             protect_from_misfolds(candidate)
