@@ -115,8 +115,8 @@ class TorchConverter:
         self.precision = _precision(
             compute_precision,
             io_dtype=io_dtype,
-            keep_fp32_ops=frozenset(keep_fp32_ops),
-            keep_fp32_modules=tuple(keep_fp32_modules),
+            keep_fp32_ops=keep_fp32_ops,
+            keep_fp32_modules=keep_fp32_modules,
             keep_fp32=keep_fp32,
             fp32_islands=fp32_islands,
             fp32_accumulation=fp32_accumulation,
@@ -383,6 +383,7 @@ class TorchConverter:
                     diagnostics,
                     progress=progress,
                     fold_constants=self.fold_constants,
+                    precision=self.precision,
                 )
                 set_aten_composites(self.aten_composites)
                 set_fp32_accumulation(self.precision.fp32_accumulation)
@@ -442,15 +443,16 @@ class TorchConverter:
 
 
 def _precision(compute: torch.dtype | Precision | str, **options: Any) -> Precision:
-    """The converter's precision policy from its keyword arguments (given options override
-    those of a ``Precision`` passed as ``compute_precision``)."""
+    """The converter's precision policy from its keyword arguments (given options add to /
+    override those of a ``Precision`` passed as ``compute_precision``)."""
     from coreai_torch.precision.policy import from_spec
 
     policy = from_spec(compute)
-    defaults = Precision()
-    changed = {k: v for k, v in options.items() if v != getattr(defaults, k)}
+    given = Precision(policy.compute, **options)  # validates the options
+    defaults = Precision(policy.compute)
+    changed = {k: getattr(given, k) for k in options if getattr(given, k) != getattr(defaults, k)}
     if "keep_fp32_ops" in changed:
-        changed["keep_fp32_ops"] = policy.keep_fp32_ops | frozenset(changed["keep_fp32_ops"])
+        changed["keep_fp32_ops"] = policy.keep_fp32_ops | changed["keep_fp32_ops"]
     if "keep_fp32_modules" in changed:
         changed["keep_fp32_modules"] = (*policy.keep_fp32_modules, *changed["keep_fp32_modules"])
     return dataclasses.replace(policy, **changed) if changed else policy

@@ -35,6 +35,7 @@ from coreai_torch.locations import describe, location, named_location, qualified
 from coreai_torch.lowerings.norm import rms_norm_composite
 from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
 from coreai_torch.patterns import find_rms_norms
+from coreai_torch.precision.policy import FP32, Precision
 from coreai_torch.precision.rewrite import HalfWeights
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.sizes import check_data_dependent_sizes
@@ -93,6 +94,8 @@ class ProgramBuilder:
     fold_constants: bool = True
     #: whether a lowering registered on the converter (not a built-in one) ran
     ran_own_lowerings: bool = False
+    #: the precision policy of the conversion (``TorchConverter(compute_precision=...)``)
+    precision: Precision = FP32
     #: half-precision copies of the weights, shared by every graph of the program
     half_weights: HalfWeights = field(default_factory=HalfWeights)
 

@@ -67,6 +67,27 @@ DEFAULT_FP32_OPS: frozenset[str] = frozenset(
     )
 )
 
+#: sums over at least this many elements (or a dynamic number) are fp32 islands
+LARGE_SUM = 64
+_SUMS = frozenset(qualified_name(op) for op in (aten.sum.default, aten.sum.dim_IntList))
+
+
+def _summed_elements(node: torch.fx.Node) -> float:
+    """How many elements each result of a ``sum`` node adds up (inf when dynamic)."""
+    source = node.args[0] if node.args else None
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return float("inf")
+    dims = node.args[1] if len(node.args) > 1 and node.args[1] else range(val.dim())
+    count = 1
+    for d in dims:
+        size = val.shape[d]
+        if not isinstance(size, int):
+            return float("inf")
+        count *= size
+    return count
+
+
 _NAMES = {
     torch.float16: ("fp16", "float16", "half", "f16"),
     torch.bfloat16: ("bf16", "bfloat16", "b16"),
@@ -178,8 +199,15 @@ class Precision:
         return bool(self.keep_fp32 is not None and self.keep_fp32(node))
 
     def is_default_island(self, node: torch.fx.Node) -> bool:
-        """Whether ``node`` is one of the default fp32 islands (when they are on)."""
-        return self.fp32_islands and qualified_name(node.target) in DEFAULT_FP32_OPS
+        """Whether ``node`` is one of the default fp32 islands (when they are on): an op of
+        :data:`DEFAULT_FP32_OPS`, sums only over :data:`LARGE_SUM` elements or more (16-bit
+        sums accumulate in float32 anyway; a large one can overflow its 16-bit result)."""
+        if not self.fp32_islands:
+            return False
+        key = qualified_name(node.target)
+        if key not in DEFAULT_FP32_OPS:
+            return False
+        return key not in _SUMS or _summed_elements(node) >= LARGE_SUM
 
 
 def _in_modules(node: torch.fx.Node, selectors: tuple[ModuleSelector, ...]) -> bool:
@@ -216,4 +244,4 @@ def from_spec(spec: object) -> Precision:
     if isinstance(spec, str) and spec.lower() not in _BY_NAME:
         names = ", ".join(repr(n) for n in ("fp16", "bf16", "fp32"))
         raise ValueError(f"unknown precision {spec!r}; use one of {names}")
-    return Precision(_check_dtype(spec, "precision"))  # type: ignore[arg-type]
+    return Precision(spec)  # type: ignore[arg-type]

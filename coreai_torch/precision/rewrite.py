@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -140,24 +140,22 @@ class _Analysis:
         self,
         ep: ExportedProgram,
         policy: Precision,
-        states: set[str],
+        inputs: Mapping[str, torch.dtype],
+        flows: set[str],
         usable: Callable[[torch.fx.Node], bool],
-        given: Mapping[str, torch.dtype],
     ) -> None:
         self.ep = ep
         self.policy = policy
         self.nodes = list(ep.graph.nodes)
         specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
         weight_kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+        #: parameters and other weights (placeholders the caller does not feed)
         self.params = {
-            n for n, s in specs.items() if s.kind == InputKind.PARAMETER and n not in given
+            n for n, s in specs.items() if s.kind == InputKind.PARAMETER and n not in inputs
         }
-        self.weights = {
-            n for n, s in specs.items() if s.kind in weight_kinds and n not in states | set(given)
-        }
-        self.user_inputs = {n for n, s in specs.items() if s.kind == InputKind.USER_INPUT}
-        self.states = states
-        self.given = given
+        self.weights = {n for n, s in specs.items() if s.kind in weight_kinds and n not in inputs}
+        #: placeholders whose values start the half-precision flow
+        self.flows = flows
         self.decision: dict[torch.fx.Node, str] = {}
         #: weight placeholders stored in the half type
         self.half_weights: set[str] = set()
@@ -185,12 +183,7 @@ class _Analysis:
                     derived.add(node)
                 if node.name in self.params:
                     from_param.add(node)
-                if _is_float(node) and (
-                    node.name in self.params
-                    or node.name in self.states
-                    or node.name in self.user_inputs
-                    or node.name in self.given
-                ):
+                if _is_float(node) and (node.name in self.params or node.name in self.flows):
                     flow.add(node)
                 continue
             if node.op != "call_function":
@@ -246,12 +239,8 @@ class _Analysis:
                 continue
             if a in self.from_param or self.decision.get(a) in (HALF, RMS):
                 return True
-            if a.op == "placeholder" and a.name not in self.weights:
-                if a.name in self.given:
-                    if self.given[a.name] == self.policy.compute:
-                        return True
-                elif _val(a).dtype != torch.float64 or a.name in self.states:
-                    return True
+            if a.op == "placeholder" and a.name in self.flows:
+                return True
             if a.target is operator.getitem and self.decision.get(a.args[0]) in (HALF, RMS):
                 return True
         return False
@@ -321,22 +310,27 @@ def _numel(val: Any) -> int:
     return total
 
 
-def _retarget_dtypes(node: torch.fx.Node, args: tuple, kwargs: dict, half: torch.dtype) -> bool:
-    """Replace ``dtype=torch.float32``-like arguments of a half node by ``half`` (in place
-    for kwargs; returns whether anything changed and leaves ``args`` to the caller)."""
+def _retarget_dtypes(node: torch.fx.Node, args: list, kwargs: dict, half: torch.dtype) -> bool:
+    """Make a half node's float32 result-dtype arguments ``half`` (in ``args``/``kwargs``, in
+    place): ``dtype=torch.float32`` (``_to_copy``, ``full_like``, ...) and the output dtype of
+    dequantization ops (``output_dtype``/``out_dtype``, whose default means float32).
+    Returns whether anything changed."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return False
+    produces_float32 = _dtype_of(node) == torch.float32
     changed = False
     for i, argument in enumerate(target._schema.arguments):
         if argument.name not in _DTYPE_ARGS or "ScalarType" not in str(argument.type):
             continue
-        if not argument.kwarg_only and i < len(args):
-            if args[i] == torch.float32:
-                args[i] = half  # type: ignore[index]
-                changed = True
-        elif kwargs.get(argument.name) == torch.float32:
-            kwargs[argument.name] = half
+        positional = not argument.kwarg_only and i < len(args)
+        value = args[i] if positional else kwargs.get(argument.name)
+        defaulted = value is None and argument.name != "dtype" and produces_float32
+        if value == torch.float32 or defaulted:
+            if positional:
+                args[i] = half
+            else:
+                kwargs[argument.name] = half
             changed = True
     return changed
 
@@ -522,51 +516,36 @@ def _dtype_of(node: object) -> torch.dtype | None:
     return val.dtype if isinstance(val, torch.Tensor) else None
 
 
-def to_half(
+def rewrite_program(
     ep: ExportedProgram,
-    signature: ProgramSignature,
     policy: Precision,
     weights: HalfWeights,
     *,
+    inputs: Mapping[str, torch.dtype],
+    flows: set[str],
+    outputs: list[torch.dtype | None],
     usable: Callable[[torch.fx.Node], bool] = lambda node: True,
-) -> tuple[ExportedProgram, ProgramSignature]:
-    """``ep`` (with its staged ``signature``) rewritten to compute in ``policy.compute``.
+) -> ExportedProgram:
+    """``ep`` rewritten to compute in ``policy.compute`` (see the module docstring).
 
-    ``usable(node)`` says whether a node may be absorbed into a composite op (False where the
-    user registered their own lowering for its op).  Returns the new program and its
-    signature (same names; weights and buffer states in their stored dtypes).
+    ``inputs`` gives the dtype of every placeholder the caller feeds (user inputs, states,
+    and for an externalized module the weights passed to it); the other parameters, buffers
+    and constants are weights, stored in the half type where half nodes read them (copies
+    from ``weights``).  ``flows`` names the fed placeholders that start the half-precision
+    flow.  ``outputs[i]`` is the dtype of output ``i`` (None: as computed).  ``usable(node)``
+    says whether a node may be absorbed into a composite op (False where the user registered
+    their own lowering for its op).
     """
-    io = policy.io_dtype
-    buffer_states = {s.node for s in signature.states if s.kind == "buffer"}
-    input_states = {s.node for s in signature.states if s.kind == "user_input"}
-
-    def boundary(dtype: torch.dtype) -> torch.dtype:
-        return io if io is not None and dtype == torch.float32 else dtype
-
-    analysis = _Analysis(ep, policy, buffer_states | input_states, usable, {})
+    analysis = _Analysis(ep, policy, inputs, flows, usable)
 
     def input_dtype(node: torch.fx.Node) -> torch.dtype:
-        dtype = _val(node).dtype
-        if node.name in buffer_states or node.name in analysis.half_weights:
-            return policy.compute
-        if node.name in analysis.user_inputs:
-            return boundary(dtype)
-        return dtype
+        if node.name in inputs:
+            return inputs[node.name]
+        return policy.compute if node.name in analysis.half_weights else _val(node).dtype
 
     rewriter = _Rewriter(ep, analysis, policy, input_dtype)
     rewriter.run()
-    output_dtypes: list[torch.dtype | None] = []
-    for spec, arg in zip(
-        ep.graph_signature.output_specs, rewriter.output_node.args[0], strict=True
-    ):
-        original = _dtype_of(arg)
-        if original is None or not original.is_floating_point:
-            output_dtypes.append(None)
-        elif spec.kind == OutputKind.BUFFER_MUTATION:
-            output_dtypes.append(policy.compute)
-        else:  # user outputs and mutated user inputs: the boundary dtype
-            output_dtypes.append(boundary(original))
-    rewriter.finish(output_dtypes)
+    rewriter.finish(outputs)
     graph = rewriter.graph
     module = torch.fx.GraphModule(ep.graph_module, graph)
 
@@ -582,18 +561,60 @@ def to_half(
     graph_signature = ExportGraphSignature(
         input_specs=list(ep.graph_signature.input_specs), output_specs=output_specs
     )
-    stored = _stored_weights(ep, analysis, policy, weights, buffer_states)
-    state_dict = {k: stored.get(k, v) for k, v in ep.state_dict.items()}
-    constants = {k: stored.get(k, v) for k, v in ep.constants.items()}
-    new_ep = ExportedProgram(
+    stored = _stored_weights(ep, inputs, analysis.half_weights, policy, weights)
+    return ExportedProgram(
         root=module,
         graph=module.graph,
         graph_signature=graph_signature,
-        state_dict=state_dict,
+        state_dict={k: stored.get(k, v) for k, v in ep.state_dict.items()},
         range_constraints=ep.range_constraints,
         module_call_graph=copy.deepcopy(ep.module_call_graph),
-        constants=constants,
+        constants={k: stored.get(k, v) for k, v in ep.constants.items()},
         verifiers=ep.verifiers,
+    )
+
+
+def to_half(
+    ep: ExportedProgram,
+    signature: ProgramSignature,
+    policy: Precision,
+    weights: HalfWeights,
+    *,
+    usable: Callable[[torch.fx.Node], bool] = lambda node: True,
+) -> tuple[ExportedProgram, ProgramSignature]:
+    """A staged program (``ep`` and its ``signature``) rewritten to compute in
+    ``policy.compute``: floating inputs, outputs and mutated inputs keep their dtypes (or
+    take ``policy.io_dtype``), floating buffer states are stored in the half type.  Returns
+    the new program and its signature (same names)."""
+    io = policy.io_dtype
+
+    def boundary(dtype: torch.dtype) -> torch.dtype:
+        return io if io is not None and dtype == torch.float32 else dtype
+
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    inputs: dict[str, torch.dtype] = {}
+    flows: set[str] = set()
+    fed = [(i.node, False) for i in signature.inputs] + [
+        (s.node, s.kind == "buffer") for s in signature.states
+    ]
+    for name, buffer in fed:
+        val = _val(placeholders[name])
+        if isinstance(val, torch.Tensor) and val.dtype.is_floating_point:
+            inputs[name] = policy.compute if buffer else boundary(val.dtype)
+            if val.dtype != torch.float64:
+                flows.add(name)
+    outputs: list[torch.dtype | None] = []
+    output_args = list(ep.graph.output_node().args[0])
+    for spec, arg in zip(ep.graph_signature.output_specs, output_args, strict=True):
+        dtype = _dtype_of(arg)
+        if dtype is None or not dtype.is_floating_point:
+            outputs.append(None)
+        elif spec.kind == OutputKind.BUFFER_MUTATION:
+            outputs.append(policy.compute)
+        else:  # user outputs and mutated user inputs: the boundary dtype
+            outputs.append(boundary(dtype))
+    new_ep = rewrite_program(
+        ep, policy, weights, inputs=inputs, flows=flows, outputs=outputs, usable=usable
     )
     new_signature = analyze_signature(
         new_ep,
@@ -606,21 +627,22 @@ def to_half(
 
 def _stored_weights(
     ep: ExportedProgram,
-    analysis: _Analysis,
+    inputs: Mapping[str, torch.dtype],
+    half_weights: set[str],
     policy: Precision,
     weights: HalfWeights,
-    buffer_states: Iterable[str],
 ) -> dict[str, torch.Tensor]:
-    """FQN -> the half copy of every weight and buffer state stored in the half type."""
+    """FQN -> the copy of every weight (and fed buffer) held in another dtype."""
     stored: dict[str, torch.Tensor] = {}
-    half = set(analysis.half_weights) | set(buffer_states)
     for spec in ep.graph_signature.input_specs:
-        if spec.arg.name not in half or spec.target is None:
+        name = spec.arg.name
+        dtype = inputs.get(name, policy.compute if name in half_weights else None)
+        if dtype is None or spec.target is None or spec.kind == InputKind.USER_INPUT:
             continue
         source = ep.state_dict if spec.target in ep.state_dict else ep.constants
-        tensor = source[spec.target]
+        tensor = source.get(spec.target)
         if isinstance(tensor, torch.Tensor) and tensor.dtype.is_floating_point:
-            copy_ = weights.get(tensor, policy.compute)
+            copy_ = weights.get(tensor, dtype)
             if isinstance(tensor, torch.nn.Parameter):  # the program's state dict holds these
                 copy_ = torch.nn.Parameter(copy_, requires_grad=False)
             stored[spec.target] = copy_
