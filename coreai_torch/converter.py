@@ -387,12 +387,12 @@ class TorchConverter:
                 )
                 set_aten_composites(self.aten_composites)
                 set_fp32_accumulation(self.precision.fp32_accumulation)
-                signatures = {}
+                imported = {}
                 for name in names:
                     staged = self._staged[name]
                     start = time.perf_counter()
                     check_complex(staged.exported_program, self._lowerings, name)
-                    signatures[name] = self._import(builder, staged)
+                    imported[name] = self._import(builder, staged)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()
                 protect_from_runtime_misfolds(module)
@@ -408,13 +408,17 @@ class TorchConverter:
                 self._kept_modules.append(builder.module)
         self.last_stats = stats
         program = AIProgram._from_mlir_module(module)
-        program.signatures = signatures
+        program.signatures = {name: staged.signature for name, staged in imported.items()}
+        program.exported_programs = {
+            name: staged.exported_program for name, staged in imported.items()
+        }
         program.weights = builder.weights
         program.precision = self.precision
         return program
 
-    def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> ProgramSignature:
-        """Import one staged program; returns its signature (as converted)."""
+    def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> StagedProgram:
+        """Import one staged program; returns it as converted (in half precision: the
+        rewritten program and its signature)."""
         if self.precision.is_half:
             from coreai_torch.importer import user_lowering_free
             from coreai_torch.precision.rewrite import to_half
@@ -439,7 +443,7 @@ class TorchConverter:
                 self._lowerings,
                 staged.entrypoint,
             ).run()
-        return staged.signature
+        return staged
 
 
 def _precision(compute: torch.dtype | Precision | str, **options: Any) -> Precision:

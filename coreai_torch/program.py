@@ -11,6 +11,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Self
 
+from torch.export import ExportedProgram
+
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
 from coreai_torch.passes.pretranspose import pretranspose_weights
@@ -49,12 +51,16 @@ class AIProgram(ca.AIProgram):
     weights: WeightStore | None
     #: the precision policy it was converted with (float32: as exported)
     precision: Precision
+    #: entry point -> the ExportedProgram it was converted from (for a half-precision
+    #: program: the rewritten one, which PyTorch runs in half precision too)
+    exported_programs: dict[str, ExportedProgram]
 
     def __init__(self, module: ca.Module) -> None:
         super().__init__(module)
         self.signatures = {}
         self.weights = None
         self.precision = FP32
+        self.exported_programs = {}
 
     @property
     def mlir_module(self) -> ir.Module:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coreai_torch import TorchConverter, precision
+from coreai_torch.cli import main
 from coreai_torch.precision import Precision
-from coreai_torch.verify import export_decomposed
+from coreai_torch.verify import export_decomposed, verify
 from tests.helpers import check_half, run_program
 
 HALF = [torch.float16, torch.bfloat16]
@@ -270,3 +272,86 @@ def test_control_flow_bodies_run_as_exported() -> None:
     program = convert(model, (x,), compute_precision=torch.bfloat16).optimize()
     check_half(model, (x,), program, rel=3e-2)
     check_half(model, (-x,), program, rel=3e-2)
+
+
+# --------------------------------------------------------------------- verify and the CLI ---
+
+
+@pytest.mark.parametrize(
+    "model, x, op, line",
+    [
+        (ScaledAfterMatmul(), 4 * torch.randn(2, 8, 64), "bmm", "scores = self.q(x) @ self"),
+        (LogSumExp(), 12 + torch.randn(4, 128), "exp", "return torch.log(torch.exp(x)"),
+    ],
+    ids=["attention_scores", "logsumexp"],
+)
+def test_verify_names_the_first_node_that_overflows(
+    model: nn.Module, x: torch.Tensor, op: str, line: str
+) -> None:
+    report = verify(model, (x,), precision=Precision(torch.float16, fp32_islands=False))
+    assert not report.ok
+    found = report.divergence
+    assert found is not None and found.node.name == op and found.precision == "fp16"
+    assert "NaN/Inf" in found.error.problem
+    assert line in found.source and line in str(report)
+    assert f"keep_fp32_ops={{'aten::{op}'}}" in str(report)
+    assert verify(model, (x,), precision="fp16").ok  # the default islands
+
+
+LOUD_PY = """
+import torch
+import torch.nn as nn
+
+
+class Loud(nn.Module):
+    '''A branch scaled up by 20000 and back: float16 overflows in between.'''
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        loud = self.fc(8 * x) * 20000.0
+        return loud / (20000.0 + x.abs())
+
+
+def make():
+    torch.manual_seed(0)
+    return Loud().eval(), (torch.randn(4, 16),)
+"""
+
+
+def test_cli_converts_and_verifies_half_programs(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loud.py").write_text(LOUD_PY)
+    assert main(["convert", "loud.py:make", "--precision", "fp16", "-o", "loud.aimodel"]) == 0
+    assert "computed in fp16" in capsys.readouterr().out
+    assert main(["verify", "loud.aimodel", "loud.py:make", "--precision", "fp16", "--bisect"]) == 1
+    out = capsys.readouterr().out
+    assert "fp16 tolerance 0.01 x max(1, max|expected|)" in out and "MISMATCH" in out
+    assert "first diverging node: node 'mul_1' (op aten::mul.Tensor)" in out
+    assert "loud.py:14 in forward: loud = self.fc(8 * x) * 20000.0" in out
+    assert "keep_fp32_ops={'aten::mul'}" in out
+    # the product stays large until the division: keep both in float32
+    argv = ["convert", "loud.py:make", "--precision", "fp16", "--keep-fp32", "aten::mul,aten::div"]
+    assert main([*argv, "-o", "kept.aimodel"]) == 0
+    capsys.readouterr()
+    assert main(["verify", "kept.aimodel", "loud.py:make", "--precision", "fp16"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "MATCH"
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--precision", "int4"], "unknown precision 'int4'; use one of 'fp16', 'bf16', 'fp32'"),
+        (["--keep-fp32", "lm_head"], "--keep-fp32 needs --precision fp16 or bf16"),
+    ],
+)
+def test_cli_precision_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], message: str
+) -> None:
+    (tmp_path / "loud.py").write_text(LOUD_PY)
+    assert main(["convert", str(tmp_path / "loud.py:make"), *argv]) == 2
+    assert message in capsys.readouterr().err
