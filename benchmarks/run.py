@@ -8,6 +8,9 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 ``bench_results/results.json``.
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
+                             [--no-precision]
+
+The precision table (``benchmarks/precision.py``) converts each model in fp32, fp16 and bf16.
 """
 
 from __future__ import annotations
@@ -236,6 +239,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"also measure the IR ablation on {', '.join(ABLATION_MODELS)}",
     )
     parser.add_argument("--ablation-runs", type=int, default=15)
+    parser.add_argument(
+        "--no-precision", action="store_true", help="skip the fp32 / fp16 / bf16 table"
+    )
+    parser.add_argument("--precision-runs", type=int, default=5)
+    parser.add_argument("--one-precision", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
@@ -246,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.one_ablation:
         print("RESULT " + json.dumps(measure_ablation(args.one_ablation, args.runs)))
+        return 0
+    if args.one_precision:
+        from benchmarks.precision import measure_precision
+
+        print("RESULT " + json.dumps(measure_precision(args.one_precision, args.runs)))
         return 0
     if args.one_kernels:
         from benchmarks.kernels import measure_kernels
@@ -261,12 +274,24 @@ def main(argv: list[str] | None = None) -> int:
         for name, spec in ABLATION_MODELS.items():
             print(f"== IR ablation, {name}: {spec.description}", flush=True)
             ablations.append(_child("--one-ablation", name, args.ablation_runs))
+    precisions = []
+    if not args.no_precision:
+        from benchmarks.precision import PRECISIONS
+
+        for name in args.models:
+            for precision in PRECISIONS:
+                print(f"== {name} in {precision}", flush=True)
+                spec = f"{name}:{precision}"
+                precisions.append(_child("--one-precision", spec, args.precision_runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
-        json.dumps({"models": results, "ablation": ablations, "kernels": kernels}, indent=2)
+        json.dumps(
+            {"models": results, "ablation": ablations, "kernels": kernels, "precision": precisions},
+            indent=2,
+        )
     )
     if results:
         method = next((r["memory_method"] for r in results if "memory_method" in r), "?")
@@ -278,6 +303,14 @@ def main(argv: list[str] | None = None) -> int:
             "(Δ: median vs full).\n"
         )
         print(ablation_table(ablations))
+    if precisions:
+        from benchmarks.precision import ASSET_RATIO_TARGET, precision_table
+
+        print(
+            f"\nCompute precision (median of {args.precision_runs} runs; half-precision assets "
+            f"≤ {ASSET_RATIO_TARGET}× the fp32 one).\n"
+        )
+        print(precision_table(precisions))
     if "rows" in kernels:
         print(
             f"\nSingle ops, median of {args.runs} runs "
@@ -285,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(kernel_table(kernels["rows"]))
     print(f"\nJSON: {out}")
-    return 0 if all("error" not in r for r in [*results, *ablations, kernels]) else 1
+    everything = [*results, *ablations, *precisions, kernels]
+    return 0 if all("error" not in r for r in everything) else 1
 
 
 if __name__ == "__main__":

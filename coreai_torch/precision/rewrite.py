@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.fx
 from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
 from torch.export.graph_signature import (
     ExportGraphSignature,
@@ -88,6 +89,24 @@ _SCORE_OPS = {
     aten.tanh.default,
 }
 _SOFTMAX = {aten._softmax.default, aten._log_softmax.default, aten._safe_softmax.default}
+#: ops whose (float) result has their float operands' type, and the exported shape and strides
+_FOLLOWS_OPERANDS = {
+    *(_SCORE_OPS - {aten._to_copy.default}),
+    *_MATMULS,
+    aten.cat.default,
+    aten.neg.default,
+    aten.relu.default,
+    aten.gelu.default,
+    aten.silu.default,
+    aten.sigmoid.default,
+    aten.rsqrt.default,
+    aten.sqrt.default,
+    aten.embedding.default,
+    aten.index.Tensor,
+    aten.index_select.default,
+    aten.gather.default,
+    aten.constant_pad_nd.default,
+}
 _DTYPE_ARGS = ("dtype", "output_dtype", "out_dtype")
 
 
@@ -459,15 +478,33 @@ class _Rewriter:
             new.meta["val"] = source.meta["val"][index]
         elif retargeted or any(_dtype_of(m) != _dtype_of(a) for a, m in mapped.items()):
             new.meta.pop("tensor_meta", None)
-            try:
-                new.meta["val"] = self.propagate(new)
-            except Exception:
-                if decision == KEEP:
-                    raise
-                self.graph.erase_node(new)
-                self.call(node, KEEP)
-                return
+            val = self.retyped(node, decision)
+            if val is None:
+                try:
+                    val = self.propagate(new)
+                except Exception:  # PyTorch cannot run the op in 16 bits: compute as exported
+                    if decision == KEEP:
+                        raise
+                    self.graph.erase_node(new)
+                    self.call(node, KEEP)
+                    return
+            new.meta["val"] = val
         self.env[node] = new
+
+    def retyped(self, node: torch.fx.Node, decision: str) -> Any:
+        """The new example value of a half node whose op computes in its operands' type,
+        made without running the op (the exported value in the half type), or None."""
+        val = _val(node)
+        if (
+            decision != HALF
+            or node.target not in _FOLLOWS_OPERANDS
+            or not isinstance(val, torch.Tensor)
+            or val.dtype != torch.float32
+            or not all(isinstance(d, int) for d in (*val.shape, *val.stride()))
+        ):
+            return None
+        meta = torch.empty_strided(val.shape, val.stride(), dtype=self.half, device="meta")
+        return FakeTensor(self.fake_mode, meta, val.device)
 
     def propagate(self, node: torch.fx.Node) -> Any:
         def value(a: torch.fx.Node) -> Any:
@@ -547,7 +584,6 @@ def rewrite_program(
     rewriter.run()
     rewriter.finish(outputs)
     graph = rewriter.graph
-    module = torch.fx.GraphModule(ep.graph_module, graph)
 
     returned = list(graph.output_node().args[0])
     output_specs = [
@@ -563,8 +599,8 @@ def rewrite_program(
     )
     stored = _stored_weights(ep, inputs, analysis.half_weights, policy, weights)
     return ExportedProgram(
-        root=module,
-        graph=module.graph,
+        root=ep.graph_module,  # its sub-graphs (control flow) are the new program's too
+        graph=graph,
         graph_signature=graph_signature,
         state_dict={k: stored.get(k, v) for k, v in ep.state_dict.items()},
         range_constraints=ep.range_constraints,
