@@ -214,6 +214,48 @@ def test_fp32_islands_keep_overflowing_models_working(model: nn.Module, x: torch
     assert not np.isfinite(out).all(), "the model was expected to overflow without islands"
 
 
+class HandWrittenRMSNorm(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(dim) + 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+@pytest.mark.parametrize(
+    "norm",
+    [
+        nn.LayerNorm(64),
+        nn.GroupNorm(4, 16),
+        nn.InstanceNorm2d(16, affine=True),
+        nn.BatchNorm2d(16),
+        nn.RMSNorm(64),
+        HandWrittenRMSNorm(64),
+    ],
+    ids=["layer_norm", "group_norm", "instance_norm", "batch_norm", "rms_norm", "hand_written"],
+)
+def test_norms_of_large_activations(norm: nn.Module) -> None:
+    """Activations of ~300 (their squares overflow float16): the norms' statistics are
+    computed in float32 inside their composite ops."""
+    shape = (
+        (2, 4, 64)
+        if isinstance(norm, (nn.LayerNorm, nn.RMSNorm, HandWrittenRMSNorm))
+        else (
+            2,
+            16,
+            4,
+            4,
+        )
+    )
+    x = 300 * torch.randn(shape)
+    if isinstance(norm, nn.BatchNorm2d):
+        with torch.no_grad():
+            norm.running_var.fill_(9e4)
+    program = convert(norm, (x,), compute_precision=torch.float16).optimize()
+    check_half(norm, (x,), program, rel=1e-2)
+
+
 # ---------------------------------------------------------------- models already in 16 bits ---
 
 

@@ -108,6 +108,15 @@ _FOLLOWS_OPERANDS = {
     aten.constant_pad_nd.default,
 }
 _DTYPE_ARGS = ("dtype", "output_dtype", "out_dtype")
+#: norm op -> positions of the parameters and running statistics it reads as exported
+_NORM_PARAMETERS = {
+    aten.layer_norm.default: (2, 3),
+    aten.native_layer_norm.default: (2, 3),
+    aten.group_norm.default: (2, 3),
+    aten.native_group_norm.default: (1, 2),
+    aten._native_batch_norm_legit_no_training.default: (1, 2, 3, 4),
+    aten.instance_norm.default: (1, 2, 3, 4),
+}
 
 
 class HalfWeights:
@@ -310,7 +319,7 @@ class _Analysis:
                 self.decision[node] = HALF if node in wants_half else KEEP
                 decision = self.decision[node]
             if decision in (HALF, RMS):
-                for a in _tensor_inputs(node):
+                for a in _half_operands(node):
                     if (a in self.derived and _is_float(a)) or (
                         a.op == "placeholder" and a.name in self.weights
                     ):
@@ -318,6 +327,15 @@ class _Analysis:
         self.half_weights = {
             n.name for n in self.nodes if n.op == "placeholder" and n in wants_half and _is_float(n)
         }
+
+
+def _half_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensor operands a half node reads in the half type: all but the parameters and
+    running statistics of norms (PyTorch's norms take them in float32 with 16-bit inputs, and
+    their lowerings compute in float32; a variance of 1e5 overflows float16)."""
+    kept = _NORM_PARAMETERS.get(node.target, ())
+    skip = {node.args[i] for i in kept if i < len(node.args)}
+    return [a for a in _tensor_inputs(node) if a not in skip]
 
 
 def _numel(val: Any) -> int:
@@ -462,12 +480,16 @@ class _Rewriter:
 
     def call(self, node: torch.fx.Node, decision: str) -> None:
         mapped: dict[torch.fx.Node, torch.fx.Node] = {}
+        kept = _NORM_PARAMETERS.get(node.target, ()) if decision == HALF else ()
 
-        def operand(a: torch.fx.Node) -> torch.fx.Node:
-            mapped[a] = self.operand(a, decision, node)
+        def operand(a: torch.fx.Node, how: str = decision) -> torch.fx.Node:
+            mapped[a] = self.operand(a, how, node)
             return mapped[a]
 
-        args = list(torch.fx.node.map_arg(node.args, operand))
+        args = []
+        for i, arg in enumerate(node.args):
+            how = KEEP if i in kept else decision
+            args.append(torch.fx.node.map_arg(arg, lambda a, how=how: operand(a, how)))
         kwargs = dict(torch.fx.node.map_arg(node.kwargs, operand))
         retargeted = decision == HALF and _retarget_dtypes(node, args, kwargs, self.half)
         new = self.graph.create_node("call_function", node.target, tuple(args), kwargs, node.name)
