@@ -33,10 +33,10 @@ TOLERANCE = {
     "encoder_lm": (1e-2, 4e-2),
     "encoder_decoder": (1e-2, 6e-2),
     "vision": (1e-2, 4e-2),
-    "audio": (1e-2, 5e-2),
-    "clip": (1e-2, 3e-2),
-    "torch_nn": (2e-2, 1e-1),
-    "llm_decode": (2e-2, 6e-2),
+    "audio": (1e-2, 4e-2),
+    "clip": (1e-2, 2e-2),
+    "torch_nn": (1e-2, 8e-2),
+    "llm_decode": (1e-2, 4e-2),
 }
 COSINE = 0.999
 
