@@ -110,7 +110,6 @@ def batch_norm_inference(
     return [_batch_norm(input, weight, bias, running_mean, running_var, eps), None, None]
 
 
-@_in_opmath
 def _batch_norm(
     input: ir.Value,
     weight: ir.Value | None,
@@ -119,9 +118,11 @@ def _batch_norm(
     running_var: ir.Value,
     eps: float,
 ) -> ir.Value:
-    """Batch norm with running statistics."""
+    """Batch norm with running statistics: ``x * scale + shift``, the per-channel ``scale``
+    and ``shift`` computed in float32 for a 16-bit input (a variance of 1e5 overflows float16)
+    and applied in the input's dtype, so the rewrite can still fold them into a convolution."""
     rank = rank_of(input)
-    dtype = dtype_of(input)
+    dtype = opmath(dtype_of(input))
     mean = _channel_shaped(cast(running_mean, dtype), rank)
     var = _channel_shaped(cast(running_var, dtype), rank)
     scale = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
@@ -132,7 +133,8 @@ def _batch_norm(
     shift = cai.broadcasting_sub(constant(0.0, dtype), cai.broadcasting_mul(mean, scale))
     if bias is not None:
         shift = cai.broadcasting_add(shift, _channel_shaped(cast(bias, dtype), rank))
-    return cai.broadcasting_add(cai.broadcasting_mul(input, scale), shift)
+    out = dtype_of(input)
+    return cai.broadcasting_add(cai.broadcasting_mul(input, cast(scale, out)), cast(shift, out))
 
 
 def _batch_statistics(x: ir.Value, eps: float) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
