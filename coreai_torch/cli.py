@@ -320,8 +320,10 @@ def cmd_verify(opts: argparse.Namespace) -> int:
             raise CliError(f"{asset} has no entry point {opts.entrypoint!r}; it has {functions}")
         desc = session.descriptor(opts.entrypoint)
         names = _bind_names(desc, signature, asset, opts.entrypoint)
-        feeds = {names[k]: v for k, v in feeds.items()}
-        states = {names[k]: v for k, v in states.items()}
+        feeds = {names[k]: _as_stored(v, desc.input_descriptor(names[k])) for k, v in feeds.items()}
+        states = {
+            names[k]: _as_stored(v, desc.state_descriptor(names[k])) for k, v in states.items()
+        }
         out = session.run(feeds, entrypoint=opts.entrypoint, state=states or None)
         state_out = session.state_values(opts.entrypoint)
     atol, rtol = opts.atol, opts.rtol
@@ -382,6 +384,20 @@ def cmd_verify(opts: argparse.Namespace) -> int:
         text.append("outputs match: nothing to bisect")
     _emit(opts, data, "\n".join(text))
     return EXIT_OK if report.ok else EXIT_MISMATCH
+
+
+def _as_stored(value: Any, descriptor: Any) -> Any:
+    """A floating tensor in the floating dtype the asset takes (a half-precision asset's
+    states, or its inputs with ``io_dtype``); anything else as it is."""
+    dtype = getattr(torch, str(descriptor.dtype), None)
+    if (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and isinstance(dtype, torch.dtype)
+        and dtype.is_floating_point
+    ):
+        return value.to(dtype)
+    return value
 
 
 def _bind_names(desc: Any, signature: Any, asset: Path, entrypoint: str) -> dict[str, str]:

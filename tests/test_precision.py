@@ -360,6 +360,23 @@ class Loud(nn.Module):
 def make():
     torch.manual_seed(0)
     return Loud().eval(), (torch.randn(4, 16),)
+
+
+class Accumulates(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.register_buffer("total", torch.zeros(16))
+
+    def forward(self, x):
+        y = self.fc(x)
+        self.total.add_(y.sum(0))
+        return y
+
+
+def stateful():
+    torch.manual_seed(0)
+    return Accumulates().eval(), (torch.randn(4, 16),)
 """
 
 
@@ -382,6 +399,19 @@ def test_cli_converts_and_verifies_half_programs(
     capsys.readouterr()
     assert main(["verify", "kept.aimodel", "loud.py:make", "--precision", "fp16"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "MATCH"
+
+
+def test_cli_verifies_a_half_program_with_a_state(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state is stored in bfloat16 in the asset: verify feeds it in that type."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "loud.py").write_text(LOUD_PY)
+    assert main(["convert", "loud.py:stateful", "--precision", "bf16", "-o", "s.aimodel"]) == 0
+    assert "total bfloat16(16,)" in capsys.readouterr().out
+    assert main(["verify", "s.aimodel", "loud.py:stateful", "--precision", "bf16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-2].startswith("b_total (state)") and lines[-2].endswith(" ok")
 
 
 @pytest.mark.parametrize(
