@@ -9,12 +9,15 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
                              [--large] [--no-compression] [--compression-runs 3]
+                             [--no-precision]
 
 ``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor
 (``benchmarks/large.py``; needs about 8 GB of free memory).
 
 The compression table (``benchmarks/compression.py``) converts the 0.27B Llama once per
 weight form (fp32, int8, int4, 4-bit palettes).
+
+The precision table (``benchmarks/precision.py``) converts each model in fp32, fp16 and bf16.
 """
 
 from __future__ import annotations
@@ -258,6 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--large", action="store_true", help="also convert the 1.26B Llama (benchmarks/large.py)"
     )
+    parser.add_argument(
+        "--no-precision", action="store_true", help="skip the fp32 / fp16 / bf16 table"
+    )
+    parser.add_argument("--precision-runs", type=int, default=5)
+    parser.add_argument("--one-precision", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
@@ -288,6 +296,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print("RESULT " + json.dumps(measure_compression(args.one_compression, args.runs)))
         return 0
+    if args.one_precision:
+        from benchmarks.precision import measure_precision
+
+        print("RESULT " + json.dumps(measure_precision(args.one_precision, args.runs)))
+        return 0
     if args.one_kernels:
         from benchmarks.kernels import measure_kernels
 
@@ -317,6 +330,15 @@ def main(argv: list[str] | None = None) -> int:
         for form in FORMS:
             print(f"== compression: the 0.27B Llama as {form}", flush=True)
             compressed.append(_child("--one-compression", form, args.compression_runs))
+    precisions = []
+    if not args.no_precision:
+        from benchmarks.precision import PRECISIONS
+
+        for name in args.models:
+            for precision in PRECISIONS:
+                print(f"== {name} in {precision}", flush=True)
+                spec = f"{name}:{precision}"
+                precisions.append(_child("--one-precision", spec, args.precision_runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
     RESULTS.mkdir(exist_ok=True)
@@ -329,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 "compression": compressed,
                 "kernels": kernels,
                 "large": large_results,
+                "precision": precisions,
             },
             indent=2,
         )
@@ -348,6 +371,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nCompressed weights (AIProgram.compress), peak RSS above the exported model.\n")
         print(compression_table(compressed))
+    if precisions:
+        from benchmarks.precision import ASSET_RATIO_TARGET, precision_table
+
+        print(
+            f"\nCompute precision (median of {args.precision_runs} runs; half-precision assets "
+            f"≤ {ASSET_RATIO_TARGET}× the fp32 one).\n"
+        )
+        print(precision_table(precisions))
     if "rows" in kernels:
         print(
             f"\nSingle ops, median of {args.runs} runs "
@@ -360,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nLarge model (conversion only; noisy on a shared machine).\n")
         print("\n\n".join(large_table(r) for r in large_results))
     print(f"\nJSON: {out}")
-    measured = [*results, *ablations, *compressed, kernels, *large_results]
+    measured = [*results, *ablations, *compressed, *precisions, kernels, *large_results]
     failed = any("error" in r for r in measured)
     return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0
 

@@ -3,9 +3,12 @@
 ep = torch.export.export(model, args).run_decompositions(coreai_torch.get_decomp_table())
 program = coreai_torch.TorchConverter().add_exported_program(ep).to_coreai()
 program.optimize().save_asset(Path("model.aimodel"))
+
+TorchConverter(compute_precision=torch.float16) converts into a half-precision program
+(coreai_torch.precision, docs/precision.md).
 """
 
-from coreai_torch import composite_ops, compression, errors, progress
+from coreai_torch import composite_ops, compression, errors, precision, progress
 from coreai_torch.analysis import analyze
 from coreai_torch.composite import generate_composite_decl
 from coreai_torch.converter import TorchConverter
@@ -50,5 +53,6 @@ __all__ = [
     "errors",
     "generate_composite_decl",
     "get_decomp_table",
+    "precision",
     "progress",
 ]

@@ -80,14 +80,34 @@ def load_source(spec: str) -> Source:
 
 
 def make_converter(opts: argparse.Namespace) -> Any:
-    """A ``TorchConverter``, configured by ``--setup FILE.py:FUNCTION`` when given."""
+    """A ``TorchConverter`` in the ``--precision`` asked for (with ``--keep-fp32``), configured
+    by ``--setup FILE.py:FUNCTION`` when given."""
     from coreai_torch.converter import TorchConverter
 
-    converter = TorchConverter()
+    converter = TorchConverter(**_precision_options(opts))
     if getattr(opts, "setup", None):
         _, setup = _function(opts.setup, "--setup")
         setup(converter)
     return converter
+
+
+def _precision_options(opts: argparse.Namespace) -> dict[str, Any]:
+    """``TorchConverter`` keyword arguments from ``--precision`` and ``--keep-fp32``."""
+    from coreai_torch.precision import from_spec
+
+    options: dict[str, Any] = {}
+    spec = getattr(opts, "precision", None)
+    if spec is not None:
+        try:
+            options["compute_precision"] = from_spec(spec)
+        except ValueError as error:
+            raise CliError(str(error)) from error
+    keep = _names(getattr(opts, "keep_fp32", None)) or []
+    if keep and not options.get("compute_precision", from_spec(None)).is_half:
+        raise CliError("--keep-fp32 needs --precision fp16 or bf16 (it keeps parts in float32)")
+    options["keep_fp32_ops"] = [k for k in keep if "::" in k]
+    options["keep_fp32_modules"] = [k for k in keep if "::" not in k]
+    return options
 
 
 def _load_pt2(path: Path) -> Source:
@@ -223,6 +243,9 @@ def cmd_convert(opts: argparse.Namespace) -> int:
     ep = _decomposed(source, timings, notes)
     converter = make_converter(opts)
     converter.progress = _show_progress(opts)
+    if converter.precision.is_half:
+        name = converter.precision.name
+        notes.append(f"computed in {name}: weights stored in {name}, float32 islands")
     converter.add_exported_program(
         ep,
         input_names=_names(opts.input_names),
@@ -295,7 +318,7 @@ def cmd_verify(opts: argparse.Namespace) -> int:
     from coreai_torch.debugging import flat_user_args
     from coreai_torch.runtime import Session
     from coreai_torch.signature import analyze_signature
-    from coreai_torch.verify import VerifyReport, compare
+    from coreai_torch.verify import VerifyReport, compare, half_tolerance, tolerances
 
     asset = Path(opts.asset)
     if not asset.exists():
@@ -310,34 +333,44 @@ def cmd_verify(opts: argparse.Namespace) -> int:
     states.update({k: v.detach().clone() for k, v in input_states.items()})
 
     expected_out, expected_states = _eager(source, signature, args, kwargs)
+    converter = make_converter(opts)
+    policy = converter.precision
     with Session(asset) as session:
         functions = list(session.model.function_names)
         if opts.entrypoint not in functions:
             raise CliError(f"{asset} has no entry point {opts.entrypoint!r}; it has {functions}")
         desc = session.descriptor(opts.entrypoint)
         names = _bind_names(desc, signature, asset, opts.entrypoint)
-        feeds = {names[k]: v for k, v in feeds.items()}
-        states = {names[k]: v for k, v in states.items()}
+        feeds = {names[k]: _as_stored(v, desc.input_descriptor(names[k])) for k, v in feeds.items()}
+        states = {
+            names[k]: _as_stored(v, desc.state_descriptor(names[k])) for k, v in states.items()
+        }
         out = session.run(feeds, entrypoint=opts.entrypoint, state=states or None)
         state_out = session.state_values(opts.entrypoint)
     atol, rtol = opts.atol, opts.rtol
+    tolerance = opts.tolerance
+    if policy.is_half and tolerance is None:
+        tolerance = half_tolerance(policy)
     results = [
-        compare(names[o.name], e, out[names[o.name]], atol=atol, rtol=rtol)
+        compare(names[o.name], e, out[names[o.name]], **tolerances(e, atol, rtol, tolerance))
         for o, e in zip(signature.outputs, expected_out, strict=True)
     ]
     for state in signature.states:
         name = names[state.name]
+        expected = expected_states[state.name]
         results.append(
             compare(
                 f"{name} (state)",
-                expected_states[state.name],
+                expected,
                 state_out[name],
-                atol=atol,
-                rtol=rtol,
+                **tolerances(expected, atol, rtol, tolerance),
             )
         )
     report = VerifyReport(results)
-    text = [f"{asset} vs {source.label} ({inputs_label})", str(report)]
+    header = f"{asset} vs {source.label} ({inputs_label})"
+    if tolerance is not None:
+        header += f"; {policy.name} tolerance {tolerance:g} x max(1, max|expected|)"
+    text = [header, str(report)]
     text.append("MATCH" if report.ok else "MISMATCH")
     data: dict[str, Any] = {
         "ok": report.ok,
@@ -351,9 +384,15 @@ def cmd_verify(opts: argparse.Namespace) -> int:
             print("\n".join(text))
             text = []
             print("bisecting: converting prefixes of the program ...")
-        converter = make_converter(opts)
         found = find_divergence(
-            ep, args, kwargs, converter=converter, atol=atol, rtol=rtol, log=log
+            ep,
+            args,
+            kwargs,
+            converter=converter,
+            atol=atol,
+            rtol=rtol,
+            log=log,
+            tolerance=tolerance,
         )
         data["divergence"] = found.to_dict() if found else None
         text.append(
@@ -366,6 +405,20 @@ def cmd_verify(opts: argparse.Namespace) -> int:
         text.append("outputs match: nothing to bisect")
     _emit(opts, data, "\n".join(text))
     return EXIT_OK if report.ok else EXIT_MISMATCH
+
+
+def _as_stored(value: Any, descriptor: Any) -> Any:
+    """A floating tensor in the floating dtype the asset takes (a half-precision asset's
+    states, or its inputs with ``io_dtype``); anything else as it is."""
+    dtype = getattr(torch, str(descriptor.dtype), None)
+    if (
+        isinstance(value, torch.Tensor)
+        and value.is_floating_point()
+        and isinstance(dtype, torch.dtype)
+        and dtype.is_floating_point
+    ):
+        return value.to(dtype)
+    return value
 
 
 def _bind_names(desc: Any, signature: Any, asset: Path, entrypoint: str) -> dict[str, str]:
@@ -495,6 +548,21 @@ def _one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}"
 
 
+def _precision_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--precision",
+        metavar="fp16|bf16|fp32",
+        help="compute precision: weights stored and activations computed in float16 or "
+        "bfloat16, with float32 islands (verify: the precision the asset was converted in)",
+    )
+    parser.add_argument(
+        "--keep-fp32",
+        metavar="A,B",
+        help="with --precision fp16|bf16: also keep these in float32 -- ATen ops "
+        "('aten::mm'), module paths ('lm_head', 'layers.*.mlp') or module class names",
+    )
+
+
 def _setup_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--setup",
@@ -531,6 +599,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--state-names", metavar="A,B", help="names of the states")
     convert.add_argument("--entrypoint", default="main", help="entry point name (default main)")
     convert.add_argument("--no-optimize", action="store_true", help="skip program.optimize()")
+    _precision_arguments(convert)
     convert.add_argument(
         "--compress",
         metavar="FORM",
@@ -568,6 +637,14 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     verify.add_argument("--atol", type=float, default=1e-4)
     verify.add_argument("--rtol", type=float, default=1e-4)
+    verify.add_argument(
+        "--tolerance",
+        type=float,
+        metavar="REL",
+        help="compare each output within REL * max(1, max|expected|) instead of --atol/--rtol "
+        "(default for --precision fp16: 0.01, bf16: 0.05)",
+    )
+    _precision_arguments(verify)
     verify.add_argument("--entrypoint", default="main", help="function of the asset to run")
     verify.add_argument(
         "--bisect",

@@ -20,13 +20,12 @@ What it guarantees (each verified on the runtime, see ``docs/compression.md``):
 * every operand obeys the rules whose violation the runtime aborts on
   (:func:`decompression_problems`, also run on every converted program by ``to_coreai()``);
 * a cast of compressed data is never constant-folded into a float weight, which would
-  silently store the weight uncompressed (:func:`keeps_compressed`, a fold guard).
+  silently store the weight uncompressed (:mod:`coreai_torch.passes.weight_casts`, a fold guard).
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,7 +34,7 @@ import numpy as np
 import torch
 
 from coreai_torch import dtypes
-from coreai_torch._mlir import FOLD_GUARDS, cai, ir
+from coreai_torch._mlir import cai, ir
 from coreai_torch.errors import RuntimeHazardError
 from coreai_torch.weights import INLINE_LIMIT, WeightStore
 
@@ -354,7 +353,7 @@ def linear_decompression(
     """The constants of ``q`` (resources named ``name.*``) and the op that decompresses them
     to a ``dtype`` tensor.  Scales are stored in ``scale_dtype`` (default ``dtype``) and,
     when that differs, cast to ``dtype`` before the op (the runtime requires the scale's type
-    to be the output's; the cast is never folded, see :func:`keeps_compressed`)."""
+    to be the output's; the cast is never folded, see :mod:`coreai_torch.passes.weight_casts`)."""
     out_np = _numpy_float(dtype)
     out_type = dtypes.to_mlir(dtype)
     scale_np = _numpy_float(scale_dtype or dtype)
@@ -525,31 +524,3 @@ def is_compressed_type(element_type: ir.Type) -> bool:
         integer = ir.IntegerType(element_type)
         return integer.width <= 8 and not integer.is_signless
     return str(element_type).startswith(("f8", "f4"))
-
-
-#: resources :class:`Decompression` creates (``<weight>.scale`` ...), see ``_Constants``
-_DERIVED = re.compile(
-    r'^dense_resource<"?[^">]*\.(codes|indices|scale|zero_point|offset|palette)(_\d+)?"?>'
-)
-
-
-def keeps_compressed(op: ir.Operation) -> bool:
-    """Fold guard (:data:`coreai_torch._mlir.FOLD_GUARDS`): never fold a ``cast`` of a
-    compressed resource constant (an int8 weight read through ``cast``, float16 scales of a
-    float32 weight), which would store it widened in the asset."""
-    if op.name != "coreai.cast" or len(op.operands) != 1:
-        return True
-    owner = op.operands[0].owner
-    if isinstance(owner, ir.Block):
-        return True
-    owner = getattr(owner, "operation", owner)
-    if owner.name != "coreai.constant":
-        return True
-    value = owner.attributes["value"]
-    if not ir.DenseResourceElementsAttr.isinstance(value):
-        return True
-    element = ir.ShapedType(op.operands[0].type).element_type
-    return not (is_compressed_type(element) or _DERIVED.match(str(value)))
-
-
-FOLD_GUARDS.append(keeps_compressed)

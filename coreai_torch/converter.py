@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.fx
 import torch.nn as nn
 from torch.export import ExportedProgram
@@ -21,6 +23,7 @@ from coreai_torch.errors import ConversionError, InvalidSignatureError
 from coreai_torch.hazards import check_runtime_hazards
 from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder, lowering_key
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
+from coreai_torch.lowerings.accumulation import set_fp32_accumulation
 from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
 from coreai_torch.metal import (
     METAL_KERNEL_OP,
@@ -29,6 +32,7 @@ from coreai_torch.metal import (
     register_kernels,
 )
 from coreai_torch.passes.safe_rewrite import protect_from_runtime_misfolds
+from coreai_torch.precision.policy import ModuleSelector, NodePredicate, Precision
 from coreai_torch.program import AIProgram, _verify
 from coreai_torch.progress import resolve as resolve_progress
 from coreai_torch.signature import ProgramSignature, analyze_signature
@@ -79,11 +83,44 @@ class TorchConverter:
     - ``aten_composites``: emit ``layer_norm``, ``rms_norm``, ``group_norm``,
       ``instance_norm``, ``pixel_shuffle`` and ``scaled_dot_product_attention`` as composite
       ops; ``False`` inlines their reference implementation.
+
+    Half precision (``docs/precision.md``): ``compute_precision=torch.float16`` or
+    ``torch.bfloat16`` (or a :class:`~coreai_torch.precision.Precision`) stores floating weights
+    in that type and computes in it, with the default fp32 islands (softmax, exp/log/pow,
+    sums and means, cumulative sums, attention scores; ``fp32_islands=False`` drops them) and
+    whatever ``keep_fp32_ops`` (``{"aten::mm"}``), ``keep_fp32_modules`` (module paths,
+    class names or classes: ``["lm_head", LlamaRMSNorm]``) and ``keep_fp32`` (a predicate on
+    the FX node) select.  Inputs and outputs keep their dtypes unless ``io_dtype`` says
+    otherwise.  The default, ``torch.float32``, converts the program as exported.  Products
+    of 16-bit operands accumulate in float32 like ATen's (``fp32_accumulation=False``: in
+    16 bits).
     """
 
-    def __init__(self, *, fold_constants: bool = True, aten_composites: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        fold_constants: bool = True,
+        aten_composites: bool = True,
+        compute_precision: torch.dtype | Precision | str = torch.float32,
+        io_dtype: torch.dtype | None = None,
+        keep_fp32_ops: Collection[str] = (),
+        keep_fp32_modules: Collection[ModuleSelector] = (),
+        keep_fp32: NodePredicate | None = None,
+        fp32_islands: bool = True,
+        fp32_accumulation: bool = True,
+    ) -> None:
         self.fold_constants = fold_constants
         self.aten_composites = aten_composites
+        #: the precision policy (``coreai_torch.precision.Precision``)
+        self.precision = _precision(
+            compute_precision,
+            io_dtype=io_dtype,
+            keep_fp32_ops=keep_fp32_ops,
+            keep_fp32_modules=keep_fp32_modules,
+            keep_fp32=keep_fp32,
+            fp32_islands=fp32_islands,
+            fp32_accumulation=fp32_accumulation,
+        )
         self._staged: dict[str, StagedProgram] = {}
         self._lowerings = LoweringTable(fallback=BUILTIN_LOWERINGS)
         self._kernels: dict[str, TorchMetalKernel] = {}
@@ -346,13 +383,16 @@ class TorchConverter:
                     diagnostics,
                     progress=progress,
                     fold_constants=self.fold_constants,
+                    precision=self.precision,
                 )
                 set_aten_composites(self.aten_composites)
+                set_fp32_accumulation(self.precision.fp32_accumulation)
+                imported = {}
                 for name in names:
                     staged = self._staged[name]
                     start = time.perf_counter()
                     check_complex(staged.exported_program, self._lowerings, name)
-                    self._import(builder, staged)
+                    imported[name] = self._import(builder, staged)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()
                 protect_from_runtime_misfolds(module)
@@ -368,20 +408,59 @@ class TorchConverter:
                 self._kept_modules.append(builder.module)
         self.last_stats = stats
         program = AIProgram._from_mlir_module(module)
-        program.signatures = {name: self._staged[name].signature for name in names}
+        program.signatures = {name: staged.signature for name, staged in imported.items()}
+        program.exported_programs = {
+            name: staged.exported_program for name, staged in imported.items()
+        }
         program.weights = builder.weights
         program.progress = self.progress
+        program.precision = self.precision
         return program
 
-    def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> None:
+    def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> StagedProgram:
+        """Import one staged program; returns it as converted (in half precision: the
+        rewritten program and its signature)."""
+        if self.precision.is_half:
+            from coreai_torch.importer import user_lowering_free
+            from coreai_torch.precision.rewrite import to_half
+
+            ep, signature = to_half(
+                staged.exported_program,
+                staged.signature,
+                self.precision,
+                builder.half_weights,
+                usable=user_lowering_free(self._lowerings),
+            )
+            staged = dataclasses.replace(staged, exported_program=ep, signature=signature)
         if staged.externalize:
             from coreai_torch.externalize import import_externalized
 
             import_externalized(builder, staged, self._lowerings)
-            return
-        GraphImporter(
-            builder, staged.exported_program, staged.signature, self._lowerings, staged.entrypoint
-        ).run()
+        else:
+            GraphImporter(
+                builder,
+                staged.exported_program,
+                staged.signature,
+                self._lowerings,
+                staged.entrypoint,
+            ).run()
+        return staged
+
+
+def _precision(compute: torch.dtype | Precision | str, **options: Any) -> Precision:
+    """The converter's precision policy from its keyword arguments (given options add to /
+    override those of a ``Precision`` passed as ``compute_precision``)."""
+    from coreai_torch.precision.policy import from_spec
+
+    policy = from_spec(compute)
+    given = Precision(policy.compute, **options)  # validates the options
+    defaults = Precision(policy.compute)
+    changed = {k: getattr(given, k) for k in options if getattr(given, k) != getattr(defaults, k)}
+    if "keep_fp32_ops" in changed:
+        changed["keep_fp32_ops"] = policy.keep_fp32_ops | changed["keep_fp32_ops"]
+    if "keep_fp32_modules" in changed:
+        changed["keep_fp32_modules"] = (*policy.keep_fp32_modules, *changed["keep_fp32_modules"])
+    return dataclasses.replace(policy, **changed) if changed else policy
 
 
 def _verify_with_sources(

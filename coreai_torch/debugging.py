@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,8 @@ class Divergence:
     probes: int = 0
     #: for a multi-result op: which of its results diverges
     result: int | None = None
+    #: the precision the program was converted in (``"fp16"``/``"bf16"``; None: as exported)
+    precision: str | None = None
 
     @property
     def name(self) -> str:
@@ -97,7 +100,22 @@ class Divergence:
             "inputs": [{"node": e.name, "max_abs": e.max_abs} for e in self.inputs],
             "probes": self.probes,
             "result": self.result,
+            "precision": self.precision,
+            "hint": self.hint,
         }
+
+    @property
+    def hint(self) -> str:
+        """For a half-precision program: how to keep the diverging node in float32."""
+        if self.precision is None:
+            return ""
+        op = self.op.rsplit(".", 1)[0]
+        path = module_path(self.node)
+        where = f" or keep_fp32_modules=[{path!r}] (its module)" if path else ""
+        return (
+            f"keep it in float32: TorchConverter(compute_precision=..., keep_fp32_ops={{{op!r}}})"
+            f"{where}, or keep_fp32=<a predicate on the FX node>"
+        )
 
     def __str__(self) -> str:
         e = self.error
@@ -111,6 +129,8 @@ class Divergence:
             matched = ", ".join(f"{i.name} ({i.max_abs:.1e})" for i in self.inputs)
             lines.append(f"  its inputs match PyTorch: {matched}")
         lines.append(f"  found with {self.probes} probe conversion(s)")
+        if self.hint:
+            lines.append(f"  {self.precision} program: {self.hint}")
         return "\n".join(lines)
 
 
@@ -124,14 +144,22 @@ def find_divergence(
     rtol: float = 1e-4,
     optimize: bool = True,
     log: Callable[[str], None] | None = None,
+    precision: Any = None,
+    tolerance: float | None = None,
 ) -> Divergence | None:
     """The first FX node (in topological order) whose value in the converted program is not
     within ``atol + rtol * |expected|`` of PyTorch's, or None when every output matches.
 
     ``model_or_ep`` is an ``nn.Module`` (exported and decomposed here) or an
     ``ExportedProgram`` (decomposed here if needed); ``converter`` supplies the lowerings
-    (its own registrations and Metal kernels; it is not modified).  ``log`` receives one line
-    per probe.
+    (its own registrations and Metal kernels) and the precision policy (it is not modified).
+    ``log`` receives one line per probe.
+
+    Half precision: with ``precision`` (``"fp16"``, ``"bf16"``, a ``Precision``; default the
+    converter's) the prefixes are converted in that precision and compared with PyTorch in
+    float32; ``tolerance`` then replaces ``atol``/``rtol``: a value diverges when it
+    overflows to inf/NaN or is off by more than ``tolerance * max(1, max|expected|)``
+    (default: :data:`coreai_torch.verify.HALF_TOLERANCE` of the dtype).
     """
     if isinstance(model_or_ep, ExportedProgram):
         ep, _ = decomposed(model_or_ep)
@@ -143,6 +171,7 @@ def find_divergence(
             f"{type(model_or_ep).__name__}"
         )
     search = _Search(ep, args, kwargs, converter, atol, rtol, optimize, log)
+    search.set_precision(precision, tolerance)
     return search.run()
 
 
@@ -163,6 +192,9 @@ class _Search:
         self.converter = converter
         self.atol, self.rtol, self.optimize = atol, rtol, optimize
         self.log = log or (lambda _line: None)
+        self.precision = getattr(converter, "precision", None)
+        #: compare relative to each value's peak (half-precision programs), else None
+        self.tolerance: float | None = None
         self.probes = 0
         self.nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
         self.position = {n: i for i, n in enumerate(self.nodes)}
@@ -171,6 +203,24 @@ class _Search:
         for node in self.nodes:
             uses = [self.position.get(u, len(self.nodes)) for u in node.users]
             self.last_use[node] = max(uses, default=-1)
+
+    def set_precision(self, precision: Any, tolerance: float | None) -> None:
+        from coreai_torch.precision import from_spec
+        from coreai_torch.verify import half_tolerance
+
+        if precision is not None:
+            self.precision = from_spec(precision)
+        if self.precision is not None and self.precision.is_half:
+            self.tolerance = tolerance or half_tolerance(self.precision)
+        elif tolerance is not None:
+            self.tolerance = tolerance
+
+    def compare(self, name: str, expected: Any, actual: Any) -> OutputError:
+        if self.tolerance is None:
+            return compare(name, expected, actual, atol=self.atol, rtol=self.rtol)
+        peak = float(expected.detach().abs().float().max()) if expected.numel() else 0.0
+        peak = peak if math.isfinite(peak) else 1.0
+        return compare(name, expected, actual, atol=self.tolerance * max(1.0, peak), rtol=0.0)
 
     def frontier(self, k: int) -> list[torch.fx.Node]:
         """The tensors computed by ``nodes[:k+1]`` that something after ``k`` still needs."""
@@ -202,7 +252,9 @@ class _Search:
         if node.target is operator.getitem:
             node, result = node.args
         inputs = [lo_errors[a.name] for a in node.all_input_nodes if a.name in lo_errors]
-        return Divergence(node, culprit, inputs, self.probes, result)
+        half = self.precision is not None and self.precision.is_half
+        name = self.precision.name if half else None
+        return Divergence(node, culprit, inputs, self.probes, result, name)
 
     def probe(self, k: int) -> dict[str, OutputError]:
         """Convert ``nodes[:k+1]`` with the frontier as outputs, run it, compare."""
@@ -221,7 +273,7 @@ class _Search:
                 f"probe up to {describe(self.nodes[k])} failed: {type(error).__name__}: {error}"
             ) from error
         errors = {
-            n.name: compare(n.name, expected[n.name], a, atol=self.atol, rtol=self.rtol)
+            n.name: self.compare(n.name, expected[n.name], a)
             for n, a in zip(outputs, actual, strict=True)
         }
         bad = [e.name for e in errors.values() if not e.ok]
@@ -239,6 +291,8 @@ class _Search:
         if self.converter is not None:  # share its lowerings and kernels, not its programs
             probe._lowerings = self.converter._lowerings
             probe._kernels = self.converter._kernels
+        if self.precision is not None:
+            probe.precision = self.precision
         probe.progress = False
         program = probe.add_exported_program(program_ep).to_coreai()
         if self.optimize:

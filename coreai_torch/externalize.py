@@ -802,10 +802,14 @@ def import_externalized(builder: Any, staged: Any, lowerings: Any) -> None:
 # ------------------------------------------------------------------------------ lowering ---
 
 
-def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
+def _graph_for(
+    call: _Call, importer: Any, operands: Sequence[Any], results: Sequence[Any]
+) -> tuple[str, list[int]]:
     """Build (once per conversion) the private graph of ``call``.
 
-    Returns its name and, for each graph argument, the index of the op operand feeding it.
+    ``operands`` are the op's operand values and ``results`` the example values of its
+    results (their dtypes are the graph's in a half-precision conversion).  Returns the graph's
+    name and, for each graph argument, the index of the op operand feeding it.
     """
     memo = composite.graphs().memo
     found = memo.get(("externalized", call.key))
@@ -853,6 +857,9 @@ def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
             arguments.append((name, state_index[name]))
     names = _unique_names([n for n, _ in arguments])
     arg_position = {index: k for k, (_, index) in enumerate(arguments)}
+    precision = importer.builder.precision
+    if precision.is_half:
+        ep = _in_precision(sub, call, importer, arguments, operands, results)
 
     placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
     slot_types = [_placeholder_type(placeholders[p]) for p in sub.user_inputs]
@@ -862,7 +869,8 @@ def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
             types.append(slot_types[index])
         else:
             t = target.state_tensor(target.state_names[index - n_slots])
-            types.append(dtypes.tensor_type(list(t.shape), t.dtype))
+            dtype = dtypes.dtype_of(operands[index]) if precision.is_half else t.dtype
+            types.append(dtypes.tensor_type(list(t.shape), dtype))
 
     def body(*args: ir.Value) -> list[ir.Value]:
         sub_importer = GraphImporter(
@@ -886,6 +894,8 @@ def _graph_for(call: _Call, importer: Any) -> tuple[str, list[int]]:
                         if index is not None
                         else ep.state_dict.get(spec_in.target, ep.constants.get(spec_in.target))
                     )
+                    stored = placeholders[ph].meta["val"].dtype  # a half-precision copy?
+                    tensor = importer.builder.half_weights.get(tensor, stored)
                     with ir.Location.unknown():
                         values[ph] = importer.builder.weights.constant(
                             tensor, ".".join(x for x in (target.path, local) if x)
@@ -1018,9 +1028,67 @@ def _lower_externalized(
     importer = getattr(values_map, "importer", None)
     if importer is None:
         raise ConversionError("externalized modules can only be lowered by TorchConverter")
-    graph, operand_indices = _graph_for(call, importer)
-    operands = [values_map[operand_nodes[i].name] for i in operand_indices]
-    return composite.call_graph(graph, operands)
+    values = [values_map[n.name] if n is not None else None for n in operand_nodes]
+    graph, operand_indices = _graph_for(call, importer, values, node.meta["val"])
+    return composite.call_graph(graph, [values[i] for i in operand_indices])
+
+
+def _in_precision(
+    sub: _SubProgram,
+    call: _Call,
+    importer: Any,
+    arguments: Sequence[tuple[str, int]],
+    operands: Sequence[Any],
+    results: Sequence[Any],
+) -> ExportedProgram:
+    """The sub-program of ``call`` rewritten to the conversion's precision: its arguments
+    typed like the operands the caller passes, its results like the caller expects."""
+    from coreai_torch.importer import user_lowering_free
+    from coreai_torch.precision.rewrite import rewrite_program
+
+    policy = importer.builder.precision
+    ep = sub.ep
+    target = call.target
+    n_slots = len(call.input_names)
+    fed = {index for _, index in arguments}
+    state_index = {name: n_slots + i for i, name in enumerate(target.state_names)}
+    inputs: dict[str, torch.dtype] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            index = sub.user_inputs.index(spec.arg.name)
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+            index = state_index.get(_local_name(spec.target), -1)
+        else:
+            continue
+        if index in fed and operands[index] is not None:
+            dtype = dtypes.dtype_of(operands[index])
+            if dtype.is_floating_point:
+                inputs[spec.arg.name] = dtype
+    position = {ref: call.num_outputs + k for k, ref in enumerate(call.mutated)}
+    outputs: list[torch.dtype | None] = []
+    user = 0
+    for spec in ep.graph_signature.output_specs:
+        if spec.kind == OutputKind.USER_OUTPUT and isinstance(spec.arg, TensorArgument):
+            k, user = user, user + 1
+        elif spec.kind == OutputKind.BUFFER_MUTATION:
+            k = position[("state", _local_name(spec.target))]
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            k = position[("arg", sub.user_inputs.index(spec.target))]
+        else:
+            outputs.append(None)
+            continue
+        val = results[k]
+        floating = isinstance(val, torch.Tensor) and val.dtype.is_floating_point
+        outputs.append(val.dtype if floating else None)
+    return rewrite_program(
+        ep,
+        policy,
+        importer.builder.half_weights,
+        inputs=inputs,
+        flows={name for name, dtype in inputs.items() if dtype == policy.compute},
+        outputs=outputs,
+        usable=user_lowering_free(importer.lowerings),
+    )
 
 
 def _register() -> None:

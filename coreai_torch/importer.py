@@ -13,7 +13,7 @@ import inspect
 import operator
 import traceback
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +35,8 @@ from coreai_torch.locations import describe, location, named_location, qualified
 from coreai_torch.lowerings.norm import rms_norm_composite
 from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
 from coreai_torch.patterns import find_rms_norms
+from coreai_torch.precision.policy import FP32, Precision
+from coreai_torch.precision.rewrite import HalfWeights
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.sizes import check_data_dependent_sizes
 from coreai_torch.weights import WeightStore
@@ -92,6 +94,10 @@ class ProgramBuilder:
     fold_constants: bool = True
     #: whether a lowering registered on the converter (not a built-in one) ran
     ran_own_lowerings: bool = False
+    #: the precision policy of the conversion (``TorchConverter(compute_precision=...)``)
+    precision: Precision = FP32
+    #: half-precision copies of the weights, shared by every graph of the program
+    half_weights: HalfWeights = field(default_factory=HalfWeights)
 
 
 # ------------------------------------------------------------------------------ analysis ----
@@ -242,6 +248,13 @@ def _overridden(node: torch.fx.Node, user_rules: set[str]) -> bool:
     """Whether the converter's user registered their own lowering for this node's op."""
     key = lowering_key(node)
     return key is not None and (key in user_rules or key.rsplit(".", 1)[0] in user_rules)
+
+
+def user_lowering_free(lowerings: LoweringTable) -> Callable[[torch.fx.Node], bool]:
+    """``node -> bool``: whether no lowering registered on the converter handles the node's op
+    (only such nodes may be absorbed into composite ops)."""
+    user_rules = set(lowerings.own_names())
+    return lambda node: not _overridden(node, user_rules)
 
 
 def _val_type(val: Any) -> ir.Type:

@@ -13,12 +13,16 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
+from torch.export import ExportedProgram
+
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
+from coreai_torch.passes import weight_casts  # noqa: F401  (registers its fold guard)
 from coreai_torch.passes.compress import lookups_before_decompression, scales_after_matmul
 from coreai_torch.passes.pretranspose import pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
+from coreai_torch.precision.policy import FP32, Precision
 from coreai_torch.saving import save_program
 from coreai_torch.signature import ProgramSignature
 from coreai_torch.weights import WeightStore
@@ -54,6 +58,11 @@ class AIProgram(ca.AIProgram):
     signatures: dict[str, ProgramSignature]
     #: the program's weights (set by ``TorchConverter.to_coreai``; None for other programs)
     weights: WeightStore | None
+    #: the precision policy it was converted with (float32: as exported)
+    precision: Precision
+    #: entry point -> the ExportedProgram it was converted from (for a half-precision
+    #: program: the rewritten one, which PyTorch runs in half precision too)
+    exported_programs: dict[str, ExportedProgram]
 
     #: progress of optimize() and save_asset(), as ``TorchConverter.progress`` (which
     #: ``to_coreai`` copies here): None follows ``coreai_torch.progress`` blocks and the
@@ -65,6 +74,8 @@ class AIProgram(ca.AIProgram):
         self.signatures = {}
         self.weights = None
         self.progress = None
+        self.precision = FP32
+        self.exported_programs = {}
 
     @property
     def mlir_module(self) -> ir.Module:

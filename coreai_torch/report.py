@@ -187,7 +187,9 @@ class ConversionReport:
         entrypoints = []
         weights: dict[int, torch.Tensor] = {}
         for name, signature in program.signatures.items():
-            ep = converter._staged[name].exported_program
+            ep = getattr(program, "exported_programs", {}).get(name)
+            if ep is None:
+                ep = converter._staged[name].exported_program
             entry = _entrypoint(name, ep, signature, graphs)
             entry.seconds = stats.seconds.get(name, 0.0)
             entrypoints.append(entry)

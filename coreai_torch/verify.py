@@ -77,6 +77,9 @@ class VerifyReport:
     """Per-output comparison of one or more runs."""
 
     outputs: list[OutputError] = field(default_factory=list)
+    #: for a half-precision program that does not match: the first FX node that overflows
+    #: or loses too much (a ``coreai_torch.debugging.Divergence``), when it was searched
+    divergence: Any = None
 
     @property
     def ok(self) -> bool:
@@ -87,7 +90,23 @@ class VerifyReport:
         return max((o.max_abs for o in self.outputs), default=0.0)
 
     def __str__(self) -> str:
-        return "\n".join(str(o) for o in self.outputs)
+        lines = [str(o) for o in self.outputs]
+        if self.divergence is not None:
+            lines.append(str(self.divergence))
+        return "\n".join(lines)
+
+
+#: The default tolerance of a half-precision program against float32 PyTorch: every output
+#: within ``tolerance * max(1, max|expected|)`` (docs/precision.md has what the model
+#: families reach).
+HALF_TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 5e-2}
+
+
+def half_tolerance(precision: Any) -> float:
+    """The default :data:`HALF_TOLERANCE` of a precision policy (or spec such as "fp16")."""
+    from coreai_torch.precision import from_spec
+
+    return HALF_TOLERANCE[from_spec(precision).compute]
 
 
 def compare(
@@ -186,26 +205,58 @@ def verify(
     atol: float = 1e-4,
     rtol: float = 1e-4,
     entrypoint: str = "main",
+    precision: Any = None,
+    tolerance: float | None = None,
+    bisect: bool = True,
 ) -> VerifyReport:
     """Convert ``model`` (unless ``program`` is given), run it on the runtime, compare.
 
     The comparison allows ``atol + rtol * |expected|`` per element.
-    """
-    if program is None:
-        from coreai_torch.converter import TorchConverter
 
+    Half precision: ``precision="fp16"`` / ``"bf16"`` (or a ``Precision``) converts in that
+    precision; a given ``program`` converted in half precision is checked as such.  The
+    outputs are compared with the model in float32, within ``tolerance * max(1,
+    max|expected|)`` (default :data:`HALF_TOLERANCE`; ``atol``/``rtol`` do not apply), and
+    when they do not match (and ``bisect``) the report names the first FX node that
+    overflows or loses more than that, with its source line (``report.divergence``).
+    """
+    from coreai_torch.converter import TorchConverter
+    from coreai_torch.precision import from_spec
+
+    policy = from_spec(precision) if precision is not None else None
+    if program is None:
         ep = export_decomposed(model, args, kwargs)
-        program = TorchConverter().add_exported_program(ep, entrypoint_name=entrypoint).to_coreai()
+        converter = TorchConverter(compute_precision=policy or "fp32")
+        program = converter.add_exported_program(ep, entrypoint_name=entrypoint).to_coreai()
+    policy = policy or getattr(program, "precision", None)
+    half = policy is not None and policy.is_half
+    if half and tolerance is None:
+        tolerance = half_tolerance(policy)
     expected = eager_outputs(model, args, kwargs)
     with Session(program) as session:
         actual = run_entrypoint(session, program, args, kwargs, entrypoint=entrypoint)
     names = [o.name for o in program.signatures[entrypoint].outputs]
-    return VerifyReport(
+    report = VerifyReport(
         [
-            compare(n, e, a, atol=atol, rtol=rtol)
+            compare(n, e, a, **tolerances(e, atol, rtol, tolerance))
             for n, e, a in zip(names, expected, actual, strict=True)
         ]
     )
+    if half and bisect and not report.ok:
+        report.divergence = find_divergence(
+            model, args, kwargs, precision=policy, tolerance=tolerance
+        )
+    return report
+
+
+def tolerances(
+    expected: Any, atol: float, rtol: float, tolerance: float | None
+) -> dict[str, float]:
+    """``atol``/``rtol`` for one output: relative to its peak when ``tolerance`` is given."""
+    if tolerance is None or not isinstance(expected, torch.Tensor) or not expected.numel():
+        return {"atol": atol, "rtol": rtol}
+    peak = float(expected.detach().abs().float().max())
+    return {"atol": tolerance * max(1.0, peak if math.isfinite(peak) else 1.0), "rtol": 0.0}
 
 
 def find_divergence(

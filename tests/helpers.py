@@ -78,3 +78,48 @@ def check_runs(
             assert report.ok, f"mismatch for inputs of shapes {shapes}:\n{report}\n\n{program}"
             reports.append(report)
     return reports
+
+
+def run_program(program: AIProgram, feeds: Mapping[str, Any], entrypoint: str = "main") -> Any:
+    """Run a one-output program on the runtime; returns that output (a numpy array)."""
+    from coreai_torch.runtime import Session
+
+    with Session(program) as session:
+        out = session.run(dict(feeds), entrypoint=entrypoint)
+    (value,) = out.values()
+    return value
+
+
+def check_half(
+    model: nn.Module,
+    args: Sequence[Any],
+    program: AIProgram,
+    *,
+    rel: float,
+    cosine: float = 0.999,
+) -> tuple[float, float]:
+    """Assert a (half-precision) ``program`` matches ``model`` in float32 eager: every
+    floating output within ``rel * max(1, max|ref|)`` and with cosine similarity ``>= cosine``.
+    Returns the largest relative error and the smallest cosine similarity."""
+    import numpy as np
+    import torch
+
+    from coreai_torch.runtime import Session
+    from coreai_torch.verify import eager_outputs, run_entrypoint
+
+    expected = eager_outputs(model, args)
+    with Session(program) as session:
+        actual = run_entrypoint(session, program, args)
+    worst_rel, worst_cos = 0.0, 1.0
+    for e, a in zip(expected, actual, strict=True):
+        if not (isinstance(e, torch.Tensor) and e.is_floating_point()):
+            continue
+        ref = e.detach().double().numpy()
+        out = np.asarray(a, dtype=np.float64)
+        assert np.isfinite(out).all(), f"non-finite outputs: {out}"
+        err = float(np.abs(out - ref).max() / max(1.0, float(np.abs(ref).max())))
+        cos = float((out * ref).sum() / (np.linalg.norm(out) * np.linalg.norm(ref) or 1.0))
+        worst_rel, worst_cos = max(worst_rel, err), min(worst_cos, cos)
+    assert worst_rel <= rel, f"relative error {worst_rel:.3e} > {rel:.1e}"
+    assert worst_cos >= cosine, f"cosine similarity {worst_cos:.6f} < {cosine}"
+    return worst_rel, worst_cos

@@ -13,6 +13,7 @@ import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.composite import aten_composite
+from coreai_torch.lowerings.accumulation import accumulation_dtype
 from coreai_torch.lowerings.common import (
     broadcast_dynamic,
     cast,
@@ -83,9 +84,16 @@ def attention_values(
     """softmax(q k^T * scale + mask) v, with PyTorch's SDPA semantics.
 
     Batch dimensions broadcast (``q`` and ``k``/``v`` may differ in rank); rows that the mask
-    hides completely give zeros, as in PyTorch (not NaN).
+    hides completely give zeros, as in PyTorch (not NaN).  16-bit operands are computed in
+    float32 and the result rounded once, like ATen's CPU kernels (unless the conversion
+    asks for 16-bit products: :mod:`coreai_torch.lowerings.accumulation`).
     """
-    dtype = dtype_of(q)
+    result_dtype = dtype_of(q)
+    dtype = accumulation_dtype(result_dtype)
+    if dtype != result_dtype:
+        q, k, v = cast(q, dtype), cast(k, dtype), cast(v, dtype)
+        if mask is not None and dtype_of(mask) != torch.bool:
+            mask = cast(mask, dtype)
     q_shape, k_shape = shape_of(q), shape_of(k)
     if enable_gqa and min(len(q_shape), len(k_shape)) >= 3 and q_shape[-3] != k_shape[-3]:
         groups = q_shape[-3] // k_shape[-3]
@@ -110,7 +118,7 @@ def attention_values(
             cai.reduce_max(scores, np.array([last], np.int32)), constant(float("-inf"), dtype)
         )
         probs = cai.broadcasting_where(hidden, constant(0.0, dtype), probs)
-    return cai.broadcasting_batch_matmul(probs, v)
+    return cast(cai.broadcasting_batch_matmul(probs, v), result_dtype)
 
 
 @lowering("aten::scaled_dot_product_attention.default")

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
+from coreai_torch.lowerings.accumulation import accumulating, accumulation_dtype
 from coreai_torch.lowerings.common import (
     INT32_MAX,
     broadcast_to,
@@ -36,7 +37,12 @@ from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
 def matmul_values(a: ir.Value, b: ir.Value) -> ir.Value:
-    """``torch.matmul`` semantics (vector promotion, batch broadcasting)."""
+    """``torch.matmul`` semantics (vector promotion, batch broadcasting); 16-bit operands
+    accumulate in float32 (:mod:`coreai_torch.lowerings.accumulation`)."""
+    return accumulating(_matmul, a, b)
+
+
+def _matmul(a: ir.Value, b: ir.Value) -> ir.Value:
     ra, rb = rank_of(a), rank_of(b)
     if ra == 1 and rb == 1:
         return squeeze(cai.batch_matmul(unsqueeze(a, [0]), unsqueeze(b, [1])), [0, 1])
@@ -75,22 +81,27 @@ def addmm(
     beta: float = 1,
     alpha: float = 1,
 ) -> ir.Value:
-    dtype = cx.out_dtype
     a = mat1 if mat1 is not None else batch1
     b = mat2 if mat2 is not None else batch2
-    return _accumulate(cx, self, matmul_values(cast(a, dtype), cast(b, dtype)), beta, alpha)
+    return _accumulate(cx, self, lambda dtype: _matmul(cast(a, dtype), cast(b, dtype)), beta, alpha)
 
 
 def _accumulate(
-    cx: LoweringContext, self: ir.Value, product: ir.Value, beta: float, alpha: float
+    cx: LoweringContext,
+    self: ir.Value,
+    product: Callable[[torch.dtype], ir.Value],
+    beta: float,
+    alpha: float,
 ) -> ir.Value:
-    """``beta * self + alpha * product``; ``self`` is ignored when ``beta`` is 0 (so NaN in it
-    does not propagate), as in PyTorch."""
+    """``beta * self + alpha * product(dtype)``, computed in float32 for 16-bit results
+    (rounded once, like ATen); ``self`` is ignored when ``beta`` is 0 (so NaN in it does not
+    propagate), as in PyTorch."""
     dtype = cx.out_dtype
-    product = _scaled(product, alpha, dtype)
+    compute = accumulation_dtype(dtype)
+    product = _scaled(product(compute), alpha, compute)
     if beta == 0:
-        return broadcast_to(product, cx.out_shape)
-    return cai.broadcasting_add(product, _scaled(cast(self, dtype), beta, dtype))
+        return cast(broadcast_to(product, cx.out_shape), dtype)
+    return cast(cai.broadcasting_add(product, _scaled(cast(self, compute), beta, compute)), dtype)
 
 
 @lowering("aten::addmv.default")
@@ -102,8 +113,9 @@ def addmv(
     beta: float = 1,
     alpha: float = 1,
 ) -> ir.Value:
-    dtype = cx.out_dtype
-    return _accumulate(cx, self, matmul_values(cast(mat, dtype), cast(vec, dtype)), beta, alpha)
+    return _accumulate(
+        cx, self, lambda dtype: _matmul(cast(mat, dtype), cast(vec, dtype)), beta, alpha
+    )
 
 
 @lowering("aten::addbmm.default")
@@ -115,9 +127,12 @@ def addbmm(
     beta: float = 1,
     alpha: float = 1,
 ) -> ir.Value:
-    dtype = cx.out_dtype
-    products = cai.batch_matmul(cast(batch1, dtype), cast(batch2, dtype))
-    return _accumulate(cx, self, squeeze(cai.reduce_sum(products, i32([0])), [0]), beta, alpha)
+
+    def product(dtype: torch.dtype) -> ir.Value:
+        products = cai.batch_matmul(cast(batch1, dtype), cast(batch2, dtype))
+        return squeeze(cai.reduce_sum(products, i32([0])), [0])
+
+    return _accumulate(cx, self, product, beta, alpha)
 
 
 @lowering("aten::_trilinear.default")

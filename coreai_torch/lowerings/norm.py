@@ -8,8 +8,10 @@ caller.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -71,6 +73,21 @@ def normalize(x: ir.Value, axes: list[int], eps: float) -> ir.Value:
     return moments(x, axes, eps)[0]
 
 
+def _in_opmath(body: Callable[..., ir.Value]) -> Callable[..., ir.Value]:
+    """``body(input, ...)`` computed in float32 for a 16-bit ``input`` and rounded back once,
+    like ATen's CPU norms (the squares of the variance overflow float16 from 256 up)."""
+
+    @functools.wraps(body)
+    def wrapper(input: ir.Value, *args: Any) -> ir.Value:
+        dtype = dtype_of(input)
+        compute = opmath(dtype)
+        if compute == dtype:
+            return body(input, *args)
+        return cast(body(cast(input, compute), *args), dtype)
+
+    return wrapper
+
+
 def _affine(y: ir.Value, weight: ir.Value | None, bias: ir.Value | None) -> ir.Value:
     if weight is not None:
         y = cai.broadcasting_mul(y, cast(weight, dtype_of(y)))
@@ -90,8 +107,22 @@ def batch_norm_inference(
     momentum: float,
     eps: float,
 ) -> list[ir.Value | None]:
+    return [_batch_norm(input, weight, bias, running_mean, running_var, eps), None, None]
+
+
+def _batch_norm(
+    input: ir.Value,
+    weight: ir.Value | None,
+    bias: ir.Value | None,
+    running_mean: ir.Value,
+    running_var: ir.Value,
+    eps: float,
+) -> ir.Value:
+    """Batch norm with running statistics: ``x * scale + shift``, the per-channel ``scale``
+    and ``shift`` computed in float32 for a 16-bit input (a variance of 1e5 overflows float16)
+    and applied in the input's dtype, so the rewrite can still fold them into a convolution."""
     rank = rank_of(input)
-    dtype = dtype_of(input)
+    dtype = opmath(dtype_of(input))
     mean = _channel_shaped(cast(running_mean, dtype), rank)
     var = _channel_shaped(cast(running_var, dtype), rank)
     scale = cai.rsqrt(cai.broadcasting_add(var, constant(eps, dtype)))
@@ -102,8 +133,8 @@ def batch_norm_inference(
     shift = cai.broadcasting_sub(constant(0.0, dtype), cai.broadcasting_mul(mean, scale))
     if bias is not None:
         shift = cai.broadcasting_add(shift, _channel_shaped(cast(bias, dtype), rank))
-    out = cai.broadcasting_add(cai.broadcasting_mul(input, scale), shift)
-    return [out, None, None]
+    out = dtype_of(input)
+    return cai.broadcasting_add(cai.broadcasting_mul(input, cast(scale, out)), cast(shift, out))
 
 
 def _batch_statistics(x: ir.Value, eps: float) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
@@ -233,6 +264,7 @@ def batch_norm_legit(
     return [out[0], None, None]
 
 
+@_in_opmath
 def _layer_norm(
     input: ir.Value,
     weight: ir.Value | None,
@@ -332,13 +364,14 @@ def native_layer_norm(
     bias: ir.Value | None,
     eps: float,
 ) -> list[ir.Value | None]:
-    """``layer_norm`` plus its ``mean`` and ``rstd`` (inline: not a composite op)."""
+    """``layer_norm`` plus its ``mean`` and ``rstd`` (inline: not a composite op; in float32
+    for 16-bit inputs)."""
     rank = rank_of(input)
     axes = list(range(rank - len(normalized_shape), rank))
-    y, mean, rstd = moments(input, axes, eps)
-    _, mean_val, rstd_val = cx.out
+    y, mean, rstd = moments(cast(input, opmath(dtype_of(input))), axes, eps)
+    out_val, mean_val, rstd_val = cx.out
     return [
-        _affine(y, weight, bias),
+        cast(_affine(y, weight, bias), out_val.dtype),
         cast(mean, mean_val.dtype),
         cast(rstd, rstd_val.dtype),
     ]
@@ -356,20 +389,23 @@ def native_group_norm(
     group: int,
     eps: float,
 ) -> list[ir.Value]:
-    """``group_norm`` plus its ``(N, group)`` mean and rstd (inline: not a composite op)."""
+    """``group_norm`` plus its ``(N, group)`` mean and rstd (inline: not a composite op; in
+    float32 for 16-bit inputs)."""
     shape = shape_of(input)
     if None in shape:
         raise cx.unsupported("native_group_norm with dynamic shapes is not supported yet")
-    grouped = reshape(input, [shape[0], group, math.prod(shape[1:]) // group])
+    x = cast(input, opmath(dtype_of(input)))
+    grouped = reshape(x, [shape[0], group, math.prod(shape[1:]) // group])
     y, mean, rstd = moments(grouped, [2], eps)
-    _, mean_val, rstd_val = cx.out
+    out_val, mean_val, rstd_val = cx.out
     return [
-        _channel_affine(reshape(y, shape), weight, bias, len(shape)),
+        cast(_channel_affine(reshape(y, shape), weight, bias, len(shape)), out_val.dtype),
         cast(reshape(mean, [shape[0], group]), mean_val.dtype),
         cast(reshape(rstd, [shape[0], group]), rstd_val.dtype),
     ]
 
 
+@_in_opmath
 def _group_norm(
     input: ir.Value,
     weight: ir.Value | None,
@@ -410,6 +446,7 @@ def group_norm(
     )
 
 
+@_in_opmath
 def _instance_norm(
     input: ir.Value,
     weight: ir.Value | None,

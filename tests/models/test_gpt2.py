@@ -18,7 +18,8 @@ class LogitsOnly(nn.Module):
         return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
 
 
-def test_gpt2_two_layers_matches_pytorch() -> None:
+def two_layer_gpt2() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """A 2-layer GPT-2 returning logits, and token ids for it."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
@@ -34,7 +35,11 @@ def test_gpt2_two_layers_matches_pytorch() -> None:
     # to the token embeddings, which stay small so logits stay O(1)
     model = redraw_weights(GPT2LMHeadModel(config).eval(), embedding_std=0.15)
     ids = torch.randint(0, 128, (2, 16), dtype=torch.int64)
-    check_model(LogitsOnly(model).eval(), (ids,))
+    return LogitsOnly(model).eval(), (ids,)
+
+
+def test_gpt2_two_layers_matches_pytorch() -> None:
+    check_model(*two_layer_gpt2())
 
 
 @pytest.mark.slow

@@ -1,0 +1,31 @@
+"""Keep weights stored in their own (smaller) type through ``optimize()`` and saving.
+
+Core AI constant-folds ``cast(constant)``, in the pre-compilation rewrite and when an asset is
+serialised: a float16 weight read in float32 (16-bit products accumulate in float32,
+:mod:`coreai_torch.lowerings.accumulation`), an int8 weight read as float, or the float16
+scales of a compressed weight would be stored converted -- two to four times their size in the
+asset.  :func:`keeps_weight_casts` is a fold guard (:data:`coreai_torch._mlir.FOLD_GUARDS`,
+consulted in every context the project creates) that leaves casts of weights (resource
+constants) to run time.
+"""
+
+from __future__ import annotations
+
+from coreai_torch._mlir import FOLD_GUARDS, ir
+
+
+def keeps_weight_casts(op: ir.Operation) -> bool:
+    """False (do not fold) for a ``cast`` of a resource constant (a weight)."""
+    op = getattr(op, "operation", op)
+    if op.name != "coreai.cast" or len(op.operands) != 1:
+        return True
+    source = op.operands[0].owner
+    if isinstance(source, ir.Block):
+        return True
+    source = getattr(source, "operation", source)
+    if source.name != "coreai.constant" or "value" not in source.attributes:
+        return True
+    return not ir.DenseResourceElementsAttr.isinstance(source.attributes["value"])
+
+
+FOLD_GUARDS.append(keeps_weight_casts)
