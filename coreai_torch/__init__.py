@@ -5,7 +5,7 @@ program = coreai_torch.TorchConverter().add_exported_program(ep).to_coreai()
 program.optimize().save_asset(Path("model.aimodel"))
 """
 
-from coreai_torch import composite_ops, errors, progress
+from coreai_torch import composite_ops, errors, llm, progress
 from coreai_torch.analysis import analyze
 from coreai_torch.composite import generate_composite_decl
 from coreai_torch.converter import TorchConverter
@@ -17,6 +17,7 @@ from coreai_torch.errors import (
     LoweringError,
     NotDecomposedError,
     RuntimeHazardError,
+    UnsupportedModelError,
     UnsupportedOpError,
     UnsupportedPlatformError,
     VerificationError,
@@ -39,6 +40,7 @@ __all__ = [
     "RuntimeHazardError",
     "TorchConverter",
     "TorchMetalKernel",
+    "UnsupportedModelError",
     "UnsupportedOpError",
     "UnsupportedPlatformError",
     "VerificationError",
@@ -47,5 +49,6 @@ __all__ = [
     "errors",
     "generate_composite_decl",
     "get_decomp_table",
+    "llm",
     "progress",
 ]

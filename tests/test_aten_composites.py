@@ -1,6 +1,6 @@
 """ATen-derived composite ops (layer/RMS/group/instance norm, pixel_shuffle, SDPA), the
-hand-written RMSNorm and RoPE recognised as ``rms_norm`` and ``rope``, and ``generate_composite_decl`` /
-``emit_composite`` for user lowerings."""
+hand-written RMSNorm and RoPE recognised as ``rms_norm`` and ``rope``, and
+``generate_composite_decl`` / ``emit_composite`` for user lowerings."""
 
 from __future__ import annotations
 
