@@ -8,6 +8,8 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 ``bench_results/results.json``.
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
+
+The LLM table (``benchmarks/llm.py``) exports the 0.27B Llama with ``coreai_torch.llm``.
 """
 
 from __future__ import annotations
@@ -239,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
+    parser.add_argument("--one-llm", help=argparse.SUPPRESS)
+    parser.add_argument("--no-llm", action="store_true", help="skip the LLM table")
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -252,6 +256,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print("RESULT " + json.dumps({"model": "kernels", "rows": measure_kernels(args.runs)}))
         return 0
+    if args.one_llm:
+        from benchmarks.llm import measure_llm
+
+        print("RESULT " + json.dumps(measure_llm(args.one_llm, args.runs)))
+        return 0
 
     results, ablations = [], []
     for name in args.models:
@@ -263,10 +272,19 @@ def main(argv: list[str] | None = None) -> int:
             ablations.append(_child("--one-ablation", name, args.ablation_runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
+    llms = []
+    if not args.no_llm:
+        from benchmarks.llm import VARIANTS
+
+        for variant in VARIANTS:
+            print(f"== LLM, 0.27B Llama exported with coreai_torch.llm ({variant})", flush=True)
+            llms.append(_child("--one-llm", variant, min(args.runs, 5)))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
-        json.dumps({"models": results, "ablation": ablations, "kernels": kernels}, indent=2)
+        json.dumps(
+            {"models": results, "ablation": ablations, "kernels": kernels, "llm": llms}, indent=2
+        )
     )
     if results:
         method = next((r["memory_method"] for r in results if "memory_method" in r), "?")
@@ -284,8 +302,13 @@ def main(argv: list[str] | None = None) -> int:
             "(no IR to simplify: the runtime's kernels).\n"
         )
         print(kernel_table(kernels["rows"]))
+    if llms:
+        from benchmarks.llm import llm_table
+
+        print("\nLLM (llm.export + llm.Generator), median of the runs.\n")
+        print(llm_table(llms))
     print(f"\nJSON: {out}")
-    return 0 if all("error" not in r for r in [*results, *ablations, kernels]) else 1
+    return 0 if all("error" not in r for r in [*results, *ablations, kernels, *llms]) else 1
 
 
 if __name__ == "__main__":
