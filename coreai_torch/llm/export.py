@@ -113,7 +113,13 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Modul
     """The model itself, or the one saved in a local directory; its architecture checked
     before any weight is read."""
     if isinstance(model_or_dir, nn.Module):
-        check_architecture(getattr(model_or_dir, "config", None), type(model_or_dir).__name__)
+        name = type(model_or_dir).__name__
+        check_architecture(getattr(model_or_dir, "config", None), name)
+        if model_or_dir.get_output_embeddings() is None:
+            raise UnsupportedModelError(
+                f"{name} has no language-model head; llm.export needs a causal LM "
+                "(AutoModelForCausalLM, e.g. LlamaForCausalLM rather than LlamaModel)"
+            )
         return model_or_dir.eval()
     if not isinstance(model_or_dir, (str, os.PathLike)):
         raise TypeError(
@@ -130,6 +136,12 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Modul
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     check_architecture(config, str(path))
+    saved = getattr(config, "architectures", None) or []
+    if saved and not any(a.endswith("ForCausalLM") for a in saved):
+        raise UnsupportedModelError(
+            f"{path} holds a {', '.join(saved)}, not a causal LM (no language-model head to "
+            "load); save the AutoModelForCausalLM"
+        )
     return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
 
 

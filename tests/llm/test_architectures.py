@@ -64,3 +64,23 @@ def test_all_logits_and_a_prompt_filling_the_context() -> None:
     with llm.Generator(program) as generator:
         (token,) = generator.generate(ids[0].tolist(), max_new_tokens=1)
         assert token == int(expected[0, -1].argmax())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_half_precision_model_keeps_its_dtype(dtype: torch.dtype) -> None:
+    """``precision=None`` exports the model as it is: a bfloat16 / float16 model gives a
+    program computing (and caching) in that dtype, generating what PyTorch generates."""
+    from tests.llm.support import reference
+
+    model = causal_lm("llama").to(dtype)
+    program = llm.export(model, max_context=MAX_CONTEXT)
+    ids = [5, 6, 7, 8]
+    expected = reference(model, ids, 8)
+    with llm.Generator(program) as generator:
+        cache = generator.session.descriptor("decode").state_descriptor("layers.0.k_cache")
+        assert cache.dtype == str(dtype).removeprefix("torch.")
+        steps: list = []
+        tokens = list(generator.generate(ids, 8, eos_token_id=[], on_logits=steps.append))
+    assert tokens == expected.tokens
+    assert steps[0].dtype.name == str(dtype).removeprefix("torch.")

@@ -186,6 +186,11 @@ def test_export_rejects_what_it_cannot_export(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="expects a transformers causal LM"):
         llm.export(42)  # type: ignore[arg-type]
     model = causal_lm("llama")
+    with pytest.raises(llm.UnsupportedModelError, match="LlamaModel has no language-model head"):
+        llm.export(model.model)
+    model.model.save_pretrained(tmp_path / "base")
+    with pytest.raises(llm.UnsupportedModelError, match="holds a LlamaModel, not a causal LM"):
+        llm.export(tmp_path / "base")
     with pytest.raises(NotImplementedError, match="precision='fp16'"):
         llm.export(model, precision="fp16")
     with pytest.raises(NotImplementedError, match="compress='int4'"):
