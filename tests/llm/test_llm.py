@@ -28,6 +28,9 @@ from tests.llm.support import (
     tiny_tokenizer,
 )
 
+# The tests share one export (module fixture): keep them on one xdist worker.
+pytestmark = pytest.mark.xdist_group("llm_export")
+
 # A wider Llama than the other tests' so the weights dominate the asset (size check).
 WIDE = dict(hidden_size=128, intermediate_size=256)
 
