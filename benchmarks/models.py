@@ -26,15 +26,15 @@ class _LogitsOnly(nn.Module):
         return out[0]
 
 
-def llama(
+def llama_causal_lm(
     hidden: int = 1024,
     layers: int = 16,
     heads: int = 16,
     mlp: int = 2816,
     vocab: int = 32000,
-    tokens: int = 128,
-) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """Hugging Face Llama decoder returning logits for ``tokens`` token ids."""
+    use_cache: bool = False,
+) -> nn.Module:
+    """Hugging Face ``LlamaForCausalLM`` of the benchmark layout (default: the 0.27B one)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -45,11 +45,23 @@ def llama(
         intermediate_size=mlp,
         vocab_size=vocab,
         max_position_embeddings=512,
-        use_cache=False,
+        use_cache=use_cache,
         attn_implementation="sdpa",
     )
-    model = LlamaForCausalLM(config).eval()
-    ids = torch.randint(0, config.vocab_size, (1, tokens), dtype=torch.int64)
+    return LlamaForCausalLM(config).eval()
+
+
+def llama(
+    hidden: int = 1024,
+    layers: int = 16,
+    heads: int = 16,
+    mlp: int = 2816,
+    vocab: int = 32000,
+    tokens: int = 128,
+) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """Hugging Face Llama decoder returning logits for ``tokens`` token ids."""
+    model = llama_causal_lm(hidden, layers, heads, mlp, vocab)
+    ids = torch.randint(0, model.config.vocab_size, (1, tokens), dtype=torch.int64)
     return _LogitsOnly(model).eval(), (ids,)
 
 

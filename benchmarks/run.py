@@ -9,7 +9,7 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
                              [--large] [--no-compression] [--compression-runs 3]
-                             [--no-precision]
+                             [--no-precision] [--no-llm]
 
 ``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor
 (``benchmarks/large.py``; needs about 8 GB of free memory).
@@ -18,6 +18,8 @@ The compression table (``benchmarks/compression.py``) converts the 0.27B Llama o
 weight form (fp32, int8, int4, 4-bit palettes).
 
 The precision table (``benchmarks/precision.py``) converts each model in fp32, fp16 and bf16.
+
+The LLM table (``benchmarks/llm.py``) exports the 0.27B Llama with ``coreai_torch.llm``.
 """
 
 from __future__ import annotations
@@ -278,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--compression-runs", type=int, default=3)
     parser.add_argument("--one-compression", help=argparse.SUPPRESS)
+    parser.add_argument("--one-llm", help=argparse.SUPPRESS)
+    parser.add_argument("--no-llm", action="store_true", help="skip the LLM table")
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -305,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.kernels import measure_kernels
 
         print("RESULT " + json.dumps({"model": "kernels", "rows": measure_kernels(args.runs)}))
+        return 0
+    if args.one_llm:
+        from benchmarks.llm import measure_llm
+
+        print("RESULT " + json.dumps(measure_llm(args.one_llm, args.runs)))
         return 0
 
     results, ablations = [], []
@@ -341,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
                 precisions.append(_child("--one-precision", spec, args.precision_runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
+    llms = []
+    if not args.no_llm:
+        from benchmarks.llm import VARIANTS
+
+        for variant in VARIANTS:
+            print(f"== LLM, 0.27B Llama exported with coreai_torch.llm ({variant})", flush=True)
+            llms.append(_child("--one-llm", variant, min(args.runs, 5)))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
@@ -352,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                 "kernels": kernels,
                 "large": large_results,
                 "precision": precisions,
+                "llm": llms,
             },
             indent=2,
         )
@@ -390,8 +407,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nLarge model (conversion only; noisy on a shared machine).\n")
         print("\n\n".join(large_table(r) for r in large_results))
+    if llms:
+        from benchmarks.llm import llm_table
+
+        print("\nLLM (llm.export + llm.Generator), median of the runs.\n")
+        print(llm_table(llms))
     print(f"\nJSON: {out}")
-    measured = [*results, *ablations, *compressed, *precisions, kernels, *large_results]
+    measured = [*results, *ablations, *compressed, *precisions, kernels, *large_results, *llms]
     failed = any("error" in r for r in measured)
     return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0
 

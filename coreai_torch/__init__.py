@@ -8,7 +8,7 @@ TorchConverter(compute_precision=torch.float16) converts into a half-precision p
 (coreai_torch.precision, docs/precision.md).
 """
 
-from coreai_torch import composite_ops, compression, errors, precision, progress
+from coreai_torch import composite_ops, compression, errors, llm, precision, progress
 from coreai_torch.analysis import analyze
 from coreai_torch.composite import generate_composite_decl
 from coreai_torch.converter import TorchConverter
@@ -20,6 +20,7 @@ from coreai_torch.errors import (
     LoweringError,
     NotDecomposedError,
     RuntimeHazardError,
+    UnsupportedModelError,
     UnsupportedOpError,
     UnsupportedPlatformError,
     VerificationError,
@@ -44,6 +45,7 @@ __all__ = [
     "RuntimeHazardError",
     "TorchConverter",
     "TorchMetalKernel",
+    "UnsupportedModelError",
     "UnsupportedOpError",
     "UnsupportedPlatformError",
     "VerificationError",
@@ -53,6 +55,7 @@ __all__ = [
     "errors",
     "generate_composite_decl",
     "get_decomp_table",
+    "llm",
     "precision",
     "progress",
 ]

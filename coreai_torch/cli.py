@@ -6,6 +6,8 @@
     coreai-torch verify model.aimodel model.py:make [--inputs x.npy] [--bisect]
     coreai-torch ops model.pt2                               # ops needed / supported / missing
     coreai-torch demo
+    coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N]   # a causal LM
+    coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --prompt "..."
 
 A SOURCE is either a ``.pt2`` file written by ``torch.export.save`` or ``FILE.py:FUNCTION``
 where ``FUNCTION()`` returns ``(module, example_inputs)`` or
@@ -666,6 +668,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--out", help="directory for the .aimodel (default build/demo)")
     demo.set_defaults(func=cmd_demo)
+
+    from coreai_torch.llm.cli import add_commands as add_llm_commands
+
+    add_llm_commands(commands, common)  # llm export | llm generate
     return parser
 
 

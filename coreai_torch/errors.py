@@ -49,3 +49,8 @@ class UnsupportedPlatformError(RuntimeError):
 
 class ExternalizationError(ConversionError, ValueError):
     """``externalize_modules`` cannot be honoured (bad spec, forward arguments or attributes)."""
+
+
+class UnsupportedModelError(ConversionError, ValueError):
+    """``coreai_torch.llm.export`` cannot export this model (not a causal LM of a supported
+    architecture)."""

@@ -32,9 +32,10 @@ from coreai_torch.errors import (
 )
 from coreai_torch.folding import fold_constants, frontier
 from coreai_torch.locations import describe, location, named_location, qualified_name, user_frame
+from coreai_torch.lowerings.attention import rope_composite
 from coreai_torch.lowerings.norm import rms_norm_composite
 from coreai_torch.lowerings.registry import EMPTY_INPUT_OPS, EmptyTensor, LoweringTable
-from coreai_torch.patterns import find_rms_norms
+from coreai_torch.patterns import find_rms_norms, find_ropes
 from coreai_torch.precision.policy import FP32, Precision
 from coreai_torch.precision.rewrite import HalfWeights
 from coreai_torch.signature import ProgramSignature
@@ -295,16 +296,21 @@ class GraphImporter:
             else {}
         )
         self.fold_frontier = frontier(ep.graph, self.folded)
+
         #: hand-written RMSNorms, by their last node, and the nodes they absorb
-        self.rms_norms = find_rms_norms(
-            ep.graph,
-            lambda node: (
+        def usable(node: torch.fx.Node) -> bool:
+            return (
                 not _overridden(node, user_rules)
                 and node.name not in self.folded
                 and node not in self.dropped
-            ),
-        )
-        self.absorbed = {n for match in self.rms_norms.values() for n in match.absorbed}
+            )
+
+        self.rms_norms = find_rms_norms(ep.graph, usable)
+        #: hand-written rotary embeddings, by their last node
+        self.ropes = find_ropes(ep.graph, usable)
+        self.absorbed = {
+            n for match in [*self.rms_norms.values(), *self.ropes.values()] for n in match.absorbed
+        }
         #: placeholders read by something that is not folded away
         self.read = {
             arg.name
@@ -404,6 +410,8 @@ class GraphImporter:
                     self._emit_folded(node, values)
                 elif node in self.rms_norms:
                     self._emit_rms_norm(node, values)
+                elif node in self.ropes:
+                    self._emit_rope(node, values)
                 elif node not in self.absorbed:
                     self.lower_node(node, values)
                 if progress is not None:
@@ -526,6 +534,14 @@ class GraphImporter:
         with location(node):
             values[node.name] = rms_norm_composite(
                 node, values[match.input.name], weight, match.normalized_shape, match.eps
+            )
+
+    def _emit_rope(self, node: torch.fx.Node, values: ValueMap) -> None:
+        """A hand-written rotary embedding ending at ``node``, as the ``rope`` composite op."""
+        match = self.ropes[node]
+        with location(node):
+            values[node.name] = rope_composite(
+                node, values[match.input.name], values[match.cos.name], values[match.sin.name]
             )
 
     def _store_result(self, node: torch.fx.Node, key: str, result: Any, values: ValueMap) -> None:

@@ -1,4 +1,5 @@
-"""Hand-written RMSNorm recognised as the ``rms_norm`` composite op.
+"""Hand-written RMSNorm and rotary embeddings recognised as the ``rms_norm`` and ``rope``
+composite ops.
 
 Hugging Face decoders (Llama, Mistral, Qwen, Gemma, T5, ...) write RMSNorm with raw ops rather
 than ``F.rms_norm``, so it reaches the converter as::
@@ -16,6 +17,18 @@ A chain is only taken where ``aten.rms_norm`` computes exactly the same values:
 - the weight (optional) has exactly the normalized shape and the input's dtype;
 - every intermediate value is used only by the next op of the chain (and by
   ``_assert_tensor_metadata`` checks, which emit nothing).
+
+Rotary position embeddings are written the same way by every Hugging Face decoder
+(``apply_rotary_pos_emb`` with ``rotate_half``)::
+
+    add(mul(x, cos), mul(cat([neg(x[..., h:]), x[..., :h]], -1), sin))      h = x.shape[-1] / 2
+
+:func:`find_ropes` finds these chains; the importer lowers each one as the ``rope`` composite
+op (the one :class:`coreai_torch.composite_ops.RoPE` externalizes, ``interleaved = false``),
+whose body computes the same ops in the same order.  ``x``, ``cos``, ``sin`` and the result
+share one float dtype, ``x``'s last dim is static and even, ``cos``/``sin`` have ``x``'s last
+dim and broadcast to ``x`` (the result has ``x``'s shape), and every intermediate value is
+used only by the next op of the chain.
 """
 
 from __future__ import annotations
@@ -147,6 +160,101 @@ def find_rms_norms(
     for node in graph.nodes:
         if node.op == "call_function" and node.target is aten.pow.Tensor_Scalar:
             match = _match(node, usable)
+            if match is not None:
+                found[match[0]] = match[1]
+    return found
+
+
+# --------------------------------------------------------------------------------- RoPE ---
+
+
+@dataclass
+class RoPEMatch:
+    """One hand-written rotary embedding: its input, ``cos``/``sin`` and absorbed nodes."""
+
+    input: torch.fx.Node
+    cos: torch.fx.Node
+    sin: torch.fx.Node
+    #: the chain's other nodes (and the metadata checks on them), not lowered on their own
+    absorbed: list[torch.fx.Node] = field(default_factory=list)
+
+
+def _shape(node: object) -> list[str] | None:
+    """The node's shape with symbolic dims as text (compared without guards)."""
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return [str(d) for d in val.shape] if isinstance(val, torch.Tensor) else None
+
+
+def _last_dim_slice(node: object, source: torch.fx.Node, rank: int) -> tuple[int, int] | None:
+    """(start, end) when ``node`` is ``source[..., start:end]`` with step 1, else None."""
+    if not isinstance(node, torch.fx.Node) or node.target is not aten.slice.Tensor:
+        return None
+    args = bind_arguments(node)
+    if args["self"] is not source or args["step"] != 1 or args["dim"] % rank != rank - 1:
+        return None
+    start, end = args["start"], args["end"]
+    if not isinstance(start, int) or not isinstance(end, int):
+        return None
+    return start, end
+
+
+def _rope_match(
+    cat: torch.fx.Node, usable: Callable[[torch.fx.Node], bool]
+) -> tuple[torch.fx.Node, RoPEMatch] | None:
+    """The chain around ``cat([neg(x[..., h:]), x[..., :h]], -1)``: (its add, the match)."""
+    parts, dim = bind_arguments(cat)["tensors"], bind_arguments(cat)["dim"]
+    if len(parts) != 2 or not all(isinstance(p, torch.fx.Node) for p in parts):
+        return None
+    neg, first = parts
+    if neg.target is not aten.neg.default:
+        return None
+    second = neg.args[0]
+    x = first.args[0] if first.target is aten.slice.Tensor else None
+    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dtype not in (*_FLOATS, torch.float16):
+        return None
+    rank, width = val.dim(), val.shape[-1] if val.dim() else None
+    if not isinstance(width, int) or width % 2 or dim % rank != rank - 1:
+        return None
+    half = width // 2
+    if _last_dim_slice(first, x, rank) != (0, half):
+        return None
+    rest = _last_dim_slice(second, x, rank)
+    if rest is None or rest[0] != half or rest[1] < width:
+        return None
+    times_sin = _only_user(cat)
+    add = _only_user(times_sin) if times_sin is not None else None
+    if times_sin is None or add is None or times_sin.target is not aten.mul.Tensor:
+        return None
+    if add.target is not aten.add.Tensor or bind_arguments(add)["alpha"] != 1:
+        return None
+    times_cos = _other(add, times_sin)
+    if not isinstance(times_cos, torch.fx.Node) or times_cos.target is not aten.mul.Tensor:
+        return None
+    sin, cos = _other(times_sin, cat), _other(times_cos, x)
+    if not isinstance(sin, torch.fx.Node) or not isinstance(cos, torch.fx.Node):
+        return None
+    chain = [first, second, neg, cat, times_sin, times_cos, add]
+    if any(_only_user(n) is None for n in chain[:-1]) or not all(usable(n) for n in chain):
+        return None
+    if any(_dtype(n) != val.dtype for n in [*chain, cos, sin]):
+        return None
+    shape = _shape(x)
+    if _shape(add) != shape or _shape(cos) != _shape(sin) or _shape(cos)[-1] != shape[-1]:
+        return None
+    absorbed = chain[:-1] + [u for n in chain[:-1] for u in n.users if _is_assert(u)]
+    return add, RoPEMatch(x, cos, sin, absorbed)
+
+
+def find_ropes(
+    graph: torch.fx.Graph, usable: Callable[[torch.fx.Node], bool]
+) -> dict[torch.fx.Node, RoPEMatch]:
+    """Hand-written rotary embeddings of ``graph``, by the node whose value each computes
+    (``usable`` as for :func:`find_rms_norms`)."""
+    found: dict[torch.fx.Node, RoPEMatch] = {}
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is aten.cat.default:
+            match = _rope_match(node, usable)
             if match is not None:
                 found[match[0]] = match[1]
     return found

@@ -1,6 +1,6 @@
 """ATen-derived composite ops (layer/RMS/group/instance norm, pixel_shuffle, SDPA), the
-hand-written RMSNorm recognised as ``rms_norm``, and ``generate_composite_decl`` /
-``emit_composite`` for user lowerings."""
+hand-written RMSNorm and RoPE recognised as ``rms_norm`` and ``rope``, and
+``generate_composite_decl`` / ``emit_composite`` for user lowerings."""
 
 from __future__ import annotations
 
@@ -182,6 +182,42 @@ def test_hand_written_rms_norm_becomes_the_rms_norm_composite() -> None:
     # in half precision the weight multiplies after the cast back: not part of the composite
     assert found["half_norm"].decl_inputs == ["input"]
     assert "coreai.rsqrt" in graphs(program)["main"].text  # the chain whose values are reused
+    report = verify(model, sample, program=program.optimize(), atol=0, rtol=0)
+    assert report.ok, report  # bit-identical
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's ``rotate_half``, verbatim."""
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class HandWrittenRoPE(nn.Module):
+    """Hugging Face's ``apply_rotary_pos_emb`` (full and partial rotary), and a rotation whose
+    halves are reused elsewhere (stays raw ops)."""
+
+    def forward(self, q, k, cos, sin):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q_embed = (q * cos) + (rotate_half(q) * sin)
+        k_embed = (k * cos) + (rotate_half(k) * sin)
+        rot, rest = k[..., :4], k[..., 4:]  # partial: the first 4 features rotate
+        partial = torch.cat(((rot * cos[..., :4]) + (rotate_half(rot) * sin[..., :4]), rest), -1)
+        half = q[..., 4:]
+        reused = (q * cos) + (torch.cat((-half, q[..., :4]), -1) * sin) + half.amax()
+        return q_embed, k_embed, partial, reused
+
+
+def test_hand_written_rope_becomes_the_rope_composite() -> None:
+    model = HandWrittenRoPE().eval()
+    angles = torch.randn(2, 5, 4)
+    cos, sin = torch.cat((angles, angles), -1).cos(), torch.cat((angles, angles), -1).sin()
+    sample = (torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), cos, sin)
+    program = convert(model, sample)
+    found = composites(program, "rope")
+    assert len(found) == 3  # q and k share nothing but their op: one graph per shape
+    assert all(g.decl_inputs == ["input", "cos", "sin"] for g in found)
+    assert all(g.attrs["interleaved"] == "false" for g in found)
     report = verify(model, sample, program=program.optimize(), atol=0, rtol=0)
     assert report.ok, report  # bit-identical
 

@@ -138,8 +138,15 @@ def test_rms_norm_and_rope_composites_on_the_runtime() -> None:
     rms = composites(program, "rms_norm")
     assert sorted(g.attrs["axes"] for g in rms) == ["-1 : si64", "[-2 : si64, -1 : si64]"]
     rope = composites(program, "rope")
-    assert sorted(g.attrs["interleaved"] for g in rope) == ["false", "false", "true"]
     assert all(g.decl_inputs == ["input", "cos", "sin"] for g in rope)
+    # the externalized RoPE modules; the bodies of the non-interleaved ones hold the rope
+    # composite their rotate-half arithmetic is recognised as (patterns.find_ropes)
+    called = graphs(program)["main"].invokes
+    modules = [g for g in rope if g.name in called]
+    assert sorted(g.attrs["interleaved"] for g in modules) == ["false", "false", "true"]
+    for g in modules:
+        nested = [c for c in g.invokes if c in {r.name for r in rope}]
+        assert len(nested) == (g.attrs["interleaved"] == "false")
     assert report.max_abs < 1e-5
 
 

@@ -149,3 +149,25 @@ def test_dynamic_int_argument() -> None:
     program = convert(model, (x, 4), (None, Dim.DYNAMIC))
     assert "tensor<si64>" in str(program)
     check_runs(model, program, [(x, 4), (x, 1), (x, 6)])
+
+
+class RepeatedCumsum(nn.Module):
+    """The same cumulative sum computed twice (Hugging Face's Gemma 2 builds two attention
+    masks, each from ``cumsum`` of the same positions)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = x != 1
+        return starts.cumsum(-1) * 2, starts.cumsum(-1) * 3
+
+
+def test_repeated_scan_over_a_dynamic_dim() -> None:
+    """The runtime fails on (or aborts for) two identical scans of a dynamic-shaped value;
+    the converter keeps one."""
+    model = RepeatedCumsum()
+    seq = Dim("seq", min=2, max=32)
+    ep = export_decomposed(model, (torch.randint(0, 3, (2, 12)),), dynamic_shapes=({1: seq},))
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    assert str(program).count("coreai.scan") == 1
+    runs = [(torch.randint(0, 3, (2, n)),) for n in (12, 3)]
+    check_runs(model, program, runs)
+    check_runs(model, program.optimize(), runs)

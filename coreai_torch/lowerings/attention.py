@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 import torch
+import torch.fx
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.composite import aten_composite
@@ -24,9 +25,11 @@ from coreai_torch.lowerings.common import (
     reshape,
     reshape_dynamic,
     shape_of,
+    slice_dynamic,
     transpose,
     unsqueeze,
 )
+from coreai_torch.lowerings.elementwise import neg_values
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
@@ -152,4 +155,25 @@ def scaled_dot_product_attention(
         lambda query, key, value, attn_mask: attention_values(
             query, key, value, attn_mask, is_causal, scale, enable_gqa
         ),
+    )
+
+
+def rope_composite(node: torch.fx.Node, input: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+    """The ``rope`` composite op (attribute ``interleaved = false``) computing ``node``'s
+    result, for the hand-written rotary embeddings :mod:`coreai_torch.patterns` finds:
+    ``input * cos + cat(-input[..., h:], input[..., :h]) * sin``, the same ops in the same
+    order as Hugging Face's ``apply_rotary_pos_emb``."""
+
+    def body(input: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+        axis = rank_of(input) - 1
+        half = shape_of(input)[axis] // 2
+        first = slice_dynamic(input, axis, 0, half)
+        second = neg_values(slice_dynamic(input, axis, half, None))
+        rotated = cai.concat(np.int32(axis), [second, first])
+        return cai.broadcasting_add(
+            cai.broadcasting_mul(input, cos), cai.broadcasting_mul(rotated, sin)
+        )
+
+    return aten_composite(
+        node, "rope", {"input": input, "cos": cos, "sin": sin}, {"interleaved": False}, body
     )

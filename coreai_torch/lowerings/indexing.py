@@ -11,16 +11,20 @@ import torch
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     Scalar,
+    Size,
     as_value,
+    broadcast_dynamic,
     broadcast_to,
     cast,
     constant,
+    dim_size,
     dtype_of,
     i32,
     normalize_dim,
     rank_of,
     reshape,
     shape_of,
+    squeeze,
     transpose,
     unsqueeze,
 )
@@ -31,10 +35,10 @@ from coreai_torch.sizes import flows_only_to_outputs
 
 def index_layout(
     cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None]
-) -> tuple[list[int], list[int], list[int]]:
-    """Positions of the index tensors, their broadcast shape and the permutation that moves
-    the indexed dims first (in order) — shared by ``index`` and ``index_put``."""
-    shape = static_shape(cx, self)
+) -> tuple[list[int], list[int | None], list[int]]:
+    """Positions of the index tensors, their broadcast shape (``None`` for dynamic dims) and
+    the permutation that moves the indexed dims first (in order) — shared by ``index`` and
+    ``index_put``."""
     positions = [i for i, ix in enumerate(indices) if ix is not None]
     for i in positions:
         if dtype_of(indices[i]) in (torch.bool, torch.uint8):
@@ -43,20 +47,53 @@ def index_layout(
                 "programs cannot express; use torch.where(mask, x, other) or a fixed-size "
                 "index tensor instead"
             )
-    bshape = list(torch.broadcast_shapes(*[tuple(shape_of(indices[i])) for i in positions]))
-    if None in bshape:
-        raise cx.unsupported("index tensors with dynamic shapes are not supported yet")
-    perm = positions + [d for d in range(len(shape)) if d not in positions]
+    bshape = broadcast_shape([shape_of(indices[i]) for i in positions])
+    perm = positions + [d for d in range(rank_of(self)) if d not in positions]
     return positions, bshape, perm
 
 
+def broadcast_shape(shapes: Sequence[Sequence[int | None]]) -> list[int | None]:
+    """NumPy broadcasting of shapes whose dims may be dynamic (``None``): a dim is static when
+    some operand has a static size other than 1 there, or when every operand has 1."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[int | None] = []
+    for axis in range(rank):
+        dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
+        sized = [d for d in dims if d is not None and d != 1]
+        out.append(sized[0] if sized else (1 if None not in dims else None))
+    return out
+
+
+def broadcast_sizes(
+    indices: Sequence[ir.Value | None], positions: Sequence[int], bshape: Sequence[int | None]
+) -> list[Size]:
+    """The broadcast shape of the index tensors as sizes: ints, and 0-d si32 values computed
+    on the runtime from the index tensors' shapes for dynamic dims."""
+    if None not in bshape:
+        return [int(d) for d in bshape]
+    target = None
+    for p in positions:
+        shape = cai.get_shape(indices[p])
+        target = shape if target is None else cai.broadcast_shapes(target, shape)
+    target = cai.cast(target, np.int32)
+    return [
+        d if d is not None else squeeze(cai.slice_(target, i32([i]), i32([i + 1]), i32([1])), [0])
+        for i, d in enumerate(bshape)
+    ]
+
+
 def stacked_indices(
-    indices: Sequence[ir.Value | None], positions: Sequence[int], bshape: Sequence[int]
+    indices: Sequence[ir.Value | None],
+    positions: Sequence[int],
+    sizes: Sequence[Size],
+    bshape: Sequence[int | None],
 ) -> ir.Value:
-    """The index tensors broadcast to ``bshape`` and stacked on a new last dim (si32)."""
+    """The index tensors broadcast to ``sizes`` (static dims ``bshape``) and stacked on a new
+    last dim (si32)."""
     k = len(bshape)
     stacked = [
-        unsqueeze(broadcast_to(cast(indices[p], torch.int32), bshape), [k]) for p in positions
+        unsqueeze(broadcast_dynamic(cast(indices[p], torch.int32), sizes, bshape), [k])
+        for p in positions
     ]
     return stacked[0] if len(stacked) == 1 else cai.concat(i32(k), stacked)
 
@@ -83,7 +120,8 @@ def index(cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None
     if not positions:
         return self
     x = transpose(self, perm)
-    out = cai.gather_nd(x, stacked_indices(indices, positions, bshape))  # negatives wrap
+    sizes = broadcast_sizes(indices, positions, bshape)
+    out = cai.gather_nd(x, stacked_indices(indices, positions, sizes, bshape))  # negatives wrap
     return transpose(out, result_permutation(positions, len(bshape), rank_of(self)))
 
 
@@ -101,12 +139,11 @@ def gather(
     cx: LoweringContext, self: ir.Value, dim: int, index: ir.Value, sparse_grad: bool = False
 ) -> ir.Value:
     rank = rank_of(self)
-    ishape = static_shape(cx, index, "index")
     if rank == 0:  # every index is 0
-        return broadcast_to(self, ishape)
+        return broadcast_to(self, static_shape(cx, index, "index"))
     d = normalize_dim(dim, rank)
     # PyTorch lets the index be smaller than the input in the other dims.
-    sizes = [s if a != d else shape_of(self)[d] for a, s in enumerate(ishape)]
+    sizes = [dim_size(index if a != d else self, a) for a in range(rank)]
     return cai.gather_along_axis(slice_region(self, sizes), cast(index, torch.int32), i32(d))
 
 

@@ -15,14 +15,18 @@ import torch
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     INT32_MAX,
+    Size,
     cast,
     constant,
     dtype_of,
     i32,
+    is_symbolic,
     normalize_dim,
     rank_of,
+    refine,
     reshape,
     shape_of,
+    shape_vector,
     transpose,
     unsqueeze,
 )
@@ -57,13 +61,15 @@ def slice_axis(x: ir.Value, axis: int, start: int, end: int, step: int = 1) -> i
     return cai.slice_(x, i32(starts), i32(ends), i32(strides))
 
 
-def slice_region(x: ir.Value, sizes: Sequence[int]) -> ir.Value:
-    """The leading ``sizes`` corner of ``x`` (``x[:s0, :s1, ...]``)."""
+def slice_region(x: ir.Value, sizes: Sequence[Size]) -> ir.Value:
+    """The leading ``sizes`` corner of ``x`` (``x[:s0, :s1, ...]``); sizes may be runtime
+    values (0-d si32)."""
     shape = shape_of(x)
-    if list(sizes) == list(shape):
+    if not is_symbolic(sizes) and list(sizes) == shape:
         return x
     rank = len(shape)
-    return cai.slice_(x, i32([0] * rank), i32(list(sizes)), i32([1] * rank))
+    out = cai.slice_(x, i32([0] * rank), shape_vector(sizes), i32([1] * rank))
+    return refine(out, [s if isinstance(s, int) else None for s in sizes])
 
 
 def _arithmetic(indices: np.ndarray) -> tuple[int, int] | None:

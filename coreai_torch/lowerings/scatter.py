@@ -11,7 +11,9 @@ import torch
 from coreai_torch._mlir import cai, ir
 from coreai_torch.lowerings.common import (
     Scalar,
+    Size,
     as_value,
+    broadcast_dynamic,
     broadcast_to,
     cast,
     constant,
@@ -25,6 +27,7 @@ from coreai_torch.lowerings.common import (
     unsqueeze,
 )
 from coreai_torch.lowerings.indexing import (
+    broadcast_sizes,
     index_layout,
     result_permutation,
     stacked_indices,
@@ -262,26 +265,31 @@ def index_put(
         if len(present) == 1:
             return _mask_put(cx, self, indices, values, accumulate)
         raise cx.unsupported("index_put mixing a boolean mask with other indices")
+    shape = static_shape(cx, self)
     positions, bshape, perm = index_layout(cx, self, indices)
     if not positions:
-        return broadcast_to(cast(values, dtype_of(self)), static_shape(cx, self))
-    shape = static_shape(cx, self)
+        return broadcast_to(cast(values, dtype_of(self)), shape)
+    if None in bshape and accumulate:
+        raise cx.unsupported("accumulating index tensors with dynamic shapes is not supported")
     rank = len(shape)
     rest = [shape[d] for d in perm[len(positions) :]]
+    sizes = broadcast_sizes(indices, positions, bshape)
     # Values broadcast to the shape `self[indices]` has, then to (broadcast dims, rest).
-    gathered = bshape + rest
     to_torch = result_permutation(positions, len(bshape), rank)
-    torch_shape = [gathered[p] for p in to_torch]
-    updates = transpose(broadcast_to(cast(values, dtype_of(self)), torch_shape), inverse(to_torch))
+    gathered: list[Size] = [*sizes, *rest]
+    torch_sizes = [gathered[p] for p in to_torch]
+    torch_shape = [[*bshape, *rest][p] for p in to_torch]
+    updates = broadcast_dynamic(cast(values, dtype_of(self)), torch_sizes, torch_shape)
+    updates = transpose(updates, inverse(to_torch))
     xt = transpose(self, perm)
     if not accumulate:
-        out = cai.scatter_nd(xt, stacked_indices(indices, positions, bshape), updates)
+        out = cai.scatter_nd(xt, stacked_indices(indices, positions, sizes, bshape), updates)
         return transpose(out, inverse(perm))
     # Accumulate: flatten the indexed dims into one axis and scatter-add along it.
-    sizes = [shape[p] for p in positions]
+    indexed = [shape[p] for p in positions]
     flat_index = None
     stride = 1
-    for p, size in reversed(list(zip(positions, sizes, strict=True))):
+    for p, size in reversed(list(zip(positions, indexed, strict=True))):
         ix = broadcast_to(cast(indices[p], torch.int32), bshape)
         negative = cai.broadcasting_greater(constant(0, torch.int32), ix)
         ix = cai.broadcasting_where(
@@ -295,7 +303,7 @@ def index_put(
     flat = reshape(xt, [stride, *rest])
     mode = "max" if dtype_of(self) == torch.bool else "add"  # bool "sum" is a logical or
     out = scatter_along(flat, 0, flat_index, reshape(updates, [count, *rest]), mode)
-    return transpose(reshape(out, sizes + rest), inverse(perm))
+    return transpose(reshape(out, indexed + rest), inverse(perm))
 
 
 EMPTY_INPUT_OPS["aten::index_put.default"] = (1, 2)

@@ -261,12 +261,61 @@ def _protect_constant_comparisons(module: ir.Module) -> int:
     return rewritten
 
 
+#: Ops whose results are not determined by their operands and attributes alone.
+_OPS_WITH_EFFECTS = frozenset(
+    {
+        "coreai.create_token",
+        "coreai.read_handle",
+        "coreai.write_handle",
+        "coreai.join_token",
+        "coreai.invoke",
+        "coreai.metal4_kernel",
+    }
+)
+
+
+def _merge_identical_scans(module: ir.Module) -> int:
+    """The runtime's compiler mishandles two scans that compute the same thing (same combiner,
+    operands computed the same way) over an operand with a dynamic dim: a consumer of one of
+    them fails with ``Expected operands to be tensors`` or aborts the process (SIGILL).
+    Hugging Face decoders with two kinds of attention mask (Gemma 2) compute the same
+    ``cumsum`` twice.  Values are numbered by how they are computed (a graph argument, and
+    the results of ops with regions or effects, are their own number), and each scan that
+    repeats an earlier scan of its block is replaced by it.  Returns the number merged."""
+    numbers: dict[ir.Value, int] = {}
+    interned: dict[tuple, int] = {}
+    first_scan: dict[tuple, ir.Operation] = {}
+    merged = 0
+
+    def number(value: ir.Value) -> int:
+        found = numbers.get(value)
+        return found if found is not None else interned.setdefault(("value", value), len(interned))
+
+    for op in _all_ops(module):
+        if len(op.regions) > 0 or op.name in _OPS_WITH_EFFECTS:
+            continue
+        attributes = tuple(str(op.attributes[i]) for i in range(len(op.attributes)))
+        key = (op.name, attributes, tuple(number(v) for v in op.operands), hash(op.block))
+        if op.name == "coreai.scan":
+            earlier = first_scan.setdefault(key, op)
+            if earlier is not op:
+                for mine, theirs in zip(op.results, earlier.results, strict=True):
+                    mine.replace_all_uses_with(theirs)
+                op.erase()
+                merged += 1
+                continue
+        for index, result in enumerate(op.results):
+            numbers[result] = interned.setdefault((*key, index), len(interned))
+    return merged
+
+
 def protect_from_runtime_misfolds(module: ir.Module) -> int:
     """Put patterns the runtime's compiler folds wrongly into forms it folds correctly:
-    float comparisons of constants (see :func:`_protect_constant_comparisons`), and explicit
-    truncation before ``float -> si32/si64`` casts whose result is cast back to a float type.
+    float comparisons of constants (see :func:`_protect_constant_comparisons`), identical
+    scans (:func:`_merge_identical_scans`), and explicit truncation before
+    ``float -> si32/si64`` casts whose result is cast back to a float type.
     Returns the number of ops protected."""
-    protected = _protect_constant_comparisons(module)
+    protected = _protect_constant_comparisons(module) + _merge_identical_scans(module)
     casts: list[ir.Operation] = []
 
     def collect(op: ir.Operation) -> ir.WalkResult:

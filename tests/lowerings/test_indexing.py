@@ -250,3 +250,68 @@ def test_high_rank_indexing(rank: int) -> None:
         )
 
     check_fn(f, torch.randn(shape), idx(0, 1, -1))
+
+
+class DynamicIndexing(nn.Module):
+    """Advanced indexing and gather whose input and index tensors have a dynamic dim (the
+    causal-mask pattern of Hugging Face decoders, ``mask[batch_arange[:, None], arange(seq)]``,
+    and DeBERTa's relative-position gathers)."""
+
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        b, t = x.shape[0], x.shape[1]
+        rows = torch.arange(b).view(b, 1)
+        cols = torch.arange(t)
+        return (
+            x[rows, cols],  # (b, 1) with (t,): broadcast to (b, t)
+            x[:, cols.flip(0)],  # one dynamic index tensor
+            x[rows, i],  # dynamic input, static index
+            x[i % b][:, cols[:, None], cols[None, :]],  # (t, 1) with (1, t): a (t, t) grid
+            torch.gather(x, 2, cols.flip(0).view(1, t, 1).expand(b, t, 2)),  # dynamic index
+            torch.gather(x, 1, cols.view(1, t, 1).expand(b, t, 1)),  # smaller in a dynamic dim
+        )
+
+
+def test_advanced_indexing_dynamic_dims() -> None:
+    from torch.export import Dim
+
+    from coreai_torch import TorchConverter
+    from coreai_torch.verify import export_decomposed
+    from tests.helpers import check_runs
+
+    model = DynamicIndexing()
+    seq = Dim("seq", min=2, max=32)
+    i = idx(1, 0, 1)
+    ep = export_decomposed(
+        model, (torch.randn(2, 6, 6), i), dynamic_shapes=({1: seq, 2: seq}, None)
+    )
+    program = TorchConverter().add_exported_program(ep).to_coreai().optimize()
+    assert "tensor<2x?x?xf32>" in str(program)
+    check_runs(model, program, [(torch.randn(2, t, t), i) for t in (6, 2, 17)])
+
+
+class CacheWrite(nn.Module):
+    """A KV-cache style write of a dynamic number of rows at runtime positions."""
+
+    def forward(self, cache: torch.Tensor, rows: torch.Tensor, start: torch.Tensor):
+        positions = torch.arange(rows.shape[2]) + start
+        written = cache.index_copy(2, positions, rows)  # index_put with a dynamic index
+        second = cache.clone()
+        second[:, :, positions] = rows * 2
+        return written, second
+
+
+def test_index_put_dynamic_index() -> None:
+    from torch.export import Dim
+
+    from coreai_torch import TorchConverter
+    from coreai_torch.verify import export_decomposed
+    from tests.helpers import check_runs
+
+    model = CacheWrite()
+    cache = torch.randn(1, 2, 16, 4)
+    t = Dim("t", min=1, max=16)
+    args = (cache, torch.randn(1, 2, 5, 4), idx(3))
+    ep = export_decomposed(model, args, dynamic_shapes=(None, {2: t}, None))
+    program = TorchConverter().add_exported_program(ep).to_coreai().optimize()
+    runs = [(cache, torch.randn(1, 2, n, 4), idx(s)) for n, s in ((5, 3), (1, 15), (16, 0))]
+    check_runs(model, program, runs)

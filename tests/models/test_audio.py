@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import Call, check_model, redraw_weights
+from tests.models.common import Call, check_model, check_model_dynamic, redraw_weights
 
 
 def wav2vec2(**overrides: Any) -> nn.Module:
@@ -39,17 +39,27 @@ def logits_and_hidden(m: nn.Module, audio: torch.Tensor) -> tuple[torch.Tensor, 
     return out.logits, out.hidden_states[-1]
 
 
+VARIANTS = [
+    # wav2vec2-base layout: group norm in the first feature conv, post-norm transformer
+    dict(feat_extract_norm="group", do_stable_layer_norm=False),
+    # wav2vec2-large-lv60 layout: layer norm in every feature conv, pre-norm transformer
+    dict(feat_extract_norm="layer", do_stable_layer_norm=True, conv_bias=True),
+]
+VARIANT_IDS = ["base", "stable_layer_norm"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "variant",
-    [
-        # wav2vec2-base layout: group norm in the first feature conv, post-norm transformer
-        dict(feat_extract_norm="group", do_stable_layer_norm=False),
-        # wav2vec2-large-lv60 layout: layer norm in every feature conv, pre-norm transformer
-        dict(feat_extract_norm="layer", do_stable_layer_norm=True, conv_bias=True),
-    ],
-    ids=["base", "stable_layer_norm"],
-)
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
 def test_wav2vec2(variant: dict[str, Any]) -> None:
     """Conv feature encoder, weight-normed grouped positional conv, transformer, CTC head."""
     check_model(Call(wav2vec2(**variant), logits_and_hidden), (torch.randn(2, 400),))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANT_IDS)
+def test_wav2vec2_dynamic_length(variant: dict[str, Any]) -> None:
+    """One program for every audio length (a multiple of the first conv's stride x 2, so
+    torch.export's guards on the conv output sizes hold over the whole range)."""
+    samples = 10 * torch.export.Dim("frames", min=40, max=200)
+    runs = [(torch.randn(2, n),) for n in (400, 1000, 640)]
+    check_model_dynamic(Call(wav2vec2(**variant), logits_and_hidden), runs, (({1: samples},),))

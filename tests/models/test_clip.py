@@ -8,7 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import SMALL_TRANSFORMER, Call, check_model, redraw_weights
+from tests.models.common import (
+    SMALL_TRANSFORMER,
+    Call,
+    check_model,
+    check_model_dynamic,
+    redraw_weights,
+)
 
 VOCAB = 128
 
@@ -52,3 +58,16 @@ def clip_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_clip_text_and_vision() -> None:
     """Causal text tower pooled at the end-of-text token, ViT tower, cosine-similarity logits."""
     check_model(Call(clip(), similarity), clip_inputs())
+
+
+@pytest.mark.slow
+def test_clip_text_dynamic_sequence_length() -> None:
+    """The text tower (causal mask, pooling at the end-of-text token) for every length."""
+    seq = torch.export.Dim("seq", min=2, max=32)
+    runs = []
+    for n in (10, 4, 20):
+        ids = torch.randint(3, VOCAB, (3, n))
+        ids[:, -1] = 2
+        runs.append((ids, torch.ones_like(ids)))
+    text = Call(clip(), lambda m, i, a: m.get_text_features(input_ids=i, attention_mask=a))
+    check_model_dynamic(text, runs, (({1: seq}, {1: seq}),))

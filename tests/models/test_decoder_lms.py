@@ -58,17 +58,17 @@ def test_llama_with_padding_mask() -> None:
     check_model(model, (ids, mask))
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="aten::index.Tensor does not support dynamic dimensions (the causal mask gathers "
-    "with arange(seq)); docs/control_flow_and_dynamic_shapes.md, 'Dynamic shapes'",
-)
-def test_llama_dynamic_sequence_length() -> None:
-    """One program for every prompt length (``torch.export.Dim`` on the sequence axis)."""
+def check_dynamic_sequence_length(model: Call) -> None:
+    """One program for every prompt length (``torch.export.Dim`` on the sequence axis), run
+    at three lengths (longer and shorter than the sliding windows of the configs)."""
     seq = torch.export.Dim("seq", min=2, max=32)
-    runs = [(torch.randint(0, VOCAB, (2, n)),) for n in (12, 5)]
-    check_model_dynamic(causal_lm("LlamaConfig", "LlamaForCausalLM"), runs, (({1: seq},),))
+    runs = [(torch.randint(0, VOCAB, (2, n)),) for n in (12, 5, 20)]
+    check_model_dynamic(model, runs, (({1: seq},),))
+
+
+@pytest.mark.slow
+def test_llama_dynamic_sequence_length() -> None:
+    check_dynamic_sequence_length(causal_lm("LlamaConfig", "LlamaForCausalLM"))
 
 
 SLOW_MODELS = {
@@ -105,3 +105,10 @@ SLOW_MODELS = {
 def test_decoder_lm(name: str) -> None:
     config_name, model_name, attn, overrides = SLOW_MODELS[name]
     check_causal_lm(causal_lm(config_name, model_name, attn, **overrides))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SLOW_MODELS))
+def test_decoder_lm_dynamic_sequence_length(name: str) -> None:
+    config_name, model_name, attn, overrides = SLOW_MODELS[name]
+    check_dynamic_sequence_length(causal_lm(config_name, model_name, attn, **overrides))

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import Call, check_model, redraw_weights
+from tests.models.common import Call, check_model, check_model_dynamic, redraw_weights
 
 VOCAB = 128
 
@@ -112,3 +112,25 @@ def test_whisper() -> None:
     """Encoder (two strided conv1d + sinusoidal positions) and decoder, 32 feature frames."""
     features = torch.randn(2, 16, 32)
     check_model(Call(whisper(), logits_and_encoder), (features, torch.randint(3, VOCAB, (2, 8))))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [t5, bart], ids=["t5", "bart"])
+def test_seq2seq_dynamic_lengths(build) -> None:
+    """One program for every source and target length (two ``torch.export.Dim``s)."""
+    src, tgt = torch.export.Dim("src", min=2, max=32), torch.export.Dim("tgt", min=2, max=32)
+    runs = []
+    for s, t in ((12, 8), (5, 3), (20, 14)):
+        ids = torch.randint(3, VOCAB, (2, s))
+        mask = torch.ones_like(ids)
+        mask[1, s // 2 :] = 0
+        runs.append((ids, mask, torch.randint(3, VOCAB, (2, t))))
+    check_model_dynamic(Call(build(), logits_and_encoder), runs, (({1: src}, {1: src}, {1: tgt}),))
+
+
+@pytest.mark.slow
+def test_whisper_dynamic_decoder_length() -> None:
+    """Whisper's encoder takes a fixed number of frames; the decoder length is dynamic."""
+    tgt = torch.export.Dim("tgt", min=2, max=32)
+    runs = [(torch.randn(2, 16, 32), torch.randint(3, VOCAB, (2, t))) for t in (8, 3, 14)]
+    check_model_dynamic(Call(whisper(), logits_and_encoder), runs, ((None, {1: tgt}),))

@@ -64,10 +64,9 @@ def test_bert() -> None:
     check_model(call, (ids, mask, types))
 
 
-@pytest.mark.slow
-def test_bert_dynamic_sequence_length() -> None:
-    """One program for every sequence length (``torch.export.Dim`` on the sequence axis)."""
-    model = encoder("BertConfig", "BertModel", pad_token_id=1)
+def check_dynamic_sequence_length(model: nn.Module) -> None:
+    """One program for every sequence length (``torch.export.Dim`` on the sequence axis), run
+    at three lengths with a padded sequence."""
     call = Call(model, lambda m, i, a: m(input_ids=i, attention_mask=a, return_dict=False)[0])
     seq = torch.export.Dim("seq", min=2, max=32)
     runs = []
@@ -76,6 +75,11 @@ def test_bert_dynamic_sequence_length() -> None:
         mask[1, n // 2 :] = 0
         runs.append((ids, mask))
     check_model_dynamic(call, runs, (({1: seq}, {1: seq}),))
+
+
+@pytest.mark.slow
+def test_bert_dynamic_sequence_length() -> None:
+    check_dynamic_sequence_length(encoder("BertConfig", "BertModel", pad_token_id=1))
 
 
 MODELS = {
@@ -111,3 +115,10 @@ def test_encoder_lm(name: str) -> None:
     model = encoder(config_name, model_name, **overrides)
     call = Call(model, lambda m, i, a: m(input_ids=i, attention_mask=a, return_dict=False)[0])
     check_model(call, padded_inputs())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODELS))
+def test_encoder_lm_dynamic_sequence_length(name: str) -> None:
+    config_name, model_name, overrides = MODELS[name]
+    check_dynamic_sequence_length(encoder(config_name, model_name, **overrides))

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.models.common import check_model, redraw_weights
+from tests.models.common import check_model, check_model_dynamic, redraw_weights
 
 
 class LogitsOnly(nn.Module):
@@ -18,8 +18,7 @@ class LogitsOnly(nn.Module):
         return self.model(input_ids=input_ids, use_cache=False, return_dict=False)[0]
 
 
-def two_layer_gpt2() -> tuple[nn.Module, tuple[torch.Tensor]]:
-    """A 2-layer GPT-2 returning logits, and token ids for it."""
+def small_gpt2() -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
@@ -34,12 +33,24 @@ def two_layer_gpt2() -> tuple[nn.Module, tuple[torch.Tensor]]:
     # O(1) activations, so broken attention cannot hide behind tiny weights; the head is tied
     # to the token embeddings, which stay small so logits stay O(1)
     model = redraw_weights(GPT2LMHeadModel(config).eval(), embedding_std=0.15)
-    ids = torch.randint(0, 128, (2, 16), dtype=torch.int64)
-    return LogitsOnly(model).eval(), (ids,)
+    return LogitsOnly(model).eval()
+
+
+def two_layer_gpt2() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """A 2-layer GPT-2 returning logits, and token ids for it."""
+    return small_gpt2(), (torch.randint(0, 128, (2, 16), dtype=torch.int64),)
 
 
 def test_gpt2_two_layers_matches_pytorch() -> None:
     check_model(*two_layer_gpt2())
+
+
+@pytest.mark.slow
+def test_gpt2_dynamic_sequence_length() -> None:
+    """One program for every sequence length (learned positions sliced to it)."""
+    seq = torch.export.Dim("seq", min=2, max=32)
+    runs = [(torch.randint(0, 128, (2, n)),) for n in (12, 5, 20)]
+    check_model_dynamic(small_gpt2(), runs, ({1: seq},))
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tests.models.common import check_model, redraw_weights
+from tests.models.common import check_model, check_model_dynamic, redraw_weights
 
 
 class Recurrent(nn.Module):
@@ -111,3 +111,31 @@ def test_transformer_encoder(norm_first: bool) -> None:
     padding = torch.zeros(2, 10, dtype=torch.bool)
     padding[1, 7:] = True
     check_model(model, (torch.randn(2, 10, 64), padding))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=torch._dynamo.exc.UserError,
+    reason="torch.export specializes the sequence length of nn.LSTM/GRU/RNN (their "
+    "decomposition unrolls the time steps), before any conversion",
+)
+def test_recurrent_dynamic_sequence_length() -> None:
+    model = redraw_weights(Recurrent(nn.LSTM), gain=2.0)
+    _, *state = recurrent_inputs(nn.LSTM, False)
+    seq = torch.export.Dim("seq", min=2, max=64)
+    runs = [(torch.randn(2, n, 8), *state) for n in (7, 3, 20)]
+    check_model_dynamic(model, runs, ({1: seq}, (None, None)))
+
+
+@pytest.mark.slow
+def test_transformer_encoder_dynamic_sequence_length() -> None:
+    """One program for every length: causal mask built from the length, key padding."""
+    model = redraw_weights(Encoder(False))
+    seq = torch.export.Dim("seq", min=2, max=32)
+    runs = []
+    for n in (10, 4, 17):
+        padding = torch.zeros(2, n, dtype=torch.bool)
+        padding[1, n - 2 :] = True
+        runs.append((torch.randn(2, n, 64), padding))
+    check_model_dynamic(model, runs, ({1: seq}, {1: seq}))

@@ -1,0 +1,18 @@
+"""Language models end to end: a Hugging Face causal LM -> one stateful Core AI program
+(:func:`export`) -> text generation on the runtime (:class:`Generator`).
+
+    program = coreai_torch.llm.export("path/to/model_dir", max_context=1024)
+    program.save_asset("model.aimodel")
+    with coreai_torch.llm.Generator("model.aimodel", tokenizer="path/to/model_dir") as gen:
+        for token in gen.generate("Once upon a time", max_new_tokens=32):
+            ...
+        print(gen.stats)  # prefill and decode tokens/s
+
+See ``docs/llm.md``.
+"""
+
+from coreai_torch.errors import UnsupportedModelError
+from coreai_torch.llm.export import ARCHITECTURES, export
+from coreai_torch.llm.generate import GenerationStats, Generator
+
+__all__ = ["ARCHITECTURES", "GenerationStats", "Generator", "UnsupportedModelError", "export"]

@@ -1,0 +1,260 @@
+"""Hugging Face causal LMs -> one Core AI program with a ``prefill`` and a ``decode`` entry point.
+
+Both entry points share the weights (stored once) and the KV cache, a static cache of
+``max_context`` positions per layer held as Core AI state::
+
+    prefill(input_ids: int64 [1, T], start_position: int64 [1]) -> logits    1 <= T <= max_context
+    decode(input_ids: int64 [1, 1], start_position: int64 [1]) -> logits
+    states: layers.{i}.k_cache, layers.{i}.v_cache   [1, kv_heads, max_context, head_dim]
+
+The tokens are written to cache positions ``start_position .. start_position + T - 1`` and
+attend to every cached position before them (within the sliding window where the model has
+one).  ``logits`` is ``[1, 1, vocab]`` (the last position) or ``[1, T, vocab]`` with
+``all_logits=True``.  RMSNorm, rotary embeddings and attention are composite ops
+(``rms_norm``, ``rope``, ``scaled_dot_product_attention``; models that soft-cap attention
+scores, such as Gemma 2, attend with plain ops).
+
+Hugging Face's export recipes (``transformers.integrations.executorch``) are reused where
+they fit: the cache is ``transformers``' own ``StaticLayer`` (the ``StaticCache`` layer
+``TorchExportableModuleWithStaticCache`` registers as buffers), and the program is traced with
+``strict=True`` as those recipes do (non-strict export lifts the cache tensors a second time as
+constants, and ``run_decompositions`` then fails).  The recipe modules themselves do not fit:
+
+* ``TorchExportableModuleWithStaticCache`` / ``...WithHybridCache`` give sliding-window layers
+  a ``StaticSlidingWindowLayer``, whose update branches in Python on how many tokens it has
+  seen, so the traced program is only right for the call it was traced with; here every layer
+  keeps all ``max_context`` positions and the sliding window is part of the attention mask,
+  so one program serves any start position;
+* they return the logits of every position (no ``logits_to_keep``), take the cache positions
+  instead of a start position, and require ``generation_config.cache_implementation ==
+  "static"`` on the user's model;
+* their ``sdpa_without_vmap`` mask puts the sliding window into the masks of Gemma 2's
+  full-attention layers too; ``strict=True`` tracing handles Hugging Face's own masks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from coreai_torch.errors import UnsupportedModelError
+
+#: ``config.model_type`` of the architectures :func:`export` supports (SmolLM models are
+#: ``llama`` with tied embeddings).
+ARCHITECTURES = ("gemma", "gemma2", "llama", "mistral", "phi3", "qwen2", "qwen3")
+
+#: Names of the program's inputs and output (the same for both entry points).
+INPUT_NAMES = ("input_ids", "start_position")
+OUTPUT_NAME = "logits"
+
+#: Attention implementations the export traces as they are; others switch to ``sdpa``.
+_TRACEABLE_ATTENTION = ("sdpa", "eager")
+
+
+def export(
+    model_or_dir: nn.Module | str | os.PathLike[str],
+    max_context: int = 2048,
+    precision: Any = None,
+    compress: Any = None,
+    *,
+    all_logits: bool = False,
+) -> Any:
+    """Convert a Hugging Face causal LM into one Core AI program (``AIProgram``) with the
+    entry points ``prefill`` and ``decode`` sharing weights and a KV cache of ``max_context``
+    positions (see the module documentation for the signature).
+
+    ``model_or_dir`` is a ``transformers`` causal LM (``AutoModelForCausalLM``) or a local
+    directory written by ``save_pretrained`` (loaded with ``from_pretrained``, never
+    downloaded).  ``all_logits=True`` returns the logits of every prompt position instead of
+    the last one.  ``precision`` and ``compress`` are not available yet.
+    """
+    if precision is not None:
+        raise NotImplementedError(
+            f"llm.export(precision={precision!r}): half-precision export is not available yet; "
+            "export with precision=None (float32)"
+        )
+    if compress is not None:
+        raise NotImplementedError(
+            f"llm.export(compress={compress!r}): weight compression is not available yet; "
+            "export with compress=None"
+        )
+    model = load_causal_lm(model_or_dir)
+    check_max_context(model, max_context)
+    from coreai_torch.converter import TorchConverter
+
+    wrapper = CachedCausalLM(model, max_context, all_logits=all_logits).eval()
+    tokens = torch.export.Dim("tokens", min=1, max=max_context)
+    with _traceable_attention(model):
+        prefill = _export(wrapper, 2, ({1: tokens}, None))
+        decode = _export(wrapper, 1, None)
+    converter = TorchConverter()
+    for name, ep in (("prefill", prefill), ("decode", decode)):
+        converter.add_exported_program(
+            ep,
+            input_names=list(INPUT_NAMES),
+            output_names=[OUTPUT_NAME],
+            state_names=cache_state_names(ep),
+            entrypoint_name=name,
+        )
+    return converter.to_coreai().optimize()
+
+
+# ------------------------------------------------------------------------------- the model ---
+
+
+def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Module:
+    """The model itself, or the one saved in a local directory; its architecture checked
+    before any weight is read."""
+    if isinstance(model_or_dir, nn.Module):
+        name = type(model_or_dir).__name__
+        check_architecture(getattr(model_or_dir, "config", None), name)
+        if model_or_dir.get_output_embeddings() is None:
+            raise UnsupportedModelError(
+                f"{name} has no language-model head; llm.export needs a causal LM "
+                "(AutoModelForCausalLM, e.g. LlamaForCausalLM rather than LlamaModel)"
+            )
+        return model_or_dir.eval()
+    if not isinstance(model_or_dir, (str, os.PathLike)):
+        raise TypeError(
+            "llm.export expects a transformers causal LM or the path of a directory written by "
+            f"save_pretrained, got {type(model_or_dir).__name__}"
+        )
+    path = Path(model_or_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: not a model directory (no config.json); llm.export loads local "
+            "directories written by save_pretrained and never downloads models"
+        )
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    check_architecture(config, str(path))
+    saved = getattr(config, "architectures", None) or []
+    if saved and not any(a.endswith("ForCausalLM") for a in saved):
+        raise UnsupportedModelError(
+            f"{path} holds a {', '.join(saved)}, not a causal LM (no language-model head to "
+            "load); save the AutoModelForCausalLM"
+        )
+    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+
+
+def check_architecture(config: Any, what: str) -> None:
+    """Raise :class:`UnsupportedModelError` unless ``config`` is one of :data:`ARCHITECTURES`."""
+    model_type = getattr(config, "model_type", None)
+    if model_type is None:
+        raise UnsupportedModelError(
+            f"{what} is not a Hugging Face transformers model (no config.model_type); "
+            "llm.export converts transformers causal LMs, convert other modules with "
+            "TorchConverter"
+        )
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{what}: model type '{model_type}' is not supported by llm.export (supported: "
+            f"{', '.join(ARCHITECTURES)}); convert other models with TorchConverter"
+        )
+
+
+def check_max_context(model: nn.Module, max_context: int) -> None:
+    """``max_context`` must be an int in [2, the model's max_position_embeddings]."""
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
+        raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and max_context > limit:
+        raise ValueError(
+            f"max_context={max_context} exceeds the model's max_position_embeddings ({limit}); "
+            "positions beyond it were never trained. Pass max_context <= "
+            f"{limit}"
+        )
+
+
+class CachedCausalLM(nn.Module):
+    """``(input_ids [1, T], start_position [1]) -> logits`` with the KV cache in buffers
+    ``layers.{i}.k_cache`` / ``layers.{i}.v_cache`` (``transformers``' ``StaticLayer``s of
+    ``max_context`` positions), written in place at ``start_position .. + T - 1``."""
+
+    def __init__(self, model: nn.Module, max_context: int, *, all_logits: bool = False) -> None:
+        super().__init__()
+        from transformers.cache_utils import Cache, StaticLayer
+
+        self.model = model
+        self.all_logits = all_logits
+        config = model.config.get_text_config()
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        self.cache = Cache(
+            layers=[StaticLayer(max_context) for _ in range(config.num_hidden_layers)]
+        )
+        self.cache.early_initialization(1, kv_heads, head_dim, model.dtype, torch.device("cpu"))
+        self.layers = nn.ModuleList(_CacheBuffers(layer) for layer in self.cache.layers)
+
+    def forward(self, input_ids: torch.Tensor, start_position: torch.Tensor) -> torch.Tensor:
+        positions = start_position + torch.arange(input_ids.shape[1])
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=positions[None],
+            cache_position=positions,
+            past_key_values=self.cache,
+            attention_mask=None,
+            use_cache=True,
+            logits_to_keep=0 if self.all_logits else 1,
+        )
+        return out.logits
+
+
+class _CacheBuffers(nn.Module):
+    """One layer's cache tensors as buffers ``k_cache`` / ``v_cache`` (the same tensors the
+    cache layer updates in place, so export records the writes as state updates)."""
+
+    def __init__(self, layer: Any) -> None:
+        super().__init__()
+        self.register_buffer("k_cache", layer.keys, persistent=False)
+        self.register_buffer("v_cache", layer.values, persistent=False)
+
+
+def cache_state_names(ep: torch.export.ExportedProgram) -> list[str]:
+    """The states' names: the cache buffers' paths (``layers.3.k_cache``), in state order."""
+    from torch.export.graph_signature import InputKind
+
+    mutated = set(ep.graph_signature.buffers_to_mutate.values())
+    return [
+        spec.target
+        for spec in ep.graph_signature.input_specs
+        if spec.kind == InputKind.BUFFER and spec.target in mutated
+    ]
+
+
+def _export(wrapper: CachedCausalLM, tokens: int, token_dims: Any) -> torch.export.ExportedProgram:
+    from coreai_torch.verify import export_decomposed
+
+    args = (torch.zeros(1, tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+    try:
+        with warnings.catch_warnings():
+            # the cache writes are the side effects dynamo reports; export records them
+            warnings.filterwarnings("ignore", message=".*found certain side effects")
+            return export_decomposed(wrapper, args, dynamic_shapes=token_dims, strict=True)
+    finally:
+        wrapper.cache.reset()  # tracing does not write, but start from a clean cache anyway
+
+
+@contextlib.contextmanager
+def _traceable_attention(model: nn.Module) -> Iterator[None]:
+    """Trace with the model's attention if it is ``sdpa`` or ``eager`` (kernels such as
+    flash attention have no export path), then put the user's choice back."""
+    config = model.config
+    chosen = getattr(config, "_attn_implementation", None)
+    if chosen in _TRACEABLE_ATTENTION:
+        yield
+        return
+    config._attn_implementation = "sdpa"
+    try:
+        yield
+    finally:
+        config._attn_implementation = chosen

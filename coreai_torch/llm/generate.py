@@ -1,0 +1,295 @@
+"""Text generation with a program from :func:`coreai_torch.llm.export` on the Core AI runtime."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from coreai_torch.llm.export import INPUT_NAMES, OUTPUT_NAME
+
+
+@dataclass
+class GenerationStats:
+    """Token counts and wall-clock times of the last :meth:`Generator.generate` call."""
+
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    #: tokens produced (the first comes from the prefill, each later one from a decode step)
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    decode_seconds: float = 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_steps / self.decode_seconds if self.decode_seconds else 0.0
+
+    def __str__(self) -> str:
+        return (
+            f"prefill: {self.prompt_tokens} tokens in {self.prefill_seconds:.3f} s "
+            f"({self.prefill_tokens_per_second:.1f} tokens/s); decode: {self.decode_steps} "
+            f"tokens in {self.decode_seconds:.3f} s ({self.decode_tokens_per_second:.1f} tokens/s)"
+        )
+
+
+class Generator:
+    """Generates tokens with an exported LLM (an ``AIProgram`` or a saved ``.aimodel``).
+
+    ``tokenizer`` (optional) turns text prompts into token ids: a ``transformers`` tokenizer,
+    a ``tokenizers.Tokenizer``, or the path of a directory to load one from.  Use as a context
+    manager (or call :meth:`close`) to release the runtime.
+    """
+
+    def __init__(self, program_or_asset_path: Any, tokenizer: Any = None) -> None:
+        from coreai_torch.runtime import Session
+
+        if isinstance(program_or_asset_path, (str, os.PathLike)):
+            path = Path(program_or_asset_path)
+            if not path.is_dir():
+                raise FileNotFoundError(f"{path}: no such .aimodel asset")
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.session = Session(program_or_asset_path)
+        self.session.open()
+        try:
+            self._check_program()
+        except Exception:
+            self.session.close()
+            raise
+        #: what the last :meth:`generate` call did
+        self.stats = GenerationStats()
+
+    def _check_program(self) -> None:
+        names = list(getattr(self.session.model, "function_names", None) or [])
+        if not {"prefill", "decode"} <= set(names):
+            raise ValueError(
+                f"the program's entry points are {names}; a Generator needs 'prefill' and "
+                "'decode' (a program from coreai_torch.llm.export)"
+            )
+        desc = self.session.descriptor("decode")
+        if list(desc.input_names) != list(INPUT_NAMES) or OUTPUT_NAME not in desc.output_names:
+            raise ValueError(
+                f"'decode' takes {list(desc.input_names)} and returns {list(desc.output_names)}; "
+                f"a Generator needs inputs {list(INPUT_NAMES)} and output '{OUTPUT_NAME}' "
+                "(a program from coreai_torch.llm.export)"
+            )
+        self._states = {name: desc.state_descriptor(name) for name in desc.state_names}
+        #: cache positions the program holds
+        self.max_context = int(next(iter(self._states.values())).shape[2])
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the KV-cache state one generation uses."""
+        return sum(
+            int(np.prod(list(desc.shape))) * _numpy_dtype(desc.dtype).itemsize
+            for desc in self._states.values()
+        )
+
+    def __enter__(self) -> Generator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.session.close()
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 32,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        seed: int | None = None,
+        *,
+        on_logits: Callable[[np.ndarray], None] | None = None,
+    ) -> Iterator[int]:
+        """Yield up to ``max_new_tokens`` new token ids, each as soon as it is produced.
+
+        ``prompt`` is a list of token ids, or text when the generator has a tokenizer.  Greedy
+        unless ``do_sample``; sampling divides the logits by ``temperature``, keeps the
+        ``top_k`` most likely tokens and the smallest set whose probability reaches ``top_p``,
+        drawing with a generator seeded by ``seed``.  Generation stops after a token of
+        ``eos_token_id`` (default: the tokenizer's end-of-sequence token, if any).  Every
+        prompt starts from an empty cache.  ``on_logits`` receives each step's logits
+        (``[vocab]`` float32) before its token is chosen.  :attr:`stats` reports the speeds.
+
+        Bad arguments (an empty prompt, a context longer than the program's ``max_context``,
+        ...) raise before anything runs.
+        """
+        ids = self._prompt_ids(prompt)
+        _check_sampling(max_new_tokens, temperature, top_k, top_p)
+        needed = len(ids) + max_new_tokens - 1
+        if needed > self.max_context:
+            raise ValueError(
+                f"a prompt of {len(ids)} tokens plus max_new_tokens={max_new_tokens} needs a "
+                f"context of {needed} positions; the program holds max_context="
+                f"{self.max_context} (export with a larger max_context, or shorten the prompt)"
+            )
+        stop = _eos_ids(eos_token_id, self.tokenizer)
+        rng = np.random.default_rng(seed)
+
+        def pick(logits: np.ndarray) -> int:
+            if on_logits is not None:
+                on_logits(logits)
+            if not do_sample:
+                return int(np.argmax(logits))
+            return sample(logits, rng, temperature, top_k, top_p)
+
+        return self._run(ids, max_new_tokens, pick, stop)
+
+    def _run(
+        self, ids: list[int], max_new_tokens: int, pick: Callable[[np.ndarray], int], stop: set
+    ) -> Iterator[int]:
+        states = self._fresh_states()
+        stats = self.stats = GenerationStats(prompt_tokens=len(ids))
+        start = time.perf_counter()
+        logits = self._call("prefill", ids, 0, states)
+        stats.prefill_seconds = time.perf_counter() - start
+        token = pick(logits)
+        stats.generated_tokens = 1
+        yield token
+        position = len(ids)
+        for _ in range(max_new_tokens - 1):
+            if token in stop:
+                return
+            start = time.perf_counter()
+            logits = self._call("decode", [token], position, states)
+            stats.decode_seconds += time.perf_counter() - start
+            stats.decode_steps += 1
+            token = pick(logits)
+            stats.generated_tokens += 1
+            position += 1
+            yield token
+
+    def _call(self, entrypoint: str, ids: list[int], start: int, states: dict) -> np.ndarray:
+        inputs = {
+            INPUT_NAMES[0]: np.asarray([ids], np.int64),
+            INPUT_NAMES[1]: np.asarray([start], np.int64),
+        }
+        out = self.session.run(inputs, entrypoint=entrypoint, state=states)
+        return out[OUTPUT_NAME][0, -1]
+
+    def _fresh_states(self) -> dict[str, Any]:
+        from coreai.runtime import NDArray
+
+        return {
+            name: NDArray(np.zeros(list(desc.shape), _numpy_dtype(desc.dtype)))
+            for name, desc in self._states.items()
+        }
+
+    def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    "a text prompt needs a tokenizer: Generator(program, tokenizer=...); or "
+                    "pass the prompt as a list of token ids"
+                )
+            ids = encode(self.tokenizer, prompt)
+        else:
+            ids = list(prompt)
+            if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
+                raise TypeError("prompt must be text or a sequence of int token ids")
+            ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError("the prompt is empty (0 tokens); give at least one token")
+        return ids
+
+
+# -------------------------------------------------------------------------------- helpers ---
+
+
+def sample(
+    logits: np.ndarray,
+    rng: np.random.Generator,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> int:
+    """Draw a token from ``softmax(logits / temperature)`` restricted to the ``top_k`` most
+    likely tokens and to the smallest set whose probability reaches ``top_p``."""
+    scores = logits.astype(np.float64) / temperature
+    if top_k is not None and top_k < scores.size:
+        kth = np.partition(scores, -top_k)[-top_k]
+        scores = np.where(scores < kth, -np.inf, scores)
+    if top_p is not None and top_p < 1.0:
+        order = np.argsort(-scores, kind="stable")
+        probs = _softmax(scores[order])
+        # keep a token while the tokens more likely than it do not reach top_p yet
+        drop = order[(np.cumsum(probs) - probs) >= top_p]
+        scores[drop] = -np.inf
+    return int(rng.choice(scores.size, p=_softmax(scores)))
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - np.max(x))
+    return e / e.sum()
+
+
+def _check_sampling(
+    max_new_tokens: int, temperature: float, top_k: int | None, top_p: float | None
+) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an int >= 1 (or None), got {top_k!r}")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p!r}")
+
+
+def _eos_ids(eos_token_id: int | Sequence[int] | None, tokenizer: Any) -> set[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(tokenizer, "eos_token_id", None)
+    if eos_token_id is None:
+        return set()
+    if isinstance(eos_token_id, int):
+        return {eos_token_id}
+    return {int(i) for i in eos_token_id}
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def load_tokenizer(tokenizer: Any) -> Any:
+    """A tokenizer object as given, or one loaded from a local directory (never downloaded)."""
+    if not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    path = Path(tokenizer)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"{path}: no such tokenizer directory (a directory written by save_pretrained)"
+        )
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of ``text`` (``transformers`` tokenizers and ``tokenizers.Tokenizer``)."""
+    ids = tokenizer.encode(text)
+    return list(getattr(ids, "ids", ids))
+
+
+def decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    """Text of ``ids`` (``transformers`` tokenizers and ``tokenizers.Tokenizer``)."""
+    return tokenizer.decode(list(ids))

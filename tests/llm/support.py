@@ -1,0 +1,120 @@
+"""Shared pieces of the LLM tests: small configs of every architecture ``llm.export``
+supports (random weights), a tokenizer trained here, and Hugging Face's greedy reference.
+
+Nothing is downloaded: configs are built in code (``tests.models.common`` makes any attempt to
+reach the hub fail), the tokenizer is trained on a few sentences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from tests.models.common import model_tolerance, redraw_weights
+from tests.models.test_decoder_lms import SLOW_MODELS, SMALL, VOCAB
+
+MAX_CONTEXT = 64
+NEW_TOKENS = 32
+
+#: name -> (config class, model class, attention implementation, config overrides): the
+#: decoder-LM test configs (sliding windows of 8, shorter than the prompts and generations;
+#: Gemma 2's soft-capping needs the eager attention) plus SmolLM, a Llama whose head is tied
+#: to the token embeddings.
+ARCHITECTURES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "sdpa", {}),
+    **{k: SLOW_MODELS[k] for k in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")},
+    "smollm": ("LlamaConfig", "LlamaForCausalLM", "sdpa", dict(tie_word_embeddings=True)),
+}
+
+CORPUS = [
+    "the quick brown fox jumps over the lazy dog",
+    "a core ai program runs on the device",
+    "language models generate one token at a time",
+    "the cache keeps the keys and values of every layer",
+]
+
+#: Prompts of three lengths (in tokens of :func:`tiny_tokenizer`).
+PROMPTS = [
+    "the",
+    "the quick brown fox",
+    "language models generate one token at a time and the cache keeps the keys",
+]
+
+
+def causal_lm(name: str, seed: int = 0, **overrides: Any) -> nn.Module:
+    """A small random-weight model of architecture ``name`` (no end-of-sequence token, so
+    greedy generation always runs ``max_new_tokens`` steps)."""
+    import transformers
+
+    config_name, model_name, attn, extra = ARCHITECTURES[name]
+    config = getattr(transformers, config_name)(
+        **{**SMALL, "use_cache": True, **extra, **overrides}
+    )
+    config._attn_implementation = attn
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    # A head tied to the token embeddings gets small embeddings, so logits stay O(1).
+    redraw_weights(model, embedding_std=0.15 if config.tie_word_embeddings else 1.0)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def tiny_tokenizer() -> Any:
+    """A BPE tokenizer trained on :data:`CORPUS` with ``tokenizers`` (vocabulary < VOCAB), as
+    a ``transformers`` tokenizer (it saves with ``save_pretrained``)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace()
+    tokenizer.decoder = decoders.Metaspace()
+    trainer = trainers.BpeTrainer(vocab_size=100, special_tokens=["<unk>", "<s>", "</s>"])
+    tokenizer.train_from_iterator(CORPUS * 4, trainer)
+    assert tokenizer.get_vocab_size() <= VOCAB
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+@dataclass
+class Reference:
+    """Hugging Face's greedy generation: the new tokens and each step's logits."""
+
+    tokens: list[int]
+    logits: list[torch.Tensor] = field(default_factory=list)
+
+
+def reference(
+    model: nn.Module, ids: list[int], new_tokens: int = NEW_TOKENS, eos_token_id: int | None = None
+) -> Reference:
+    prompt = torch.tensor([ids])
+    with torch.no_grad():
+        out = model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+            eos_token_id=eos_token_id,
+        )
+    return Reference(out.sequences[0, len(ids) :].tolist(), [s[0] for s in out.logits])
+
+
+def check_generation(generator: Any, model: nn.Module, ids: list[int]) -> None:
+    """Greedy generation on the runtime equals Hugging Face's token for token, and every
+    step's logits are within ``1e-4 * max(1, max|ref|)`` of eager PyTorch's."""
+    expected = reference(model, ids)
+    steps: list[np.ndarray] = []
+    tokens = list(generator.generate(ids, NEW_TOKENS, eos_token_id=[], on_logits=steps.append))
+    assert tokens == expected.tokens, f"prompt {ids}: {tokens} != {expected.tokens}"
+    assert len(tokens) == NEW_TOKENS and len(steps) == NEW_TOKENS
+    for step, (actual, ref) in enumerate(zip(steps, expected.logits, strict=True)):
+        tol = model_tolerance([ref])
+        err = float(np.abs(actual - ref.numpy()).max())
+        assert err <= tol, f"prompt {ids}, step {step}: max|err| {err:.3e} > {tol:.3e}"
