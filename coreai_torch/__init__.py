@@ -17,11 +17,13 @@ from coreai_torch.errors import (
     LoweringError,
     NotDecomposedError,
     RuntimeHazardError,
+    UnsupportedMoEError,
     UnsupportedOpError,
     UnsupportedPlatformError,
     VerificationError,
 )
 from coreai_torch.externalize import ExternalizeSpec
+from coreai_torch.llm.moe import rewrite_moe
 from coreai_torch.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.program import AIProgram
 
@@ -39,6 +41,7 @@ __all__ = [
     "RuntimeHazardError",
     "TorchConverter",
     "TorchMetalKernel",
+    "UnsupportedMoEError",
     "UnsupportedOpError",
     "UnsupportedPlatformError",
     "VerificationError",
@@ -48,4 +51,5 @@ __all__ = [
     "generate_composite_decl",
     "get_decomp_table",
     "progress",
+    "rewrite_moe",
 ]

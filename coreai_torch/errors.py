@@ -49,3 +49,8 @@ class UnsupportedPlatformError(RuntimeError):
 
 class ExternalizationError(ConversionError, ValueError):
     """``externalize_modules`` cannot be honoured (bad spec, forward arguments or attributes)."""
+
+
+class UnsupportedMoEError(ConversionError, TypeError):
+    """``rewrite_moe`` met a mixture-of-experts block whose routing it cannot reproduce
+    exactly (the message names the class and lists the supported ones)."""
