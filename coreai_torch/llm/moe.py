@@ -14,7 +14,8 @@ Supported blocks (transformers 4.57): ``MixtralSparseMoeBlock``, ``Qwen2MoeSpars
 (shared expert and its gate), ``Qwen3MoeSparseMoeBlock``, ``OlmoeSparseMoeBlock``
 (softmax over all experts, then top-k, optionally renormalised), ``DeepseekV2MoE`` (softmax,
 greedy or group-limited top-k, scaling) and ``DeepseekV3MoE`` (sigmoid scores with the
-correction bias, group-limited top-k, renormalised and scaled). Any other module holding
+correction bias, group-limited top-k, renormalised and scaled), ``GptOssMLP`` (top-k logits,
+then softmax over those k; clamped SwiGLU experts with biases). Any other module holding
 ``experts`` raises :class:`~coreai_torch.errors.UnsupportedMoEError` naming its class.
 """
 
@@ -55,6 +56,26 @@ class SoftmaxTopKRouter(nn.Module):
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return indices, weights.to(x.dtype), logits
+
+
+class TopKSoftmaxRouter(nn.Module):
+    """GPT-OSS routing: the top ``k`` router logits (``linear`` with bias), softmax over those
+    ``k`` only, in the logits' dtype.
+
+    ``forward(x)`` returns ``(indices, weights, router_scores)``, the last being the weights
+    scattered to ``(tokens, experts)`` (what the Hugging Face block returns).
+    """
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, top_k: int):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        self.top_k = top_k
+
+    def forward(self, x: torch.Tensor) -> Routing:
+        logits = F.linear(x, self.weight, self.bias)
+        top, indices = torch.topk(logits, self.top_k, dim=-1)
+        weights = F.softmax(top, dim=1, dtype=top.dtype)
+        return indices, weights, torch.zeros_like(logits).scatter(1, indices, weights)
 
 
 class GroupLimitedRouter(nn.Module):
@@ -131,8 +152,9 @@ class SparseMoE(nn.Module):
     """A sparse mixture-of-experts feed-forward with static shapes.
 
     ``router(x)`` gives each token's expert ``indices``, routing ``weights`` and the router
-    logits; ``experts`` (:class:`GatedExperts`) applies them; an optional ``shared_expert``
-    runs on every token, scaled by ``sigmoid(shared_expert_gate(x))`` when that gate exists.
+    logits (or scores: the block's second output); ``experts`` (:class:`GatedExperts`) applies
+    them; an optional ``shared_expert`` runs on every token, scaled by
+    ``sigmoid(shared_expert_gate(x))`` when that gate exists.
     ``forward(hidden_states)`` (``(..., dim)``) returns the output, or ``(output,
     router_logits)`` when ``returns_router_logits`` (as the replaced block did).
     """
@@ -270,6 +292,46 @@ def _deepseek_block(block: nn.Module, router: GroupLimitedRouter, strategy: str)
     )
 
 
+class ClampedSwiGLU(nn.Module):
+    """GPT-OSS's gated activation: ``(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)``
+    with ``g = clamp(gate, max=limit)``."""
+
+    def __init__(self, alpha: float, limit: float):
+        super().__init__()
+        self.alpha, self.limit = alpha, limit
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate = gate.clamp(min=None, max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
+def _gpt_oss(block: nn.Module, strategy: str) -> SparseMoE:
+    router, experts = block.router, block.experts
+    if not isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor):
+        raise _unexpected(
+            block, "experts.gate_up_proj should be an (experts, dim, 2*hidden) tensor"
+        )
+    with torch.no_grad():  # (experts, in, out) with gate/up interleaved -> nn.Linear layout
+        gate_up = experts.gate_up_proj.detach().transpose(1, 2)
+        gate_up_bias = experts.gate_up_proj_bias.detach()
+        static_experts = GatedExperts(
+            gate_up[:, 0::2].contiguous(),
+            gate_up[:, 1::2].contiguous(),
+            experts.down_proj.detach().transpose(1, 2).contiguous(),
+            ClampedSwiGLU(experts.alpha, experts.limit),
+            gate_bias=gate_up_bias[:, 0::2].contiguous(),
+            up_bias=gate_up_bias[:, 1::2].contiguous(),
+            down_bias=experts.down_proj_bias.detach().clone(),
+            strategy=strategy,
+        )
+    return SparseMoE(
+        TopKSoftmaxRouter(router.weight, router.bias, router.top_k),
+        static_experts,
+        replaces=type(block).__name__,
+    )
+
+
 _HF = "transformers.models."
 #: Supported Hugging Face blocks (``module.qualname``) → builder of the static block.
 REWRITES: dict[str, Callable[[nn.Module, str], SparseMoE]] = {
@@ -279,6 +341,7 @@ REWRITES: dict[str, Callable[[nn.Module, str], SparseMoE]] = {
     _HF + "olmoe.modeling_olmoe.OlmoeSparseMoeBlock": _qwen_or_olmoe,
     _HF + "deepseek_v2.modeling_deepseek_v2.DeepseekV2MoE": _deepseek_v2,
     _HF + "deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE": _deepseek_v3,
+    _HF + "gpt_oss.modeling_gpt_oss.GptOssMLP": _gpt_oss,
 }
 
 

@@ -91,6 +91,12 @@ BLOCKS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
             routed_scaling_factor=2.5,
         ),
     ),
+    "gpt_oss": (  # top-k logits, then softmax over them; clamped SwiGLU experts with biases
+        "gpt_oss",
+        "GptOssMLP",
+        "GptOssConfig",
+        dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    ),
 }
 
 #: prefill (batch 2 x 7 tokens) and decode (1 token)
@@ -110,7 +116,7 @@ def hf_block(name: str, seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     block = getattr(_transformers_module(family), block_class)(config).eval()
     redraw_weights(block)
-    bias = getattr(block.gate, "e_score_correction_bias", None)
+    bias = getattr(getattr(block, "gate", None), "e_score_correction_bias", None)
     if bias is not None:
         with torch.no_grad():
             bias.uniform_(-0.1, 0.1)
@@ -281,6 +287,17 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "OlmoeForCausalLM",
         dict(intermediate_size=32, num_experts=4, num_experts_per_tok=2),
     ),
+    "gpt_oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            head_dim=16,
+            sliding_window=4,
+        ),
+    ),
     "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", dict(_DEEPSEEK, q_lora_rank=32)),
     "deepseek_v2": (
         "DeepseekV2Config",
@@ -290,13 +307,17 @@ MODELS: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
+#: Models whose attention has no SDPA path in transformers (GPT-OSS: attention sinks).
+EAGER_ATTENTION = {"gpt_oss"}
+
+
 def moe_causal_lm(name: str, **overrides: Any) -> nn.Module:
     """The Hugging Face MoE causal LM ``name`` (small config, random weights), not rewritten."""
     import transformers
 
     config_name, model_name, model_overrides = MODELS[name]
     config = getattr(transformers, config_name)(**{**SMALL, **model_overrides, **overrides})
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = "eager" if name in EAGER_ATTENTION else "sdpa"
     torch.manual_seed(0)
     return redraw_weights(getattr(transformers, model_name)(config).eval())
 
@@ -320,6 +341,7 @@ def test_mixtral_model_matches_hf_logits_on_the_runtime() -> None:
         "qwen3_moe",
         "olmoe",
         "deepseek_v3",
+        "gpt_oss",
         pytest.param(
             "deepseek_v2",
             marks=pytest.mark.xfail(
