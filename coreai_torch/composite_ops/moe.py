@@ -35,10 +35,12 @@ class GatherMatmul(nn.Module):
         indices: torch.Tensor,
         bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        selected = weight[indices]  # (*batch, k, out, in)
+        # Row vector times the gathered (in, out) matrices: optimize() then stores the weight
+        # as (experts, in, out), and the runtime reads only the selected experts' rows.
+        selected = weight.transpose(-1, -2)[indices]  # (*batch, k, in, out)
         if input.dim() == indices.dim():  # (*batch, in): the same input for every expert
             input = input.unsqueeze(-2)
-        out = torch.matmul(selected, input.unsqueeze(-1)).squeeze(-1)
+        out = torch.matmul(input.unsqueeze(-2), selected).squeeze(-2)
         return out if bias is None else out + bias[indices]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
 from typing import Any
 
 import pytest
@@ -225,6 +226,22 @@ def test_decode_gathers_experts_through_gather_matmul_composites() -> None:
     gather_matmuls = {g.name for g in composites(program, "gather_matmul")}
     assert len([c for c in graphs(program)["main"].invokes if c in gather_matmuls]) == 3
     assert report.max_abs < 1e-4
+
+
+def test_decode_gathers_the_stored_expert_weights_directly() -> None:
+    """optimize() stores each stacked expert weight once, transposed to (experts, in, out),
+    under its own name, and the program gathers the selected experts from it (the runtime
+    then reads only their rows; benchmarks/moe.py)."""
+    from tests.helpers import convert
+
+    block = rewrite_moe(hf_block("mixtral"))
+    text = str(convert(block, (torch.randn(1, 1, DIM),)).optimize())
+    for name in ("gate", "up", "down"):
+        constant = re.search(rf"(%\d+) = coreai\.constant dense_resource<experts\.{name}\.T>", text)
+        assert constant, f"experts.{name} is not stored transposed"
+        assert f"coreai.gather_nd {constant[1]} at" in text
+    assert "coreai.transpose" not in text
+    assert "dense_resource<resource_" not in text  # no anonymous copy of a weight
 
 
 # -------------------------------------------------------------------------- whole models
