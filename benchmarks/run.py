@@ -226,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.ablation import ablation_table
     from benchmarks.kernels import kernel_table
     from benchmarks.models import ABLATION_MODELS, MODELS
+    from benchmarks.moe import PARTS, moe_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
@@ -239,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--one-ablation", help=argparse.SUPPRESS)
     parser.add_argument("--one-kernels", help=argparse.SUPPRESS)
+    parser.add_argument("--one-moe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -252,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
 
         print("RESULT " + json.dumps({"model": "kernels", "rows": measure_kernels(args.runs)}))
         return 0
+    if args.one_moe:
+        from benchmarks.moe import measure_moe
+
+        print("RESULT " + json.dumps(measure_moe(args.one_moe, args.runs)))
+        return 0
 
     results, ablations = [], []
     for name in args.models:
@@ -263,10 +270,14 @@ def main(argv: list[str] | None = None) -> int:
             ablations.append(_child("--one-ablation", name, args.ablation_runs))
     print("== single-op throughput (the runtime's own kernels)", flush=True)
     kernels = _child("--one-kernels", "all", args.runs)
+    print("== mixture of experts (benchmarks/moe.py)", flush=True)
+    moe = [_child("--one-moe", part, args.runs) for part in PARTS]
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
-        json.dumps({"models": results, "ablation": ablations, "kernels": kernels}, indent=2)
+        json.dumps(
+            {"models": results, "ablation": ablations, "kernels": kernels, "moe": moe}, indent=2
+        )
     )
     if results:
         method = next((r["memory_method"] for r in results if "memory_method" in r), "?")
@@ -284,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
             "(no IR to simplify: the runtime's kernels).\n"
         )
         print(kernel_table(kernels["rows"]))
+    print("\nMixture of experts (rewrite_moe), median of runs:\n")
+    print(moe_table(moe))
     print(f"\nJSON: {out}")
-    return 0 if all("error" not in r for r in [*results, *ablations, kernels]) else 1
+    return 0 if all("error" not in r for r in [*results, *ablations, kernels, *moe]) else 1
 
 
 if __name__ == "__main__":
