@@ -10,12 +10,12 @@ selected experts with static shapes (:class:`~coreai_torch.composite_ops.GatedEx
     coreai_torch.rewrite_moe(model)          # in place; returns the model
     ep = torch.export.export(model, ...)     # no data-dependent shapes left
 
-Supported blocks (transformers 4.57): ``MixtralSparseMoeBlock``, ``Qwen2MoeSparseMoeBlock``
-(shared expert and its gate), ``Qwen3MoeSparseMoeBlock``, ``OlmoeSparseMoeBlock``
-(softmax over all experts, then top-k, optionally renormalised), ``DeepseekV2MoE`` (softmax,
-greedy or group-limited top-k, scaling) and ``DeepseekV3MoE`` (sigmoid scores with the
-correction bias, group-limited top-k, renormalised and scaled), ``GptOssMLP`` (top-k logits,
-then softmax over those k; clamped SwiGLU experts with biases). Any other module holding
+Supported blocks (transformers 4.57, :data:`REWRITES`): softmax over all experts, then top-k,
+optionally renormalised: Mixtral (and MiniMax), Qwen2-MoE (shared expert and its gate; and
+Qwen3-Next), Qwen3-MoE, OLMoE (and FlexOlmo), Jamba; DeepSeek-V2 (softmax, greedy or
+group-limited top-k, scaling); DeepSeek-V3 (and GLM-4-MoE, dots.llm1: sigmoid scores with the
+correction bias, group-limited top-k, renormalised and scaled); GPT-OSS (top-k logits, then
+softmax over those k; clamped SwiGLU experts with biases). Any other module holding
 ``experts`` raises :class:`~coreai_torch.errors.UnsupportedMoEError` naming its class.
 """
 
@@ -231,10 +231,15 @@ def _stack_experts(block: nn.Module, names: tuple[str, str, str], strategy: str)
 
 
 def _softmax_topk_block(
-    block: nn.Module, strategy: str, *, normalize: bool, names=("gate_proj", "up_proj", "down_proj")
+    block: nn.Module,
+    strategy: str,
+    *,
+    normalize: bool,
+    names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+    router: str = "gate",
 ) -> SparseMoE:
     return SparseMoE(
-        SoftmaxTopKRouter(block.gate, block.top_k, normalize),
+        SoftmaxTopKRouter(getattr(block, router), block.top_k, normalize),
         _stack_experts(block, names, strategy),
         shared_expert=getattr(block, "shared_expert", None),
         shared_expert_gate=getattr(block, "shared_expert_gate", None),
@@ -248,6 +253,10 @@ def _mixtral(block: nn.Module, strategy: str) -> SparseMoE:
 
 def _qwen_or_olmoe(block: nn.Module, strategy: str) -> SparseMoE:
     return _softmax_topk_block(block, strategy, normalize=bool(block.norm_topk_prob))
+
+
+def _jamba(block: nn.Module, strategy: str) -> SparseMoE:
+    return _softmax_topk_block(block, strategy, normalize=False, router="router")
 
 
 def _deepseek_v2(block: nn.Module, strategy: str) -> SparseMoE:
@@ -336,11 +345,17 @@ _HF = "transformers.models."
 #: Supported Hugging Face blocks (``module.qualname``) → builder of the static block.
 REWRITES: dict[str, Callable[[nn.Module, str], SparseMoE]] = {
     _HF + "mixtral.modeling_mixtral.MixtralSparseMoeBlock": _mixtral,
+    _HF + "minimax.modeling_minimax.MiniMaxSparseMoeBlock": _mixtral,  # Mixtral's code
     _HF + "qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock": _qwen_or_olmoe,
+    _HF + "qwen3_next.modeling_qwen3_next.Qwen3NextSparseMoeBlock": _qwen_or_olmoe,
     _HF + "qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock": _qwen_or_olmoe,
     _HF + "olmoe.modeling_olmoe.OlmoeSparseMoeBlock": _qwen_or_olmoe,
+    _HF + "flex_olmo.modeling_flex_olmo.FlexOlmoSparseMoeBlock": _qwen_or_olmoe,
+    _HF + "jamba.modeling_jamba.JambaSparseMoeBlock": _jamba,
     _HF + "deepseek_v2.modeling_deepseek_v2.DeepseekV2MoE": _deepseek_v2,
     _HF + "deepseek_v3.modeling_deepseek_v3.DeepseekV3MoE": _deepseek_v3,
+    _HF + "glm4_moe.modeling_glm4_moe.Glm4MoeMoE": _deepseek_v3,  # DeepSeek-V3's code
+    _HF + "dots1.modeling_dots1.Dots1MoE": _deepseek_v3,  # DeepSeek-V3's code
     _HF + "gpt_oss.modeling_gpt_oss.GptOssMLP": _gpt_oss,
 }
 

@@ -24,6 +24,7 @@ from coreai_torch.llm.moe import SparseMoE
 from tests.externalize_support import check_externalized, composites, graphs
 from tests.helpers import check_module
 from tests.models.common import Call, check_model, model_tolerance, redraw_weights
+from tests.models.test_decoder_lms import SMALL, VOCAB
 
 DIM = 64
 
@@ -33,6 +34,15 @@ _DEEPSEEK_V2_BLOCK = dict(
     num_experts_per_tok=3,
     n_shared_experts=1,
     routed_scaling_factor=1.5,
+)
+_DEEPSEEK_V3_BLOCK = dict(
+    moe_intermediate_size=32,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_shared_experts=1,
+    n_group=4,
+    topk_group=2,
+    routed_scaling_factor=2.5,
 )
 #: name -> (transformers module, block class, config class, config overrides)
 BLOCKS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
@@ -82,15 +92,7 @@ BLOCKS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
         "deepseek_v3",
         "DeepseekV3MoE",
         "DeepseekV3Config",
-        dict(
-            moe_intermediate_size=32,
-            n_routed_experts=8,
-            num_experts_per_tok=3,
-            n_shared_experts=1,
-            n_group=4,
-            topk_group=2,
-            routed_scaling_factor=2.5,
-        ),
+        _DEEPSEEK_V3_BLOCK,
     ),
     "gpt_oss": (  # top-k logits, then softmax over them; clamped SwiGLU experts with biases
         "gpt_oss",
@@ -98,6 +100,44 @@ BLOCKS: dict[str, tuple[str, str, str, dict[str, Any]]] = {
         "GptOssConfig",
         dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
     ),
+    # Blocks whose code is one of the above (under another name), and Jamba's.
+    "minimax": (
+        "minimax",
+        "MiniMaxSparseMoeBlock",
+        "MiniMaxConfig",
+        dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+    ),
+    "qwen3_next": (
+        "qwen3_next",
+        "Qwen3NextSparseMoeBlock",
+        "Qwen3NextConfig",
+        dict(
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=48,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+        ),
+    ),
+    "flex_olmo": (
+        "flex_olmo",
+        "FlexOlmoSparseMoeBlock",
+        "FlexOlmoConfig",
+        dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    ),
+    "jamba": (
+        "jamba",
+        "JambaSparseMoeBlock",
+        "JambaConfig",
+        dict(intermediate_size=32, num_experts=8, num_experts_per_tok=2),
+    ),
+    "glm4_moe": (
+        "glm4_moe",
+        "Glm4MoeMoE",
+        "Glm4MoeConfig",
+        dict(_DEEPSEEK_V3_BLOCK, norm_topk_prob=True),
+    ),
+    "dots1": ("dots1", "Dots1MoE", "Dots1Config", dict(_DEEPSEEK_V3_BLOCK, norm_topk_prob=False)),
 }
 
 #: prefill (batch 2 x 7 tokens) and decode (1 token)
@@ -246,16 +286,6 @@ def test_decode_gathers_the_stored_expert_weights_directly() -> None:
 
 # -------------------------------------------------------------------------- whole models
 
-VOCAB = 128
-SMALL = dict(
-    vocab_size=VOCAB,
-    hidden_size=DIM,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    use_cache=False,
-)
 _DEEPSEEK = dict(
     num_key_value_heads=4,
     intermediate_size=128,
