@@ -150,7 +150,10 @@ class GatedExperts(nn.Module):
         out = torch.matmul(h, self.down.transpose(1, 2))  # (experts, tokens, dim)
         if self.down_bias is not None:
             out = out + self.down_bias.unsqueeze(1)
-        dense = torch.zeros(x.shape[0], self.num_experts, dtype=w.dtype).scatter(1, indices, w)
+        # (tokens, experts): each token's routing weights at its experts, zero elsewhere (a
+        # comparison, not a scatter, so the token count may be dynamic)
+        experts = torch.arange(self.num_experts, device=indices.device)
+        dense = ((indices.unsqueeze(-1) == experts) * w.unsqueeze(-1)).sum(-2)
         out = out.to(torch.result_type(out, w))
         return torch.matmul(dense.unsqueeze(1), out.transpose(0, 1)).squeeze(1)
 

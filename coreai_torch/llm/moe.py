@@ -136,13 +136,14 @@ class GroupLimitedRouter(nn.Module):
         else:
             group_scores = grouped.max(dim=-1).values
         group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
-        group_mask = torch.zeros_like(group_scores).scatter(1, group_idx, 1)
+        groups = torch.arange(self.n_group, device=choice.device)
+        group_mask = (group_idx.unsqueeze(-1) == groups).any(-2)  # HF scatters ones: the same
         expert_mask = (
             group_mask.unsqueeze(-1)
             .expand(tokens, self.n_group, experts // self.n_group)
             .reshape(tokens, experts)
         )
-        return choice.masked_fill(~expert_mask.bool(), 0.0)
+        return choice.masked_fill(~expert_mask, 0.0)
 
 
 # --------------------------------------------------------------------------- the block

@@ -192,6 +192,17 @@ def _first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, tuple) else out
 
 
+class _Output(nn.Module):
+    """A block's output without its router logits."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _first(self.block(x))
+
+
 # ------------------------------------------------------------------------- eager: exactness
 
 
@@ -256,6 +267,31 @@ def test_mixtral_block_on_the_runtime(tokens: str) -> None:
 @pytest.mark.parametrize("name", [n for n in BLOCKS if n != "mixtral"])
 def test_static_block_on_the_runtime(name: str, tokens: str) -> None:
     _check_block_on_runtime(name, tokens)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "qwen2_moe",
+        pytest.param(
+            "deepseek_v3",
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=UnsupportedOpError,
+                reason="aten::gather with a dynamic index (the router picks the selected "
+                "scores with scores.gather) is not lowered yet",
+            ),
+        ),
+    ],
+)
+def test_one_program_for_every_prompt_length(name: str) -> None:
+    """A dynamic token count (``torch.export.Dim``): the experts run dense, and neither the
+    routing nor the combination needs a static size."""
+    from tests.models.common import check_model_dynamic
+
+    block = _Output(rewrite_moe(hf_block(name)))
+    runs = [(torch.randn(1, n, DIM),) for n in (12, 5)]
+    check_model_dynamic(block, runs, ({1: torch.export.Dim("tokens", min=2, max=32)},))
 
 
 def test_decode_gathers_experts_through_gather_matmul_composites() -> None:
