@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.ablation import ablation_table
     from benchmarks.kernels import kernel_table
     from benchmarks.models import ABLATION_MODELS, MODELS
+    from benchmarks.moe import PARTS, moe_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-compression", help=argparse.SUPPRESS)
     parser.add_argument("--one-llm", help=argparse.SUPPRESS)
     parser.add_argument("--no-llm", action="store_true", help="skip the LLM table")
+    parser.add_argument("--one-moe", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -314,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.llm import measure_llm
 
         print("RESULT " + json.dumps(measure_llm(args.one_llm, args.runs)))
+        return 0
+    if args.one_moe:
+        from benchmarks.moe import measure_moe
+
+        print("RESULT " + json.dumps(measure_moe(args.one_moe, args.runs)))
         return 0
 
     results, ablations = [], []
@@ -357,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
         for variant in VARIANTS:
             print(f"== LLM, 0.27B Llama exported with coreai_torch.llm ({variant})", flush=True)
             llms.append(_child("--one-llm", variant, min(args.runs, 5)))
+    print("== mixture of experts (benchmarks/moe.py)", flush=True)
+    moe = [_child("--one-moe", part, args.runs) for part in PARTS]
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
@@ -369,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                 "large": large_results,
                 "precision": precisions,
                 "llm": llms,
+                "moe": moe,
             },
             indent=2,
         )
@@ -412,8 +422,19 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nLLM (llm.export + llm.Generator), median of the runs.\n")
         print(llm_table(llms))
+    print("\nMixture of experts (rewrite_moe), median of runs:\n")
+    print(moe_table(moe))
     print(f"\nJSON: {out}")
-    measured = [*results, *ablations, *compressed, *precisions, kernels, *large_results, *llms]
+    measured = [
+        *results,
+        *ablations,
+        *compressed,
+        *precisions,
+        kernels,
+        *large_results,
+        *llms,
+        *moe,
+    ]
     failed = any("error" in r for r in measured)
     return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0
 

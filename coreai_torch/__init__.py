@@ -21,11 +21,13 @@ from coreai_torch.errors import (
     NotDecomposedError,
     RuntimeHazardError,
     UnsupportedModelError,
+    UnsupportedMoEError,
     UnsupportedOpError,
     UnsupportedPlatformError,
     VerificationError,
 )
 from coreai_torch.externalize import ExternalizeSpec
+from coreai_torch.llm.moe import rewrite_moe
 from coreai_torch.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.passes.compress import CompressionReport
 from coreai_torch.program import AIProgram
@@ -45,6 +47,7 @@ __all__ = [
     "RuntimeHazardError",
     "TorchConverter",
     "TorchMetalKernel",
+    "UnsupportedMoEError",
     "UnsupportedModelError",
     "UnsupportedOpError",
     "UnsupportedPlatformError",
@@ -58,4 +61,5 @@ __all__ = [
     "llm",
     "precision",
     "progress",
+    "rewrite_moe",
 ]

@@ -54,3 +54,8 @@ class ExternalizationError(ConversionError, ValueError):
 class UnsupportedModelError(ConversionError, ValueError):
     """``coreai_torch.llm.export`` cannot export this model (not a causal LM of a supported
     architecture)."""
+
+
+class UnsupportedMoEError(ConversionError, TypeError):
+    """``rewrite_moe`` met a mixture-of-experts block whose routing it cannot reproduce
+    exactly (the message names the class and lists the supported ones)."""

@@ -138,6 +138,10 @@ class AIProgram(ca.AIProgram):
             with module.context:
                 candidate = clone_module(module=module)
                 protect_from_misfolds(candidate)
+                if transpose_weights and self.weights is not None:
+                    # before the rewrite too: it folds a weight's transpose feeding a gather
+                    # (MoE experts) into an anonymous copy, no longer a named weight
+                    pretranspose_weights(candidate, self.weights)
                 try:
                     run_pre_compilation_rewrite(module=candidate)
                     report(1, 3)

@@ -11,12 +11,19 @@ spec of every composite module here.  See ``docs/composite_ops.md``.
 """
 
 from coreai_torch.composite_ops.attention import SDPA
-from coreai_torch.composite_ops.moe import GatherMatmul, SwiGLUExperts
+from coreai_torch.composite_ops.moe import (
+    GatedActivation,
+    GatedExperts,
+    GatherMatmul,
+    SwiGLUExperts,
+)
 from coreai_torch.composite_ops.norm import RMSNorm, RMSNormImpl
 from coreai_torch.composite_ops.rope import RoPE, rope_cos_sin
 
 __all__ = [
     "SDPA",
+    "GatedActivation",
+    "GatedExperts",
     "GatherMatmul",
     "RMSNorm",
     "RMSNormImpl",

@@ -1,5 +1,6 @@
 """Language models end to end: a Hugging Face causal LM -> one stateful Core AI program
-(:func:`export`) -> text generation on the runtime (:class:`Generator`).
+(:func:`export`) -> text generation on the runtime (:class:`Generator`); mixture-of-experts
+blocks made static (:func:`rewrite_moe`).
 
     program = coreai_torch.llm.export("path/to/model_dir", max_context=1024)
     program.save_asset("model.aimodel")
@@ -8,11 +9,19 @@
             ...
         print(gen.stats)  # prefill and decode tokens/s
 
-See ``docs/llm.md``.
+See ``docs/llm.md`` and ``docs/frontier_models.md``.
 """
 
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.llm.export import ARCHITECTURES, export
 from coreai_torch.llm.generate import GenerationStats, Generator
+from coreai_torch.llm.moe import rewrite_moe
 
-__all__ = ["ARCHITECTURES", "GenerationStats", "Generator", "UnsupportedModelError", "export"]
+__all__ = [
+    "ARCHITECTURES",
+    "GenerationStats",
+    "Generator",
+    "UnsupportedModelError",
+    "export",
+    "rewrite_moe",
+]

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
+import numpy as np
+
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
 
@@ -137,6 +139,11 @@ def _protect_constant_shifts(module: ir.Module, ops: list[ir.Operation]) -> int:
 # reshape through a matmul is only valid when it leaves the matrix dimensions alone (the last
 # two of the right operand, the last of the left one); for every other reshape a `* 1` between
 # the reshape and the matmul keeps the rewrite from touching it (the compiler drops the `* 1`).
+# Even a valid move aborts the process (LLVM ERROR "Failed to infer result type(s)" for a
+# broadcasting op) when an elementwise op uses the matmul's result together with a value whose
+# shape does not broadcast to the matmul's shape after the move, e.g. x: 2x7x64 reshaped to
+# 14x64, times W, times another 14x48 value (SwiGLU experts on flattened tokens): the same
+# `* 1` keeps those reshapes in place too.
 
 _MATMUL_OPS = frozenset({"coreai.batch_matmul", "coreai.decomposable.broadcasting_batch_matmul"})
 
@@ -156,6 +163,64 @@ def _reshape_changes_matrix_dims(reshape: ir.Operation, operand_index: int) -> b
     return before[-kept:] != after[-kept:]
 
 
+#: Elementwise ops with several tensor operands (the rewrite re-infers their types after a move).
+_ELEMENTWISE_PREFIX = "coreai.decomposable.broadcasting_"
+_ELEMENTWISE_OPS = frozenset(
+    f"coreai.{n}" for n in ("add", "sub", "mul", "divide", "maximum", "minimum", "pow", "where")
+)
+
+
+def _moved_matmul_shape(
+    matmul: ir.Operation, reshape: ir.Operation, index: int
+) -> list[int] | None:
+    """The matmul's result shape once the rewrite moved ``reshape`` (its operand ``index``)
+    behind it (the matmul then reads the reshape's input); ``None`` if not static or if the
+    batch dimensions would not broadcast."""
+    shapes = [_static_shape(v) for v in matmul.operands]
+    shapes[index] = _static_shape(reshape.operands[0])
+    a, b = shapes
+    if a is None or b is None or len(a) < 2 or len(b) < 2:
+        return None
+    try:
+        batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+    except ValueError:  # batch dimensions that no longer line up
+        return None
+    return [*batch, a[-2], b[-1]]
+
+
+def _broadcasts_to(shape: list[int] | None, target: list[int]) -> bool:
+    if shape is None:
+        return False
+    try:
+        return list(np.broadcast_shapes(tuple(shape), tuple(target))) == target
+    except ValueError:
+        return False
+
+
+def _move_breaks_users(matmul: ir.Operation, reshape: ir.Operation, index: int) -> bool:
+    """Whether an elementwise op combines the matmul's result with another operand (the result
+    again included) that does not broadcast to the matmul's shape after the move: the rewrite
+    aborts then.  Scalars and bias-like operands are fine."""
+    moved = _moved_matmul_shape(matmul, reshape, index)
+    if moved is None:
+        return True
+    if moved == _static_shape(matmul.result):
+        return False
+    for use in matmul.result.uses:
+        user = use.owner
+        name = user.name
+        if name == "coreai.decomposable.broadcasting_batch_matmul" or not (
+            name.startswith(_ELEMENTWISE_PREFIX) or name in _ELEMENTWISE_OPS
+        ):
+            continue
+        for number, operand in enumerate(user.operands):
+            if number == use.operand_number:
+                continue
+            if operand == matmul.result or not _broadcasts_to(_static_shape(operand), moved):
+                return True
+    return False
+
+
 def _protect_reshaped_matmul_operands(module: ir.Module, ops: list[ir.Operation]) -> int:
     from coreai_torch.lowerings.common import constant
 
@@ -168,7 +233,10 @@ def _protect_reshaped_matmul_operands(module: ir.Module, ops: list[ir.Operation]
                 source = _owner(op.operands[index])
                 if source is None or source.name != "coreai.reshape":
                     continue
-                if not _reshape_changes_matrix_dims(source, index):
+                if not (
+                    _reshape_changes_matrix_dims(source, index)
+                    or _move_breaks_users(op, source, index)
+                ):
                     continue
                 value = op.operands[index]
                 element = ir.ShapedType(value.type).element_type

@@ -19,6 +19,7 @@ from coreai_torch._mlir import run_pre_compilation_rewrite
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.verify import export_decomposed, verify
 from tests.helpers import check_module
+from tests.reliability.support import run_isolated
 
 
 class Shifted(nn.Module):
@@ -165,6 +166,46 @@ def test_raw_core_ai_rewrite_still_misfolds_reshaped_matmuls() -> None:
     with module.context:
         run_pre_compilation_rewrite(module=module)
     assert not verify(model, RESHAPED_ARGS, program=program).ok
+
+
+FLATTENED_TOKENS = """
+import json, torch, torch.nn as nn, torch.nn.functional as F
+from tests.helpers import check_module
+from tests.reliability.support import run_isolated
+
+class FlattenedTokens(nn.Module):
+    \"\"\"Linear layers on flattened tokens combined elementwise (SwiGLU experts / a shared
+    expert working on ``(tokens, dim)``).\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 48, bias=False)
+        self.b = nn.Linear(64, 48, bias=False)
+        self.register_buffer("scale", torch.rand(48))
+        self.experts = nn.Parameter(torch.randn(4, 48, 64))
+
+    def forward(self, x, y, idx):
+        x = x.reshape(-1, 64)
+        a = self.a(x)
+        return (
+            F.silu(a) * self.b(x),  # the SwiGLU gate
+            a + y,  # another (tokens, 48) value
+            a * a,
+            a * self.scale,  # broadcasts either way: the rewrite may move the reshape
+            a * 2.0,
+            torch.matmul(self.experts[idx], x.unsqueeze(-2).unsqueeze(-1)),  # batched (14, 2)
+        )
+
+args = (torch.randn(2, 7, 64), torch.randn(14, 48), torch.randint(0, 4, (14, 2)))
+print(json.dumps(check_module(FlattenedTokens(), args).max_abs))
+"""
+
+
+def test_optimize_of_matmuls_on_flattened_tokens_used_elementwise() -> None:
+    """The rewrite moves a reshape feeding a matmul behind it, then aborted the process (LLVM
+    ERROR: Failed to infer result type(s)) when an elementwise op combined the matmul's result
+    with a value of its own shape; optimize() keeps those reshapes in place."""
+    assert run_isolated(FLATTENED_TOKENS) < 1e-5
 
 
 class RewriteBreaker(nn.Module):
