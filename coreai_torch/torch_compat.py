@@ -9,9 +9,10 @@ rest of the package uses the result and never compares torch versions itself.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -33,9 +34,9 @@ NATIVE_OPS_DECOMPOSED_BY_NEWER_TORCH: tuple[torch._ops.OpOverload, ...] = (
 )
 
 #: Warnings torch raises from its own code, which users of the converter cannot act on.
-#: - torch 2.13 deprecated ``isinstance(treespec, LeafSpec)`` (a FutureWarning) and its own
+#: - torch 2.12 deprecated ``isinstance(treespec, LeafSpec)`` (a FutureWarning) and its own
 #:   ``ExportedProgram.run_decompositions()`` triggers it when it deep-copies the module call
-#:   graph (still so in 2.14).
+#:   graph (still so in 2.13 and 2.14).
 TORCH_INTERNAL_WARNINGS: tuple[tuple[type[Warning], str], ...] = (
     (FutureWarning, r".*isinstance\(treespec, LeafSpec\)"),
 )
@@ -72,6 +73,35 @@ def warn_if_untested_torch() -> None:
         warnings.warn(message, UserWarning, stacklevel=2)
 
 
+def _lstm_layer_with_batch_shaped_states(one_layer_lstm: Callable[..., Any]) -> Callable[..., Any]:
+    """torch 2.12's decomposition of ``aten.lstm.input`` (which ``torch.export`` also uses to
+    trace the op's output shapes) squeezes each layer's final ``(1, batch, hidden)`` states
+    on dimension 1 instead of 0: for a batch > 1 the exported program's ``h_n``/``c_n`` get
+    an extra dimension that eager PyTorch does not have.  torch 2.13 squeezes dimension 0;
+    this wrapper gives 2.12 the same result (shapes of a batch of 1 were already right)."""
+
+    @functools.wraps(one_layer_lstm)
+    def one_layer(*args: Any, **kwargs: Any) -> Any:
+        out, (hx, cx) = one_layer_lstm(*args, **kwargs)
+        if hx.dim() == 3:
+            hx, cx = hx.squeeze(0), cx.squeeze(0)
+        return out, (hx, cx)
+
+    one_layer.backported = True  # type: ignore[attr-defined]
+    return one_layer
+
+
+def _backport_fixes() -> None:
+    """Fixes of later torch releases applied to an older installed torch (at import)."""
+    if torch_version() == (2, 12):
+        from torch._decomp import decompositions
+
+        if not getattr(decompositions.one_layer_lstm, "backported", False):
+            decompositions.one_layer_lstm = _lstm_layer_with_batch_shaped_states(
+                decompositions.one_layer_lstm
+            )
+
+
 def ignore_torch_internal_warnings() -> None:
     """Hide :data:`TORCH_INTERNAL_WARNINGS` for the rest of the process (the command line)."""
     for category, message in TORCH_INTERNAL_WARNINGS:
@@ -83,3 +113,6 @@ def run_decompositions(ep: ExportedProgram, table: Mapping[Any, Any] | None) -> 
     with warnings.catch_warnings():
         ignore_torch_internal_warnings()
         return ep.run_decompositions(table)
+
+
+_backport_fixes()

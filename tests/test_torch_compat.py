@@ -105,3 +105,25 @@ def test_run_decompositions_hides_only_torch_internal_warnings() -> None:
         torch_compat.run_decompositions(ep, get_decomp_table())
         warnings.warn("a warning of the user's own", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["a warning of the user's own"]
+
+
+class TwoLayerLSTM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(8, 16, num_layers=2, batch_first=True)
+
+    def forward(
+        self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        out, (h_n, c_n) = self.rnn(x, (h, c))
+        return out, h_n, c_n
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_exported_lstm_states_have_their_eager_shapes(batch: int) -> None:
+    """torch 2.12 traced h_n/c_n of a batch > 1 with an extra dimension (fix backported)."""
+    model = TwoLayerLSTM().eval()
+    args = (torch.randn(batch, 5, 8), torch.randn(2, batch, 16), torch.randn(2, batch, 16))
+    ep = torch.export.export(model, args)
+    traced = [tuple(n.meta["val"].shape) for n in ep.graph.output_node().args[0]]
+    assert traced == [tuple(t.shape) for t in model(*args)]
