@@ -89,6 +89,21 @@ def tracked_source(dest: Path) -> Path:
     return dest
 
 
+def source_revision() -> str:
+    """The git commit the run tests (``+changes`` if the work tree differs from it)."""
+    try:
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD"]).returncode
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+changes" if dirty else "")
+
+
 def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
@@ -133,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--workdir must be outside the source tree {ROOT}")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    revision = source_revision()
     times: dict[str, float] = {}
     facts: dict[str, str | None] = {}
     error: str | None = None
@@ -231,15 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in times.items())
     row = (
         f"| {py} | {facts.get('torch') or args.torch} | {facts.get('numpy') or args.numpy} | "
-        f"{result} | {timing} | `make test-compat PYTHON=python{py.rsplit('.', 1)[0]} "
-        f"TORCH={args.torch}{f' NUMPY={args.numpy}' if args.numpy else ''}` |"
+        f"{result} | {timing} | {revision} | `make test-compat "
+        f"PYTHON=python{py.rsplit('.', 1)[0]} TORCH={args.torch}"
+        f"{f' NUMPY={args.numpy}' if args.numpy else ''}` |"
     )
     results_dir.mkdir(parents=True, exist_ok=True)
     with open(results_dir / "results.md", "a") as log:
         log.write(row + "\n")
     if error is not None:
         print(f"\ntest-compat FAILED: {error}", file=sys.stderr)
-    print("\n| Python | torch | numpy | result | time | command |\n|---|---|---|---|---|---|")
+    print(
+        "\n| Python | torch | numpy | result | time | commit | command |"
+        "\n|---|---|---|---|---|---|---|"
+    )
     print(row)
     return 0 if error is None else 1
 
