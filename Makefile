@@ -4,13 +4,18 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 JOBS ?= 2
+# The development environment pins torch (constraints.txt); the package accepts a tested range.
+CONSTRAINTS := constraints.txt
+# `make test-compat`: the torch to install beside the wheel (and optionally numpy).
+TORCH ?= 2.13.0
+NUMPY ?=
 
-.PHONY: demo test test-all bench lint ops-table opinfo clean
+.PHONY: demo test test-all test-compat bench lint ops-table opinfo clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test,cli]"
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[test,cli]"
 	touch $(STAMP)
 
 ## Convert the bundled example model, run it on the Core AI runtime, compare with PyTorch.
@@ -25,14 +30,20 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(JOBS) --dist loadgroup
 
+## Build sdist + wheel, install the wheel with PYTHON and TORCH into a fresh venv outside the
+## source tree and run a subset of the tests against it (downloads; several GB per torch).
+## e.g. make test-compat PYTHON=python3.12 TORCH=2.14.1  (docs/compatibility.md)
+test-compat:
+	$(PYTHON) tools/compat.py --torch $(TORCH) $(if $(NUMPY),--numpy $(NUMPY))
+
 ## Conversion time, peak memory and runtime latency of the benchmark models, and the
 ## conversion of a 1.26B Llama against the disk's write floor (about 8 GB of free memory).
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --ablation --large
 
 lint: $(STAMP)
-	$(BIN)/ruff check coreai_torch tests benchmarks
-	$(BIN)/ruff format --check coreai_torch tests benchmarks
+	$(BIN)/ruff check coreai_torch tests benchmarks tools
+	$(BIN)/ruff format --check coreai_torch tests benchmarks tools
 
 ## Regenerate docs/ops.md, the op coverage table.
 ops-table: $(STAMP)

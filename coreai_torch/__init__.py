@@ -8,7 +8,10 @@ TorchConverter(compute_precision=torch.float16) converts into a half-precision p
 (coreai_torch.precision, docs/precision.md).
 """
 
-from coreai_torch import composite_ops, compression, errors, llm, precision, progress
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _distribution_version
+
+from coreai_torch import composite_ops, compression, errors, llm, precision, progress, torch_compat
 from coreai_torch.analysis import analyze
 from coreai_torch.composite import generate_composite_decl
 from coreai_torch.converter import TorchConverter
@@ -32,7 +35,13 @@ from coreai_torch.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.passes.compress import CompressionReport
 from coreai_torch.program import AIProgram
 
-__version__ = "0.1.0"
+try:
+    #: The installed distribution's version (pyproject.toml's ``version``).
+    __version__ = _distribution_version("coreai-torch-converter")
+except PackageNotFoundError:  # a source tree on sys.path that was never installed
+    __version__ = "0+unknown"
+
+torch_compat.warn_if_untested_torch()
 
 __all__ = [
     "AIProgram",

@@ -22,6 +22,7 @@ from coreai_torch.decomp import COMPOSITE_OPS, check_decomposed, get_decomp_tabl
 from coreai_torch.errors import NotDecomposedError
 from coreai_torch.importer import find_unsupported, op_histogram
 from coreai_torch.locations import module_path, qualified_name, user_frame
+from coreai_torch.torch_compat import run_decompositions
 
 #: ops kept whole by ``get_decomp_table()`` and converted as composite ops
 COMPOSITE_OP_NAMES = frozenset(qualified_name(op) for op in COMPOSITE_OPS)
@@ -125,7 +126,7 @@ def decomposed(ep: ExportedProgram) -> tuple[ExportedProgram, bool]:
     to be."""
     if is_decomposed(ep):
         return ep, False
-    return ep.run_decompositions(get_decomp_table()), True
+    return run_decompositions(ep, get_decomp_table()), True
 
 
 def _missing(nodes_by_op: dict[str, list[torch.fx.Node]]) -> list[MissingOp]:

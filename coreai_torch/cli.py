@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.metadata
 import importlib.util
 import json
 import os
+import platform
 import sys
 import time
 import traceback
-import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ import torch.utils._pytree as pytree
 from torch.export import ExportedProgram
 
 from coreai_torch.errors import ConversionError, UnsupportedOpError
+from coreai_torch.torch_compat import ignore_torch_internal_warnings
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 SOURCE_HELP = "FILE.pt2 (torch.export.save) or FILE.py:FUNCTION returning (module, example_inputs)"
@@ -573,6 +575,16 @@ def _setup_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _version() -> str:
+    from coreai_torch import __version__
+
+    return (
+        f"coreai-torch {__version__} (torch {torch.__version__}, "
+        f"coreai-core {importlib.metadata.version('coreai-core')}, "
+        f"Python {platform.python_version()})"
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(add_help=False)
     top.add_argument("--debug", action="store_true", help="show tracebacks of errors")
@@ -589,6 +601,7 @@ def _parser() -> argparse.ArgumentParser:
         "(module, example_inputs[, dynamic_shapes]).",
         parents=[top],
     )
+    parser.add_argument("--version", action="version", version=_version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     convert = commands.add_parser(
@@ -678,7 +691,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     opts = _parser().parse_args(argv)
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+    ignore_torch_internal_warnings()
     try:
         return opts.func(opts)
     except KeyboardInterrupt:

@@ -9,6 +9,7 @@ import torch
 from torch.export import ExportedProgram
 
 from coreai_torch.errors import NotDecomposedError
+from coreai_torch.torch_compat import NATIVE_OPS_DECOMPOSED_BY_NEWER_TORCH
 
 aten = torch.ops.aten
 
@@ -52,6 +53,8 @@ NATIVE_OPS: tuple[torch._ops.OpOverload, ...] = (
     aten.logspace.default,
     aten.eye.default,
     aten.eye.m,
+    # decomposed only by newer torch releases (see torch_compat)
+    *NATIVE_OPS_DECOMPOSED_BY_NEWER_TORCH,
 )
 
 

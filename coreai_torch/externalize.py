@@ -49,6 +49,7 @@ from coreai_torch.errors import (
     RuntimeHazardError,
     UnsupportedOpError,
 )
+from coreai_torch.torch_compat import run_decompositions
 
 # ----------------------------------------------------------------------------------- spec ---
 
@@ -619,7 +620,7 @@ class _Call:
                     dynamic_shapes=(dynamic,) if any(dynamic) else None,
                     strict=False,
                 )
-                ep = ep.run_decompositions(plan.decomp_table())
+                ep = run_decompositions(ep, plan.decomp_table())
         except ConversionError:
             raise
         except Exception as error:

@@ -25,6 +25,7 @@ from torch.export import ExportedProgram
 from coreai_torch.decomp import get_decomp_table
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import Session
+from coreai_torch.torch_compat import run_decompositions
 
 
 def export_decomposed(
@@ -39,7 +40,7 @@ def export_decomposed(
     ep = torch.export.export(
         model, tuple(args), dict(kwargs or {}), dynamic_shapes=dynamic_shapes, strict=strict
     )
-    return ep.run_decompositions(get_decomp_table())
+    return run_decompositions(ep, get_decomp_table())
 
 
 def to_numpy(value: Any) -> np.ndarray:
