@@ -20,7 +20,7 @@ from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
 from coreai_torch.passes import weight_casts  # noqa: F401  (registers its fold guard)
 from coreai_torch.passes.compress import lookups_before_decompression, scales_after_matmul
-from coreai_torch.passes.pretranspose import pretranspose_weights
+from coreai_torch.passes.pretranspose import is_dynamic_gather, pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.precision.policy import FP32, Precision
 from coreai_torch.saving import save_program
@@ -139,9 +139,13 @@ class AIProgram(ca.AIProgram):
                 candidate = clone_module(module=module)
                 protect_from_misfolds(candidate)
                 if transpose_weights and self.weights is not None:
-                    # before the rewrite too: it folds a weight's transpose feeding a gather
-                    # (MoE experts) into an anonymous copy, no longer a named weight
-                    pretranspose_weights(candidate, self.weights)
+                    # before the rewrite too for weights read by run-time gathers (MoE
+                    # experts): it folds their transposes into anonymous copies otherwise.
+                    # Only those: the rewrite would fold other readers of the new constants
+                    # from their placeholder bytes (pretranspose_weights).
+                    pretranspose_weights(
+                        candidate, self.weights, transposes_read_by=is_dynamic_gather
+                    )
                 try:
                     run_pre_compilation_rewrite(module=candidate)
                     report(1, 3)

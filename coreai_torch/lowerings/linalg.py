@@ -52,9 +52,36 @@ def _matmul(a: ir.Value, b: ir.Value) -> ir.Value:
     if rb == 1:
         out = cai.broadcasting_batch_matmul(a, unsqueeze(b, [1]))
         return squeeze(out, [rank_of(out) - 1])
-    if ra == rb == 2:
+    a, b = _unbroadcast_batch(a, b), _unbroadcast_batch(b, a)
+    if rank_of(a) == rank_of(b) == 2:
         return cai.batch_matmul(a, b)
     return cai.broadcasting_batch_matmul(a, b)
+
+
+def _static_batch(value: ir.Value) -> tuple[int, ...] | None:
+    shape = shape_of(value)
+    return None if any(not isinstance(d, int) or d < 0 for d in shape) else tuple(shape[:-2])
+
+
+def _unbroadcast_batch(value: ir.Value, other: ir.Value) -> ir.Value:
+    """The source of ``value`` when ``value`` only broadcasts it along batch dimensions that
+    the matmul broadcasts anyway (``torch.matmul`` of a 3-D by a 2-D operand expands the
+    weight to a batch of copies for ``bmm``): the batch matmul broadcasts the source itself,
+    and no batch of copies is made (or folded into the asset by Core AI's rewrite)."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or owner.operation.name != "coreai.broadcast_to":
+        return value
+    source = owner.operation.operands[0]
+    if rank_of(source) < 2 or shape_of(source)[-2:] != shape_of(value)[-2:]:
+        return value
+    ours, theirs, original = _static_batch(source), _static_batch(other), _static_batch(value)
+    if ours is None or theirs is None or original is None:
+        return value
+    try:
+        same = np.broadcast_shapes(ours, theirs) == np.broadcast_shapes(original, theirs)
+    except ValueError:
+        return value
+    return source if same else value
 
 
 def _scaled(x: ir.Value, factor: float, dtype: torch.dtype) -> ir.Value:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coreai_torch._mlir import cai, ir
@@ -63,8 +64,22 @@ class _Readers:
     )
 
 
-def _classify(ops: list[ir.Operation]) -> _Readers | None:
-    """The readers of one weight's constant ops, if they allow storing it transposed."""
+def _is_constant(value: ir.Value) -> bool:
+    owner = value.owner
+    return not isinstance(owner, ir.Block) and owner.operation.name == "coreai.constant"
+
+
+def is_dynamic_gather(op: ir.Operation) -> bool:
+    """Whether ``op`` is a gather whose indices are computed at run time: the rewrite cannot
+    fold it, whatever its table holds."""
+    return "gather" in op.name and not all(_is_constant(v) for v in op.operands[1:])
+
+
+def _classify(
+    ops: list[ir.Operation], transposes_read_by: Callable[[ir.Operation], bool] | None = None
+) -> _Readers | None:
+    """The readers of one weight's constant ops, if they allow storing it transposed (and the
+    transposes are only read by ops ``transposes_read_by`` accepts, when given)."""
     perms: set[tuple[int, ...] | None] = set()
     constants = []
     for op in ops:
@@ -72,6 +87,10 @@ def _classify(ops: list[ir.Operation]) -> _Readers | None:
         for use in op.result.uses:
             user = use.owner.operation
             if user.name == "coreai.transpose" and use.operand_number == 0:
+                if transposes_read_by is not None and not all(
+                    transposes_read_by(u.owner.operation) for u in user.result.uses
+                ):
+                    return None
                 perms.add(_permutation(user))
                 transposes.append(user)
             elif use.operand_number == 0 and is_row_lookup(user):
@@ -102,11 +121,15 @@ def weight_constants(module: ir.Module, store: WeightStore) -> dict[str, list[ir
     return constants
 
 
-def _weight_readers(module: ir.Module, store: WeightStore) -> dict[str, _Readers]:
+def _weight_readers(
+    module: ir.Module,
+    store: WeightStore,
+    transposes_read_by: Callable[[ir.Operation], bool] | None = None,
+) -> dict[str, _Readers]:
     """The weights of ``store`` that can be stored transposed, by resource name."""
     found = {}
     for name, ops in weight_constants(module, store).items():
-        readers = _classify(ops)
+        readers = _classify(ops, transposes_read_by)
         if readers is not None:
             found[name] = readers
     return found
@@ -130,15 +153,26 @@ def _erase_transpose(op: ir.Operation, replacement: ir.Value) -> None:
         perm.erase()
 
 
-def pretranspose_weights(module: ir.Module, store: WeightStore) -> list[str]:
+def pretranspose_weights(
+    module: ir.Module,
+    store: WeightStore,
+    *,
+    transposes_read_by: Callable[[ir.Operation], bool] | None = None,
+) -> list[str]:
     """Store every weight of ``store`` that ``module`` reads only through one transpose (and
     row lookups) transposed: ``transpose(constant W)`` becomes ``constant W.T``.
+
+    ``transposes_read_by`` limits this to weights whose transposes are read only by the ops
+    it accepts.  The new constants hold placeholders until the asset is written
+    (:meth:`WeightStore.transposed`), so before Core AI's rewrite only weights read by ops
+    it cannot fold may be stored transposed (:func:`is_dynamic_gather`): a fold would compute
+    from the placeholder's bytes.
 
     Returns the names of the weights now stored transposed (as ``<name>.T``).
     """
     done = []
     with module.context, ir.Location.unknown():
-        for name, readers in _weight_readers(module, store).items():
+        for name, readers in _weight_readers(module, store, transposes_read_by).items():
             attr = store.transposed(name, readers.perm)
             if attr is None:
                 continue
