@@ -209,10 +209,11 @@ def test_optimize_of_matmuls_on_flattened_tokens_used_elementwise() -> None:
 
 
 class RewriteBreaker(nn.Module):
-    """A program Core AI's rewrite fails on (it builds an invalid broadcast_in_dims)."""
+    """A program Core AI's rewrite fails on (it builds an invalid broadcast_in_dims from the
+    reshape and the broadcast)."""
 
     def forward(self, a: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(a.reshape(1, 6, 4), x[0, 0])
+        return torch.matmul(a.reshape(1, 6, 4).expand(4, 6, 4) * 2, x[0, 0])
 
 
 def test_a_program_the_rewrite_cannot_handle_stays_valid_and_runs() -> None:
