@@ -632,7 +632,8 @@ def _parser() -> argparse.ArgumentParser:
         "--progress",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="progress bar while lowering (default: when stderr is a terminal)",
+        help="progress bar while converting, optimizing and saving (default: when stderr is a "
+        "terminal)",
     )
     _setup_option(convert)
     convert.set_defaults(func=cmd_convert)
