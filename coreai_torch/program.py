@@ -25,7 +25,7 @@ from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.precision.policy import FP32, Precision
 from coreai_torch.saving import save_program
 from coreai_torch.signature import ProgramSignature
-from coreai_torch.weights import WeightStore
+from coreai_torch.weights import WeightStore, referenced_resources
 
 if TYPE_CHECKING:
     from coreai_torch.compression import CompressionConfig
@@ -56,8 +56,6 @@ class AIProgram(ca.AIProgram):
 
     #: entry point -> its inputs, outputs and states (set by ``TorchConverter.to_coreai``)
     signatures: dict[str, ProgramSignature]
-    #: the program's weights (set by ``TorchConverter.to_coreai``; None for other programs)
-    weights: WeightStore | None
     #: the precision policy it was converted with (float32: as exported)
     precision: Precision
     #: entry point -> the ExportedProgram it was converted from (for a half-precision
@@ -76,6 +74,18 @@ class AIProgram(ca.AIProgram):
         self.progress = None
         self.precision = FP32
         self.exported_programs = {}
+
+    @property
+    def weights(self) -> WeightStore | None:
+        """The program's weights (set by ``TorchConverter.to_coreai``; None for other programs;
+        shared with the program's copies)."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, store: WeightStore | None) -> None:
+        self._weights = store
+        if store is not None:
+            store.share_with(self)
 
     @property
     def mlir_module(self) -> ir.Module:
@@ -98,8 +108,10 @@ class AIProgram(ca.AIProgram):
         return self._module._mlir_module
 
     def _materialize_weights(self) -> None:
+        """Make the pending transposed weights this program references (not those only its
+        copies reference, nor those no longer referenced at all)."""
         if self.weights is not None and self.weights.pending:
-            self.weights.materialize()
+            self.weights.materialize(referenced_resources(self.structural_module))
 
     @property
     def function_names(self) -> list[str]:
@@ -183,7 +195,10 @@ class AIProgram(ca.AIProgram):
         """
         from coreai_torch.passes.compress import compress
 
-        return compress(self, config)
+        report = compress(self, config)
+        if self.weights is not None:
+            self.weights.prune()  # the transposes of weights now stored compressed
+        return report
 
     def save_asset(
         self, path: str | os.PathLike[str], metadata: Any = None, **kwargs: Any

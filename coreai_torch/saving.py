@@ -167,7 +167,7 @@ def save_in_process(
     """coreai-core's way, without its whole-file read: make the pending transposes, serialize
     to the file, hash it in chunks.  Returns the SHA-256."""
     if weights is not None:
-        weights.materialize()
+        weights.materialize(referenced_resources(module))
     serialize_module_to_bytecode(
         module=clone_module(module=module),
         package_path=bytecode_path,

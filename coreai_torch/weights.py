@@ -15,7 +15,9 @@ tag, and the transposed data is produced while the asset is written
 (:mod:`coreai_torch.saving` replaces each tagged blob in the byte stream).  So saving a large
 model needs no second copy of its weights.  Whatever else reads constants' data through MLIR
 must see the real data: :meth:`WeightStore.materialize` fills the placeholders in place (one
-copy, as an eager transpose would make), and ``AIProgram.mlir_module`` calls it.
+copy, as an eager transpose would make), and ``AIProgram.mlir_module`` calls it.  A transposed
+weight whose constants a later pass replaced (``compress()``) is dropped instead
+(:meth:`WeightStore.prune`), never made.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ import itertools
 import mmap
 import os
 import re
+import weakref
+from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -75,6 +80,13 @@ def referenced_resources(module: ir.Module) -> set[str]:
 
     module.operation.walk(visit)
     return names
+
+
+class ModuleHolder(Protocol):
+    """What holds a module with constants of a :class:`WeightStore` (an ``AIProgram``)."""
+
+    @property
+    def structural_module(self) -> ir.Module: ...
 
 
 def _buffer(tensor: torch.Tensor) -> np.ndarray:
@@ -171,6 +183,8 @@ class WeightStore:
         #: resource name -> the buffer of a derived constant (see :meth:`derived`)
         self.derived_by_name: dict[str, np.ndarray] = {}
         self.derived_bytes = 0
+        #: programs holding constants of this store (see :meth:`share_with`)
+        self._users: weakref.WeakSet[ModuleHolder] = weakref.WeakSet()
 
     @staticmethod
     def _key(tensor: torch.Tensor) -> tuple:
@@ -250,12 +264,40 @@ class WeightStore:
         self._tensors.append(placeholder)
         return self._named_resource(view, unique, buffer=placeholder)
 
-    def materialize(self) -> None:
-        """Make every pending transposed weight now (in place, so the IR is unchanged): for
-        anything that reads the constants' data through MLIR rather than by saving."""
-        while self.pending:
-            _, entry = self.pending.popitem()
-            entry.materialize()
+    def share_with(self, user: ModuleHolder) -> None:
+        """Record that ``user`` (a program) holds constants of this store, so that
+        :meth:`prune` keeps what it references.  Users are held weakly."""
+        self._users.add(user)
+
+    def prune(self) -> list[str]:
+        """Drop the pending transposes whose resource no user of the store references any more
+        (their constants were replaced, e.g. by compressed ones): they are never made, and the
+        store lets go of their placeholders.  Does nothing for a store without users.  Returns
+        the resource names dropped."""
+        if not self.pending or not self._users:
+            return []
+        live: set[str] = set()
+        for user in list(self._users):
+            live |= referenced_resources(user.structural_module)
+        dropped = [entry for entry in self.pending.values() if entry.name not in live]
+        for entry in dropped:
+            del self.pending[entry.tag]
+            del self.by_name[entry.name]
+            self._tensors = [t for t in self._tensors if t is not entry.placeholder]
+        return [entry.name for entry in dropped]
+
+    def materialize(self, referenced: Collection[str] | None = None) -> None:
+        """Make the pending transposed weights now (in place, so the IR is unchanged): for
+        anything that reads the constants' data through MLIR rather than by saving.
+
+        ``referenced``: only those of these resources (a module's
+        :func:`referenced_resources`); the others stay pending.  Transposes no user of the
+        store references are dropped first (:meth:`prune`)."""
+        self.prune()
+        for entry in list(self.pending.values()):
+            if referenced is None or entry.name in referenced:
+                del self.pending[entry.tag]
+                entry.materialize()
 
     def derived(
         self, data: np.ndarray, name: str, tensor_type: ir.RankedTensorType

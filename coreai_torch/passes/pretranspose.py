@@ -78,8 +78,10 @@ def is_dynamic_gather(op: ir.Operation) -> bool:
 def _classify(
     ops: list[ir.Operation], transposes_read_by: Callable[[ir.Operation], bool] | None = None
 ) -> _Readers | None:
-    """The readers of one weight's constant ops, if they allow storing it transposed (and the
-    transposes are only read by ops ``transposes_read_by`` accepts, when given)."""
+    """The readers of one weight's constant ops, if they allow storing it transposed.
+
+    With ``transposes_read_by``, the transposes must be the only readers (no row lookups) and
+    read only by ops it accepts."""
     perms: set[tuple[int, ...] | None] = set()
     constants = []
     for op in ops:
@@ -93,7 +95,7 @@ def _classify(
                     return None
                 perms.add(_permutation(user))
                 transposes.append(user)
-            elif use.operand_number == 0 and is_row_lookup(user):
+            elif use.operand_number == 0 and is_row_lookup(user) and transposes_read_by is None:
                 lookups.append(user)
             else:
                 return None
@@ -162,10 +164,11 @@ def pretranspose_weights(
     """Store every weight of ``store`` that ``module`` reads only through one transpose (and
     row lookups) transposed: ``transpose(constant W)`` becomes ``constant W.T``.
 
-    ``transposes_read_by`` limits this to weights whose transposes are read only by the ops
-    it accepts.  The new constants hold placeholders until the asset is written
-    (:meth:`WeightStore.transposed`), so before Core AI's rewrite only weights read by ops
-    it cannot fold may be stored transposed (:func:`is_dynamic_gather`): a fold would compute
+    ``transposes_read_by`` limits this to weights read only through transposes, which only
+    the ops it accepts read (no row lookups either).  The new constants hold placeholders
+    until the asset is written (:meth:`WeightStore.transposed`), so before Core AI's rewrite
+    only weights read by nothing it can fold may be stored transposed (run-time gathers,
+    :func:`is_dynamic_gather`): a fold (of a lookup with constant indices, say) would compute
     from the placeholder's bytes.
 
     Returns the names of the weights now stored transposed (as ``<name>.T``).
