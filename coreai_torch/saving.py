@@ -64,8 +64,15 @@ STREAM_MIN_BYTES = 64 << 20
 #: Assets of at least this size are written with direct I/O: it spares the CPU a copy per byte,
 #: but waits for the disk, where smaller ones return once in the page cache.
 DIRECT_MIN_BYTES = 1 << 30
-#: A serializer that writes nothing for this long is given up (and the asset saved in process).
-STALL_SECONDS = 600.0
+#: A serializer that neither writes nor runs (no CPU time, no page faults) for this long is
+#: given up, and the asset saved in process: a child stuck on a lock that another thread held
+#: at the fork, say.  One that is busy (cloning a large module before its first byte, on a
+#: loaded machine) is waited for.
+STALL_SECONDS = 10.0
+#: Without the child's activity (no ``/proc``), only its output counts, for this long.
+BLIND_STALL_SECONDS = 600.0
+#: How often the child's activity is read while it writes nothing.
+_WATCH_SECONDS = 0.25
 _OK = b"ok"
 #: Read output is freed in steps of this size.
 _RELEASE_BYTES = 8 << 20
@@ -168,12 +175,7 @@ def save_in_process(
     to the file, hash it in chunks.  Returns the SHA-256."""
     if weights is not None:
         weights.materialize(referenced_resources(module))
-    serialize_module_to_bytecode(
-        module=clone_module(module=module),
-        package_path=bytecode_path,
-        dialect_version=dialect_version,
-        bytecode_version=BYTECODE_VERSION,
-    )
+    serialize(module, bytecode_path, dialect_version)
     digest = hashlib.sha256()
     size = bytecode_path.stat().st_size
     with open(bytecode_path, "rb") as file:
@@ -185,6 +187,16 @@ def save_in_process(
 
 
 # ------------------------------------------------------------------------- the serializer ---
+
+
+def serialize(module: ir.Module, path: Path | str, dialect_version: int) -> None:
+    """coreai-core's serializer: ``module``'s bytecode into the file ``path``."""
+    serialize_module_to_bytecode(
+        module=clone_module(module=module),
+        package_path=path,
+        dialect_version=dialect_version,
+        bytecode_version=BYTECODE_VERSION,
+    )
 
 
 class _ForkError(RuntimeError):
@@ -218,12 +230,7 @@ def _serialize_child(module: ir.Module, out_fd: int, status_fd: int, version: in
         _libc().prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: do not outlive the parent
         if os.getppid() != parent:
             os._exit(1)
-        serialize_module_to_bytecode(
-            module=clone_module(module=module),
-            package_path=f"/dev/fd/{out_fd}",
-            dialect_version=version,
-            bytecode_version=BYTECODE_VERSION,
-        )
+        serialize(module, f"/dev/fd/{out_fd}", version)
     except BaseException as error:
         code, message = 1, f"{type(error).__name__}: {error}".encode(errors="replace")
     with contextlib.suppress(BaseException):
@@ -282,14 +289,27 @@ class _Serializer:
         last_stats.peak_buffered = max(last_stats.peak_buffered, info.st_blocks * 512)
         return info.st_size
 
-    def pace(self, unread: int) -> None:
-        """Flow control: stop the child while ``unread`` bytes wait, until a quarter are read."""
-        if not self.stopped and unread > _AHEAD_BYTES and self.running():
+    def pace(self, unread: int, wanted: int) -> None:
+        """Flow control: stop the child while more than ``_AHEAD_BYTES`` wait to be read, until
+        a quarter of them are read (or the reader wants more than there is)."""
+        if not self.stopped and unread > _AHEAD_BYTES and unread >= wanted and self.running():
             self._signal(signal.SIGSTOP)
             self.stopped = True
-        elif self.stopped and unread <= _AHEAD_BYTES * 3 // 4:
+        elif self.stopped and (unread <= _AHEAD_BYTES * 3 // 4 or unread < wanted):
             self._signal(signal.SIGCONT)
             self.stopped = False
+
+    def activity(self) -> tuple[int, ...] | None:
+        """Counters that grow while the child runs: its page faults and CPU ticks (None if
+        they cannot be read)."""
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as file:
+                stat = file.read()
+        except OSError:
+            return None
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        # minflt, majflt, utime, stime: fields 10, 12, 14 and 15 of proc_pid_stat(5)
+        return tuple(int(fields[i]) for i in (7, 9, 11, 12))
 
     def _signal(self, number: int) -> None:
         if self.exit_status is None:  # not reaped yet (a zombie takes signals harmlessly)
@@ -489,6 +509,29 @@ class _Sink:
             thread.join()
 
 
+class _Watchdog:
+    """Gives up on a serializer that makes no progress while it is waited for: no output and
+    no activity for ``STALL_SECONDS``."""
+
+    def __init__(self, serializer: _Serializer) -> None:
+        self.serializer = serializer
+        self.since = self.checked = time.monotonic()
+        self.seen: tuple[int, tuple[int, ...] | None] | None = None
+
+    def check(self, written: int) -> None:
+        now = time.monotonic()
+        if now - self.checked < min(_WATCH_SECONDS, STALL_SECONDS / 4):
+            return
+        self.checked = now
+        state = (written, self.serializer.activity())
+        if state != self.seen:
+            self.seen, self.since = state, now
+            return
+        limit = STALL_SECONDS if state[1] is not None else BLIND_STALL_SECONDS
+        if now - self.since > limit:
+            raise _ForkError(f"the serializer made no progress for {limit:g} s")
+
+
 class _ChildOutput(Source):
     """The serializer's output, read once as the child writes it; what is consumed goes to the
     sink (or is dropped) and its memory is freed."""
@@ -502,18 +545,16 @@ class _ChildOutput(Source):
     def _available(self, wanted: int) -> int:
         """Bytes written and not read (waits for at least ``wanted``, or the child's end)."""
         child = self.serializer
-        seen, since = -1, time.monotonic()
+        watch: _Watchdog | None = None
         while True:
             running = child.running()  # before the size: once it has exited, the size is final
             written = child.written()
             unread = written - self.position - len(self._head)
-            child.pace(unread)
+            child.pace(unread, wanted)
             if unread >= wanted or not running:
                 return unread
-            if written != seen:
-                seen, since = written, time.monotonic()
-            elif time.monotonic() - since > STALL_SECONDS:
-                raise _ForkError(f"the serializer wrote nothing for {STALL_SECONDS} s")
+            watch = watch or _Watchdog(child)
+            watch.check(written)
             time.sleep(0.0005)
 
     def _fill(self, count: int) -> None:

@@ -10,10 +10,12 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -297,9 +299,36 @@ def test_a_serializer_that_hangs_is_given_up(
     program.save_asset(tmp_path / "reference.aimodel")
     monkeypatch.setattr(saving, "_serialize_child", lambda *a: time.sleep(60))
     monkeypatch.setattr(saving, "STALL_SECONDS", 0.5)
-    with _children_reaped(), pytest.warns(RuntimeWarning, match="wrote nothing for 0.5 s"):
+    start = time.monotonic()
+    with _children_reaped(), pytest.warns(RuntimeWarning, match="no progress for 0.5 s"):
         program.save_asset(tmp_path / "hung.aimodel")
+    assert time.monotonic() - start < 20  # not the minute the child sleeps
     _assert_same_asset(tmp_path / "hung.aimodel", tmp_path / "reference.aimodel")
+
+
+def test_a_serializer_busy_before_its_first_byte_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Writing nothing for longer than ``STALL_SECONDS`` is no stall while the child runs (as
+    it does when cloning a large module before its first byte)."""
+    program, _, _ = _mlp()
+    program.optimize()
+    program.save_asset(tmp_path / "reference.aimodel")
+    serialize = saving._serialize_child
+
+    def busy_first(*args: object) -> None:
+        end = time.process_time() + 1.5  # CPU seconds: three stall limits, however loaded
+        while time.process_time() < end:
+            pass
+        serialize(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(saving, "_serialize_child", busy_first)
+    monkeypatch.setattr(saving, "STALL_SECONDS", 0.5)
+    with _children_reaped(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fall-back
+        program.save_asset(tmp_path / "busy.aimodel")
+    assert saving.last_stats.streamed
+    _assert_same_asset(tmp_path / "busy.aimodel", tmp_path / "reference.aimodel")
 
 
 def test_a_file_system_that_refuses_direct_io_is_written_buffered(
@@ -349,3 +378,96 @@ def test_a_smaller_asset_is_streamed_through_the_page_cache(
     program.save_asset(tmp_path / "buffered.aimodel")
     assert saving.last_stats.streamed
     _assert_same_asset(tmp_path / "buffered.aimodel", tmp_path / "direct.aimodel")
+
+
+def _serialize_ahead(module: object, out_fd: int, status_fd: int, version: int) -> None:
+    """A serializer child that writes coreai-core's whole output at once, then stays until it
+    has been paused and resumed: the reader's flow control runs whatever the machine's pace."""
+    code, message = 1, b"the test serializer failed"
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCONT})
+        scratch = os.memfd_create("scratch")
+        saving.serialize(module, f"/dev/fd/{scratch}", version)  # type: ignore[arg-type]
+        data = memoryview(os.pread(scratch, os.fstat(scratch).st_size, 0))
+        while data:
+            data = data[os.write(out_fd, data) :]
+        if signal.sigtimedwait({signal.SIGCONT}, 60) is not None:
+            code, message = 0, saving._OK
+    finally:
+        os.write(status_fd, message)
+        os._exit(code)
+
+
+def test_a_large_asset_streams_through_every_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The limits of a multi-GB save, scaled down to a 5 MB model with weights stored
+    transposed: many chunks, reused; rows across two chunks and rows larger than a chunk;
+    the serializer paused and resumed; its output freed as it is read; direct I/O."""
+    chunk = 32 << 10
+    for name, value in (
+        ("STREAM_MIN_BYTES", 1 << 20),
+        ("DIRECT_MIN_BYTES", 1 << 20),
+        ("CHUNK_BYTES", chunk),
+        ("CHUNKS_IN_FLIGHT", 3),
+        ("_AHEAD_BYTES", 256 << 10),
+        ("_RELEASE_BYTES", 64 << 10),
+    ):
+        monkeypatch.setattr(saving, name, value)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 9000), nn.ReLU(), nn.Linear(9000, 100))
+    program, _, args = _convert(model, torch.randn(2, 48))
+    program.optimize()
+    assert program.weights is not None
+    rows = sorted(entry.row_bytes for entry in program.weights.pending.values())
+    assert rows[0] < chunk and chunk % rows[0] and rows[-1] > chunk  # both kinds of crossing
+
+    signals: list[int] = []
+    held: list[int] = []
+    sinks: list[saving._Sink] = []
+    send, release_loop = saving._Serializer._signal, saving._Serializer._release_loop
+
+    def record_signal(self: saving._Serializer, number: int) -> None:
+        signals.append(number)
+        send(self, number)
+
+    def record_held(self: saving._Serializer) -> None:
+        release_loop(self)  # every release done: what the output still holds
+        held.append(os.fstat(self.fd).st_blocks * 512)
+
+    class Sink(saving._Sink):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            self.direct_at_start = self.direct
+            sinks.append(self)
+
+    monkeypatch.setattr(saving._Serializer, "_signal", record_signal)
+    monkeypatch.setattr(saving._Serializer, "_release_loop", record_held)
+    monkeypatch.setattr(saving, "_Sink", Sink)
+    monkeypatch.setattr(saving, "_serialize_child", _serialize_ahead)
+    with _children_reaped(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no fall-back
+        program.save_asset(tmp_path / "ours.aimodel")
+    assert saving.last_stats.streamed and program.weights.pending  # made in the stream
+
+    size = (tmp_path / "ours.aimodel" / "main.mlirb").stat().st_size
+    (sink,) = sinks
+    assert sink.written == size and size > 5_000_000
+    assert sink._chunks == 3  # ~160 chunks through three buffers
+    assert sink.direct_at_start == _direct_io_supported(tmp_path)
+    assert signals[:2] == [signal.SIGSTOP, signal.SIGCONT]  # paused, resumed
+    assert held and held[-1] < size // 2  # freed as read (no more than a huge page left)
+
+    ca.AIProgram.save_asset(program, tmp_path / "core.aimodel")
+    _assert_same_asset(tmp_path / "ours.aimodel", tmp_path / "core.aimodel")
+    with Session(tmp_path / "ours.aimodel") as session:
+        (actual,) = run_entrypoint(session, program, args)
+    np.testing.assert_allclose(actual, model(*args).detach().numpy(), rtol=1e-4, atol=1e-4)
+
+
+def _direct_io_supported(directory: Path) -> bool:
+    fd = os.open(directory / "probe", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        return saving._direct_io(fd)
+    finally:
+        os.close(fd)
