@@ -12,7 +12,9 @@ process, after export:
   baseline (``benchmarks/memory.py``), plus what the save keeps outside this process: the
   serializer child's private memory (sampled) and its output waiting to be read
   (``coreai_torch.saving.last_stats``); then the ``fsync`` of the asset (not part of
-  ``save_asset``, which, like coreai-core, leaves the flushing to the kernel).
+  ``save_asset``, which, like coreai-core, leaves the flushing to the kernel);
+* the asset checked: its bytecode's SHA-256 recomputed from the file, read in blocks (no
+  second copy of the asset in memory), must be the hash the asset records.
 
 Targets: the whole conversion (``to_coreai`` + ``optimize`` + ``save_asset``) in at most 1.5×
 the write floor; the process's peak memory, model included, at most 2.1× the float32 weight
@@ -26,6 +28,7 @@ memory target is 1.4×.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -63,6 +66,27 @@ def write_floor(directory: Path, nbytes: int) -> float:
     finally:
         os.close(fd)
         path.unlink()
+
+
+def hash_matches(asset: Path) -> bool:
+    """Whether each bytecode file of ``asset`` (``<name>.mlirb``) has the SHA-256 its
+    ``<name>.hash`` records, read in blocks and dropped from the page cache as it is read."""
+    hashes = sorted(asset.glob("*.hash"))
+    for recorded in hashes:
+        digest = hashlib.sha256()
+        fd = os.open(recorded.with_suffix(".mlirb"), os.O_RDONLY)
+        try:
+            offset = 0
+            while block := os.pread(fd, _BLOCK, offset):
+                digest.update(block)
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, offset, len(block), os.POSIX_FADV_DONTNEED)
+                offset += len(block)
+        finally:
+            os.close(fd)
+        if digest.digest() != recorded.read_bytes():
+            return False
+    return bool(hashes)
 
 
 def _private_bytes(pid: int) -> int:
@@ -175,6 +199,11 @@ def measure(layers: int = LAYERS, int4: bool = False, directory: str | None = No
         finally:
             os.close(fd)
         result["flush_s"] = time.perf_counter() - start
+        with memory.phase("verify"):  # not part of the conversion
+            start = time.perf_counter()
+            result["hash_ok"] = hash_matches(asset)
+            result["verify_s"] = time.perf_counter() - start
+        result["verify_rss"] = memory.peaks.pop("verify")
         result["asset_bytes"] = sum(p.stat().st_size for p in asset.rglob("*") if p.is_file())
         shutil.rmtree(asset)
     result["times"] = times
@@ -194,6 +223,7 @@ def targets(r: dict[str, Any], int4: bool = False) -> dict[str, bool]:
     return {
         "time": r["total_s"] <= TIME_TARGET * r["write_floor_s"],
         "memory": r["peak_memory"] <= memory_target * r["weight_bytes"],
+        "hash": r["hash_ok"],
     }
 
 
@@ -243,6 +273,11 @@ def table(r: dict[str, Any]) -> str:
     lines.append(
         f"| peak memory (model, child, buffers) ≤ {memory_target}× weights | "
         f"{_x(r['peak_memory'], w)} | {'pass' if t['memory'] else 'FAIL'} |"
+    )
+    lines.append(
+        f"| asset hash = SHA-256 of its bytecode, read back in blocks | "
+        f"{'match' if t['hash'] else 'MISMATCH'} in {r['verify_s']:.2f} s, "
+        f"+{_x(r['verify_rss'], w)} RSS | {'pass' if t['hash'] else 'FAIL'} |"
     )
     return "\n".join(lines)
 
