@@ -42,6 +42,25 @@ def _ndarray(value: Any) -> Any:
     return NDArray(np.asarray(value))
 
 
+def to_numpy(array: Any) -> np.ndarray:
+    """A runtime ``NDArray`` as a numpy array (``NDArray.numpy()``).
+
+    numpy 2.5 made ``np.from_dlpack`` raise ``BufferError`` (earlier: ``RuntimeError``) for
+    dtypes DLPack lacks (bfloat16, float8); coreai-core 1.0.0b3 falls back to the buffer
+    protocol only on the old exception, so that fallback is done here.
+    """
+    try:
+        return array.numpy()
+    except BufferError:
+        from coreai.runtime import _ndarray
+
+        tensor = array._tensor
+        dtype = np.dtype(_ndarray._RUNTIME_TO_NUMPY_DTYPE.get(tensor.dtype, tensor.dtype))
+        buffer = memoryview(tensor)
+        raw = buffer if buffer.c_contiguous else buffer.tobytes()
+        return np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
+
+
 def _check_one(kind: str, name: str, array: Any, descriptor: Any, entrypoint: str) -> None:
     expected = list(descriptor.shape)
     shape = list(array.shape)
@@ -191,11 +210,11 @@ class Session:
             if explained is not None:
                 raise explained from error
             raise
-        return {k: v.numpy() for k, v in out.items()}
+        return {k: to_numpy(v) for k, v in out.items()}
 
     def state_values(self, entrypoint: str = "main") -> dict[str, np.ndarray]:
         """The current state buffers of ``entrypoint`` as numpy arrays (copies)."""
-        return {k: v.numpy() for k, v in self.states.get(entrypoint, {}).items()}
+        return {k: to_numpy(v) for k, v in self.states.get(entrypoint, {}).items()}
 
 
 def run_program(

@@ -127,3 +127,50 @@ def test_exported_lstm_states_have_their_eager_shapes(batch: int) -> None:
     ep = torch.export.export(model, args)
     traced = [tuple(n.meta["val"].shape) for n in ep.graph.output_node().args[0]]
     assert traced == [tuple(t.shape) for t in model(*args)]
+
+
+class HalfState(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4, 8, dtype=torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total.add_(x)
+        return self.total.t() * 2  # a transposed (non-contiguous) result as well
+
+
+@pytest.mark.parametrize("dlpack_error", [None, BufferError], ids=["installed", "numpy-2.5"])
+def test_bfloat16_outputs_and_states_read_back_with_every_numpy(
+    monkeypatch: pytest.MonkeyPatch, dlpack_error: type[Exception] | None
+) -> None:
+    """numpy 2.5's ``from_dlpack`` raises ``BufferError`` for bfloat16, which coreai-core's
+    fallback does not catch; ``Session`` reads such outputs and states all the same."""
+    import numpy as np
+
+    from coreai_torch import TorchConverter
+    from coreai_torch.runtime import Session
+    from coreai_torch.verify import export_decomposed
+
+    if dlpack_error is not None:
+        original = np.from_dlpack
+
+        def from_dlpack(x: object, *args: object, **kwargs: object) -> np.ndarray:
+            try:
+                result = original(x, *args, **kwargs)
+            except RuntimeError as error:  # numpy < 2.5
+                raise dlpack_error("Unsupported dtype in DLTensor.") from error
+            if "bfloat16" in str(result.dtype):
+                raise dlpack_error("Unsupported dtype in DLTensor.")
+            return result
+
+        monkeypatch.setattr(np, "from_dlpack", from_dlpack)
+    x = torch.randn(4, 8).to(torch.bfloat16)
+    model = HalfState()
+    program = TorchConverter().add_exported_program(export_decomposed(model, (x,))).to_coreai()
+    start = torch.ones(4, 8, dtype=torch.bfloat16)
+    with Session(program) as session:
+        (out,) = session.run({"x": x}, state={"b_total": start}).values()
+        (state,) = session.state_values().values()
+    total = (start + x).float()
+    np.testing.assert_array_equal(np.asarray(out, dtype=np.float32), (total * 2).t().numpy())
+    np.testing.assert_array_equal(np.asarray(state, dtype=np.float32), total.numpy())
