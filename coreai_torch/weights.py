@@ -272,8 +272,8 @@ class WeightStore:
     def prune(self) -> list[str]:
         """Drop the pending transposes whose resource no user of the store references any more
         (their constants were replaced, e.g. by compressed ones): they are never made, and the
-        store lets go of their placeholders.  Does nothing for a store without users.  Returns
-        the resource names dropped."""
+        store lets go of their placeholders (:attr:`by_name` still describes their data, as a
+        view).  Does nothing for a store without users.  Returns the resource names dropped."""
         if not self.pending or not self._users:
             return []
         live: set[str] = set()
@@ -282,7 +282,6 @@ class WeightStore:
         dropped = [entry for entry in self.pending.values() if entry.name not in live]
         for entry in dropped:
             del self.pending[entry.tag]
-            del self.by_name[entry.name]
             self._tensors = [t for t in self._tensors if t is not entry.placeholder]
         return [entry.name for entry in dropped]
 
