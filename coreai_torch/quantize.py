@@ -198,38 +198,49 @@ def kmeans_1d(values: np.ndarray, k: int, iterations: int = 100) -> np.ndarray:
 
 
 def palettize(
-    weight: np.ndarray, channel_axis: int, group_size: int | None, bits: int, iterations: int = 100
+    weight: np.ndarray,
+    channel_axis: int,
+    group_size: int | None,
+    bits: int,
+    iterations: int = 100,
+    batch_axes: Sequence[int] = (),
 ) -> tuple[PaletteCodes, float]:
     """``weight`` as ``bits``-bit indices into palettes fitted by :func:`kmeans_1d` (one
-    palette per ``group_size`` indices along ``channel_axis``; None: one for the weight), and
-    the fit's SNR in dB."""
+    palette per ``group_size`` indices along ``channel_axis``; None: one for the weight, and
+    separate palettes for each index of the ``batch_axes``, e.g. each expert of a stack),
+    and the fit's SNR in dB."""
     shape = list(weight.shape)
     channels = shape[channel_axis]
     size = channels if group_size is None else group_size
     groups = channels // size
-    rows = np.moveaxis(np.asarray(weight, dtype=np.float32), channel_axis, 0)
-    rows = rows.reshape(groups, -1)
+    lead = [*batch_axes, channel_axis]
+    batches = [shape[a] for a in batch_axes]
+    moved = np.moveaxis(np.asarray(weight, dtype=np.float32), lead, list(range(len(lead))))
+    moved_shape = moved.shape
+    rows = moved.reshape(math.prod(batches) * groups, -1)
     k = 1 << bits
     palettes = kmeans_1d(rows, k, iterations).astype(np.float32)
     boundaries = (palettes[:, 1:] + palettes[:, :-1]) / 2
     indices = np.empty(rows.shape, np.uint8)
     noise = _Noise()
+    single = rows.shape[0] == 1
     rows_per_step = max(1, CHUNK // rows.shape[1])
-    columns_per_step = CHUNK if groups == 1 else rows.shape[1]
-    for start in range(0, groups, rows_per_step):
+    columns_per_step = CHUNK if single else rows.shape[1]
+    for start in range(0, rows.shape[0], rows_per_step):
         for column in range(0, rows.shape[1], columns_per_step):
             part = (slice(start, start + rows_per_step), slice(column, column + columns_per_step))
             chunk = rows[part]
             found = (
                 np.searchsorted(boundaries[0], chunk[0])[None]
-                if groups == 1
+                if single
                 else _rows_searchsorted(boundaries[part[0]], chunk)
             )
             indices[part] = found
             noise.add(chunk, np.take_along_axis(palettes[part[0]], found, 1))
-    moved = [shape[channel_axis]] + [s for a, s in enumerate(shape) if a != channel_axis]
-    indices = np.moveaxis(indices.reshape(moved), 0, channel_axis)
-    lut_groups = [1] * len(shape)
-    lut_groups[channel_axis] = groups
-    lut = palettes.reshape(*lut_groups, k, 1)
-    return PaletteCodes(np.ascontiguousarray(indices), bits, lut), noise.snr_db
+    indices = np.moveaxis(indices.reshape(moved_shape), list(range(len(lead))), lead)
+    # [*batches, groups, k] -> [*lut groups (the weight's rank), k, 1]
+    lut = palettes.reshape(*batches, groups, *[1] * (len(shape) - len(lead)), k, 1)
+    lut = np.moveaxis(lut, list(range(len(lead))), lead)
+    return PaletteCodes(np.ascontiguousarray(indices), bits, np.ascontiguousarray(lut)), (
+        noise.snr_db
+    )

@@ -341,6 +341,26 @@ def test_convert_with_compressed_weights(
     )
 
 
+def test_convert_half_precision_with_int4_weights(
+    work: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--precision fp16 --compress int4``: both weights compressed (float16 scales), the
+    asset a bit over a quarter of the float16 one."""
+    monkeypatch.chdir(work)
+    argv = ["convert", "model.py:wide", "--precision", "fp16", "--json"]
+    assert main([*argv, "-o", "fp16.aimodel"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    assert main([*argv, "-o", "fp16-int4.aimodel", "--compress", "int4"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    compressed = report["compression"]
+    assert [w["name"] for w in compressed["weights"]] == ["0.weight", "2.weight"]
+    assert compressed["skipped"] == []
+    assert compressed["bytes_before"] == 2 * 64 * 256 * 2  # float16 weights
+    assert compressed["bytes_after"] == 2 * 64 * 256 * (4 + 16 / 32) // 8
+    saved = half["asset_bytes"] - report["asset_bytes"]
+    assert saved >= 0.95 * (compressed["bytes_before"] - compressed["bytes_after"]), (half, report)
+
+
 def test_debug_shows_the_traceback(work: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["convert", str(work / "missing.pt2"), "--debug"]) == 2
     err = capsys.readouterr().err

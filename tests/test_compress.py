@@ -10,6 +10,7 @@ configurations document); palettes are checked against the palette the program s
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import numpy as np
@@ -85,21 +86,29 @@ def fake_linear(w: torch.Tensor, config: compression.LinearQuantization) -> torc
     return ((q - zero_point) * scale).reshape(w.shape)
 
 
-def stored_palette(program: AIProgram, name: str, bits: int, transposed: bool) -> tuple:
-    """The palette and indices ``program`` stores for weight ``name`` (in the model's layout)."""
+def stored_palette(
+    program: AIProgram, name: str, bits: int, transposed: bool | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indices and the palettes ``program`` stores for weight ``name``, the indices in the
+    model's layout (``transposed``: whether they are stored with the last two axes swapped;
+    None: when their shape differs from the weight's)."""
     store = program.weights
     (indices_name,) = [n for n in store.derived_by_name if n.startswith(f"{name}.indices")]
-    shape = program.weights.by_name.get(f"{name}.T", program.weights.by_name.get(name)).shape
-    count = int(np.prod(shape))
+    shape, palette = lut_values(program, indices_name)
     stored = {5: 6, 7: 8}.get(bits, bits)
-    indices = unpack_bits(store.derived_by_name[indices_name], stored, count).reshape(shape)
-    palette = lut_values(program, indices_name).reshape(-1, 2**stored)[:, : 2**bits]
-    indices = torch.from_numpy(indices.astype(np.int64))
-    return (indices.T if transposed else indices), torch.from_numpy(palette.copy())
+    indices = unpack_bits(store.derived_by_name[indices_name], stored, int(np.prod(shape)))
+    indices = torch.from_numpy(indices.reshape(shape).astype(np.int64))
+    palette = palette.reshape(-1, 2**stored)[:, : 2**bits]
+    if transposed is None:
+        transposed = list(store.by_name[name].shape) != shape
+    return (indices.transpose(-1, -2) if transposed else indices), torch.from_numpy(palette)
 
 
-def lut_values(program: AIProgram, indices_name: str) -> np.ndarray:
-    """The palette operand of the ``lut_to_dense`` reading resource ``indices_name``."""
+def lut_values(program: AIProgram, indices_name: str) -> tuple[list[int], np.ndarray]:
+    """The shape of the indices and the palette operand (as float32) of the ``lut_to_dense``
+    reading resource ``indices_name``."""
+    import ml_dtypes
+
     from coreai_torch._mlir import ir
 
     found = []
@@ -111,12 +120,17 @@ def lut_values(program: AIProgram, indices_name: str) -> np.ndarray:
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if op.name == "coreai.lut_to_dense" and indices_name in str(source(op.operands[0])):
+            shape = list(ir.RankedTensorType(source(op.operands[0]).result.type).shape)
             attr = source(op.operands[1]).attributes["value"]
+            element = str(ir.RankedTensorType(attr.type).element_type)
             if ir.DenseResourceElementsAttr.isinstance(attr):
                 resource = str(attr).split("<")[1].split(">")[0].strip('"')
-                found.append(program.weights.derived_by_name[resource].view(np.float32))
-            else:
-                found.append(np.array(ir.DenseFPElementsAttr(attr), dtype=np.float32))
+                dtype = {"f16": np.float16, "bf16": ml_dtypes.bfloat16}.get(element, np.float32)
+                values = program.weights.derived_by_name[resource].view(dtype)
+            else:  # inline: read from the text (bfloat16 attributes have no Python buffer)
+                body = str(attr).split("dense<")[1].split(">")[0]
+                values = np.array(re.findall(r"[-+0-9.e]+|inf", body), dtype=np.float64)
+            found.append((shape, values.astype(np.float32)))
         return ir.WalkResult.ADVANCE
 
     program.mlir_module.operation.walk(visit)
@@ -124,9 +138,15 @@ def lut_values(program: AIProgram, indices_name: str) -> np.ndarray:
 
 
 def fake_palette(
-    w: torch.Tensor, indices: torch.Tensor, palettes: torch.Tensor, group: int | None
+    w: torch.Tensor,
+    indices: torch.Tensor,
+    palettes: torch.Tensor,
+    group: int | None,
+    slack: float = 1e-6,
 ) -> torch.Tensor:
-    """``w`` replaced by its palette entries; checks the palette is a k-means fixed point."""
+    """``w`` replaced by its palette entries; checks the palette is a k-means fixed point
+    (and each weight mapped to its nearest entry, within ``slack``: palettes fitted in
+    float32 are stored rounded to a half-precision program's type)."""
     out = w.shape[0]
     size = out if group is None else group
     rows = w.reshape(out // size, -1)
@@ -134,7 +154,7 @@ def fake_palette(
     lut = palettes[: out // size]
     approx = torch.gather(lut, 1, idx)
     nearest = (rows[..., None] - lut[:, None, :]).abs().min(-1).values
-    assert torch.allclose((rows - approx).abs(), nearest, atol=1e-6), "an index is not nearest"
+    assert torch.allclose((rows - approx).abs(), nearest, atol=slack), "an index is not nearest"
     # converged k-means: moving every entry to the mean of its weights (one more Lloyd
     # step) lowers the squared error by less than 1%
     error = float(((rows - approx) ** 2).sum())

@@ -2,25 +2,22 @@
 
 Each float weight the configuration selects is fitted (:mod:`coreai_torch.quantize`) and its
 constant replaced by compressed constants and the op that decompresses them
-(:mod:`coreai_torch.compressed`), in the program's own precision (a float16 program gets
-float16 scales and palettes).  What a weight can be compressed as depends on what reads it:
-
-* a matmul (either operand), a convolution's kernel or an embedding lookup (``gather_nd`` of
-  rows, or ``gather_along_axis`` of the columns of a table stored transposed): the output
-  channel and the reduction axis follow from the reader, blocks run along the reduction
-  axis and palettes are shared by groups of output channels;
-* a weight read only through a transpose (``nn.Linear`` before ``optimize()``) is stored
-  transposed instead, so the reader gets the decompressed weight directly;
-* anything else (an elementwise op, a state, an output) keeps the weight as it is, and the
-  report says why.
+(:mod:`coreai_torch.compressed`), in the weight's own precision: a float16 / bfloat16 program
+gets half-precision scales and palettes and decompresses to the half type, which the casts
+already in the program take to float32 where it accumulates in float32.  What a weight can be
+compressed as depends on what reads it (:mod:`coreai_torch.passes.weight_reads`): matmuls,
+convolution kernels, embedding lookups and the stacked expert weights of mixture-of-experts
+layers (batched, or gathered per token), possibly through casts and transposes; anything else
+keeps the weight as it is, and the report says why.
 
 Weights already compressed (by an earlier ``compress()`` or because the model was
 quantized with torchao) are listed as such and left alone: compressing twice would compound
 the error.  8-bit weights with one scale per output channel read by a float32 matmul are
 finally rewritten into ``cast -> matmul -> scale`` (:func:`scales_after_matmul`), the
-runtime's fastest form, and embedding lookups of compressed tables gather the compressed
-rows before decompressing them (:func:`lookups_before_decompression`).  ``optimize()`` runs
-both too (for models quantized with torchao).
+runtime's fastest form, and lookups of compressed tables (embeddings, the experts each token
+selected) gather the compressed rows before decompressing them
+(:func:`lookups_before_decompression`).  ``optimize()`` runs both too (for models quantized
+with torchao).
 """
 
 from __future__ import annotations
@@ -34,39 +31,27 @@ import numpy as np
 import torch
 
 from coreai_torch import compressed, dtypes
+from coreai_torch import progress as progress_events
 from coreai_torch._mlir import cai, ir
 from coreai_torch.compression import CompressionConfig, LinearQuantization, Palettization
 from coreai_torch.hazards import _constant_values
 from coreai_torch.lowerings.common import cast, reshape, shape_of
 from coreai_torch.passes.pretranspose import is_row_lookup, weight_constants
+from coreai_torch.passes.weight_reads import (
+    MATMULS,
+    Plan,
+    operation,
+    read_plan,
+    splat_value,
+)
 from coreai_torch.quantize import palettize, quantize_linear
 from coreai_torch.weights import WeightStore, resource_name
 
-_MATMULS = frozenset({"coreai.decomposable.broadcasting_batch_matmul", "coreai.batch_matmul"})
-_CONVOLUTIONS = frozenset({"coreai.conv2d", "coreai.conv3d"})
-#: ops a weight's reader result may pass through on its way to a program output (head)
-_TO_OUTPUT = frozenset(
-    {
-        "coreai.reshape",
-        "coreai.transpose",
-        "coreai.cast",
-        "coreai.slice",
-        "coreai.expand_dims",
-        "coreai.shrink_dims",
-        "coreai.decomposable.broadcasting_add",
-        "coreai.decomposable.broadcasting_mul",
-    }
-)
 _DECOMPRESSORS = frozenset(
     {"coreai.blockwise_shift_scale", "coreai.dequantize", "coreai.lut_to_dense"}
 )
 #: derived constants holding a compressed weight's codes (see compressed.Decompression)
 _CODES = re.compile(r"^(.*)\.(?:codes|indices)(?:_\d+)?$")
-
-
-def _operation(owner: Any) -> ir.Operation:
-    return owner.operation if isinstance(owner, ir.OpView) else owner
-
 
 # -------------------------------------------------------------------------------- report ---
 
@@ -153,118 +138,7 @@ def _mb(n: int) -> str:
     return f"{n / 2**20:.2f} MB" if n >= 2**20 else f"{n / 2**10:.1f} KB"
 
 
-# ------------------------------------------------------------------------------- readers ---
-
-
-@dataclass
-class _Plan:
-    """How one weight is compressed: in which layout, along which axes."""
-
-    name: str
-    constants: list[ir.Operation]
-    #: the transposes the weight is read through, absorbed into a transposed layout
-    transposes: list[ir.Operation]
-    #: the permutation of the stored layout relative to the weight (identity: as it is)
-    perm: tuple[int, ...]
-    channel_axis: int
-    reduction_axis: int
-    reader: str
-    head: bool
-
-
-def _reader(use: ir.OpOperand, rank: int) -> tuple[str, int, int] | str:
-    """``(kind, channel axis, reduction axis)`` of one reader of a weight value (axes of the
-    value as read), or why it cannot read a compressed weight."""
-    user = _operation(use.owner)
-    name, position = user.name, use.operand_number
-    if name in _MATMULS and rank == 2 and position in (0, 1):
-        return ("matmul", 1, 0) if position == 1 else ("matmul", 0, 1)
-    if name in _CONVOLUTIONS and position == 1 and rank >= 3:
-        return ("convolution", 0, 1)
-    if position == 0 and rank == 2 and is_row_lookup(user):
-        return ("embedding", 0, 1)
-    if name == "coreai.gather_along_axis" and position == 0 and rank == 2:
-        axis = _constant_values(user.operands[2])
-        if axis is not None and axis.size == 1 and int(axis[0]) % 2 == 1:
-            return ("embedding", 1, 0)
-    return (
-        f"read by {name} (only matmuls, convolutions and embedding lookups read compressed weights)"
-    )
-
-
-def _reaches_output(value: ir.Value, depth: int = 8) -> bool:
-    """Whether ``value`` flows into a graph output through shape ops and bias adds."""
-    if depth == 0:
-        return False
-    for use in value.uses:
-        user = _operation(use.owner)
-        if user.name == "coreai.output":
-            return True
-        if user.name in _TO_OUTPUT and any(_reaches_output(r, depth - 1) for r in user.results):
-            return True
-    return False
-
-
-def _swap(op: ir.Operation) -> bool:
-    """Whether ``op`` is a transpose swapping the two axes of a matrix."""
-    if op.name != "coreai.transpose":
-        return False
-    perm = _constant_values(op.operands[1])
-    return perm is not None and perm.tolist() == [1, 0]
-
-
-def _plan(name: str, constants: list[ir.Operation], rank: int) -> _Plan | str:
-    """How weight ``name`` (read through ``constants``) can be compressed, or why not."""
-    transposes = []
-    direct = []
-    for const in constants:
-        for use in const.result.uses:
-            user = _operation(use.owner)
-            (transposes if rank == 2 and _swap(user) else direct).append(use)
-    through_transposes = bool(transposes) and not direct
-    if through_transposes:
-        uses = [u for t in transposes for u in t.owner.result.uses]
-        perm: tuple[int, ...] = (1, 0)
-    else:
-        uses, perm = direct + transposes, tuple(range(rank))
-    axes = set()
-    kinds = set()
-    head = False
-    for use in uses:
-        user = _operation(use.owner)
-        if not through_transposes and rank == 2 and _swap(user):
-            inner = [_reader(u, rank) for u in user.result.uses]
-            if any(isinstance(r, str) for r in inner) or not inner:
-                return next((r for r in inner if isinstance(r, str)), "read by an unused transpose")
-            found = [(k, 1 - c, 1 - r) for k, c, r in inner]  # type: ignore[misc]
-            head = head or any(_reaches_output(u.owner.result) for u in user.result.uses)
-        else:
-            found = [_reader(use, rank)]
-            if isinstance(found[0], str):
-                return found[0]
-            head = head or (found[0][0] == "matmul" and _reaches_output(user.result))
-        for kind, channel, reduction in found:  # type: ignore[misc]
-            kinds.add(kind)
-            axes.add((channel, reduction))
-    if not uses:
-        return "not read"
-    if len(axes) != 1:
-        return "its readers disagree on which axis holds the output channels"
-    channel, reduction = axes.pop()
-    reader = "embedding" if "embedding" in kinds else kinds.pop()
-    return _Plan(
-        name,
-        constants,
-        [_operation(t.owner) for t in transposes] if through_transposes else [],
-        perm,
-        channel,
-        reduction,
-        reader,
-        head,
-    )
-
-
-def _selected(config: CompressionConfig, plan: _Plan) -> str | None:
+def _selected(config: CompressionConfig, plan: Plan) -> str | None:
     """Why the configuration leaves a compressible weight alone (None: it compresses it)."""
     if plan.reader == "embedding" and not config.embeddings:
         return "an embedding table (embeddings=False)"
@@ -277,15 +151,17 @@ def _selected(config: CompressionConfig, plan: _Plan) -> str | None:
 
 
 def _fit(
-    config: CompressionConfig, weight: np.ndarray, plan: _Plan, dtype: torch.dtype
+    config: CompressionConfig, weight: np.ndarray, plan: Plan, dtype: torch.dtype
 ) -> tuple[Any, str] | str:
     """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
-    configuration cannot be applied to it."""
+    configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
+    parameters of its own."""
     shape = weight.shape
     channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
     if isinstance(config, LinearQuantization):
         params = [1] * weight.ndim
-        params[plan.channel_axis] = channels
+        for axis in (*plan.batch_axes, plan.channel_axis):
+            params[axis] = shape[axis]
         block = config.block_size
         if block is not None and block < reduced:
             if reduced % block:
@@ -299,7 +175,9 @@ def _fit(
     if group is not None and group < channels and channels % group:
         return f"its {channels} output channels are not a multiple of group_size={group}"
     group = None if group is None or group >= channels else group
-    return palettize(weight, plan.channel_axis, group, config.bits, config.iterations)
+    return palettize(
+        weight, plan.channel_axis, group, config.bits, config.iterations, plan.batch_axes
+    )
 
 
 def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
@@ -314,15 +192,15 @@ def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
 # ------------------------------------------------------------------------------- rewrite ---
 
 
-def _replace(plan: _Plan, decompression: compressed.Decompression) -> None:
+def _replace(plan: Plan, decompression: compressed.Decompression) -> None:
     """Replace the weight's constants (and the transposes absorbed into the stored layout)
     by the decompression, built once per constant (per graph)."""
     for const in plan.constants:
         with ir.InsertionPoint(const), const.location:
             value = decompression.build()
         if plan.transposes:
-            for transpose in [_operation(u.owner) for u in const.result.uses]:
-                perm = _operation(transpose.operands[1].owner)
+            for transpose in [operation(u.owner) for u in const.result.uses]:
+                perm = operation(transpose.operands[1].owner)
                 transpose.result.replace_all_uses_with(value)
                 transpose.erase()
                 if not list(perm.result.uses):
@@ -355,9 +233,50 @@ def display_name(resource: str) -> str:
     return resource.removesuffix(".T")
 
 
+def _candidates(
+    module: ir.Module, store: WeightStore, config: CompressionConfig
+) -> list[tuple[str, str, list[ir.Operation], torch.dtype]]:
+    """``(name, resource, constants, dtype)`` of the weights ``config`` selects: floating,
+    of rank 2 or more (not biases, norms, integer tables), at least ``min_elements``."""
+    found = []
+    for resource, constants in weight_constants(module, store).items():
+        name = display_name(resource)
+        tensor = store.by_name[resource]
+        element = ir.RankedTensorType(constants[0].result.type).element_type
+        dtype = dtypes.to_torch(element) if not ir.IntegerType.isinstance(element) else None
+        if dtype not in compressed.FLOAT_DTYPES or tensor.dim() < 2:
+            continue
+        if tensor.numel() >= config.min_elements and config.selects(name):
+            found.append((name, resource, constants, dtype))
+    return found
+
+
+def _gone(
+    store: WeightStore, config: CompressionConfig, present: set[str], compressed_: set[str]
+) -> list[str]:
+    """Weights ``config`` would select that the program no longer reads as weights: a
+    rewrite (``optimize()``) removed them or computed another constant from them."""
+    gone = []
+    for resource, tensor in store.by_name.items():
+        name = display_name(resource)
+        if (
+            resource.endswith(".T")
+            or name in present
+            or name in compressed_
+            or not tensor.is_floating_point()
+            or tensor.dim() < 2
+            or tensor.numel() < config.min_elements
+            or not config.selects(name)
+        ):
+            continue
+        gone.append(name)
+    return gone
+
+
 def compress(program: Any, config: CompressionConfig) -> CompressionReport:
     """Compress the weights of ``program`` (an ``AIProgram`` from ``TorchConverter``) that
-    ``config`` selects; returns the report.  Modifies the program in place."""
+    ``config`` selects; returns the report.  Modifies the program in place.  Reports its
+    progress (``"compress"``, bytes of weights done) like ``optimize()``."""
     from coreai_torch.program import _verify
 
     if not isinstance(config, (LinearQuantization, Palettization)):
@@ -373,70 +292,85 @@ def compress(program: Any, config: CompressionConfig) -> CompressionReport:
     start = time.perf_counter()
     report = CompressionReport(config.describe())
     module = program.structural_module  # reads weights from the store, never constant data
+    listener = progress_events.resolve(getattr(program, "progress", None))
     with module.context, ir.Location.unknown():
-        for name in _already_compressed(module, store):
-            report.skipped.append((display_name(name), "already compressed"))
-        for resource, constants in weight_constants(module, store).items():
-            name = display_name(resource)
-            tensor = store.by_name[resource]
-            element = ir.RankedTensorType(constants[0].result.type).element_type
-            dtype = dtypes.to_torch(element) if not ir.IntegerType.isinstance(element) else None
-            if dtype not in compressed.FLOAT_DTYPES or tensor.dim() < 2:
-                continue  # integer tables, biases, norms: never compressed
-            if tensor.numel() < config.min_elements or not config.selects(name):
-                continue
-            plan = _plan(name, constants, tensor.dim())
-            reason = plan if isinstance(plan, str) else _selected(config, plan)
-            if reason is not None:
-                report.skipped.append((name, reason))
-                continue
-            weight = _as_float32(tensor, plan.perm)
-            fitted = _fit(config, weight, plan, dtype)
-            if isinstance(fitted, str):
-                report.skipped.append((name, fitted))
-                continue
-            codes, snr = fitted
-            decompression = (
-                compressed.linear_decompression(
-                    store, name, codes, dtype, getattr(config, "scale_dtype", None)
-                )
-                if isinstance(codes, compressed.LinearCodes)
-                else compressed.palette_decompression(store, name, codes, dtype)
+        done = _already_compressed(module, store)
+        report.skipped += [(display_name(name), "already compressed") for name in done]
+        candidates = _candidates(module, store, config)
+        present = {display_name(r) for r in weight_constants(module, store)}
+        report.skipped += [
+            (
+                name,
+                "no longer read by the program as a weight (optimize() computed a new "
+                "constant from it or removed it): compress() before optimize() to compress it",
             )
-            _replace(plan, decompression)
-            report.weights.append(
-                CompressedWeight(
-                    name,
-                    config.describe(),
-                    config.bits,
-                    tuple(tensor.shape)[:: -1 if resource.endswith(".T") else 1],
-                    tensor.numel() * tensor.element_size(),
-                    decompression.stored_bytes,
-                    snr,
-                    plan.reader,
-                )
-            )
-        scales_after_matmul(module)
-        lookups_before_decompression(module)
+            for name in _gone(store, config, present, {display_name(n) for n in done})
+        ]
+        total = sum(
+            store.by_name[r].numel() * store.by_name[r].element_size() for _, r, _, _ in candidates
+        )
+        with progress_events.phase(listener, "compress", total, "bytes") as advance:
+            finished = 0
+            for name, resource, constants, dtype in candidates:
+                tensor = store.by_name[resource]
+                entry = _compress_one(store, config, name, tensor, constants, dtype)
+                if isinstance(entry, str):
+                    report.skipped.append((name, entry))
+                else:
+                    report.weights.append(entry)
+                finished += tensor.numel() * tensor.element_size()
+                advance(finished, total)
+            scales_after_matmul(module)
+            lookups_before_decompression(module)
     _verify(module, "after compress()")
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _compress_one(
+    store: WeightStore,
+    config: CompressionConfig,
+    name: str,
+    tensor: torch.Tensor,
+    constants: list[ir.Operation],
+    dtype: torch.dtype,
+) -> CompressedWeight | str:
+    """Compress one weight (its constants in every graph), or say why not."""
+    plan = read_plan(name, constants, tensor.dim())
+    reason = plan if isinstance(plan, str) else _selected(config, plan)
+    if reason is not None:
+        return reason
+    fitted = _fit(config, _as_float32(tensor, plan.perm), plan, dtype)
+    if isinstance(fitted, str):
+        return fitted
+    codes, snr = fitted
+    decompression = (
+        compressed.linear_decompression(
+            store, name, codes, dtype, getattr(config, "scale_dtype", None)
+        )
+        if isinstance(codes, compressed.LinearCodes)
+        else compressed.palette_decompression(store, name, codes, dtype)
+    )
+    _replace(plan, decompression)
+    original = store.by_name.get(name, tensor)  # the weight as the model holds it
+    return CompressedWeight(
+        name,
+        config.describe(),
+        config.bits,
+        tuple(original.shape),
+        tensor.numel() * tensor.element_size(),
+        decompression.stored_bytes,
+        snr,
+        plan.reader,
+    )
 
 
 # ------------------------------------------------------------ int8 cast -> matmul -> scale ---
 
 
 def _splat_zero(value: ir.Value) -> bool:
-    if isinstance(value.owner, ir.Block):
-        return False
-    op = _operation(value.owner)
-    if op.name != "coreai.constant":
-        return False
-    attr = op.attributes["value"]
-    if not ir.DenseElementsAttr.isinstance(attr) or not ir.DenseElementsAttr(attr).is_splat:
-        return False
-    splat = ir.DenseElementsAttr(attr).get_splat_value()
-    return float(splat.value) == 0.0
+    splat = splat_value(value)
+    return splat is not None and float(splat.value) == 0.0
 
 
 def scales_after_matmul(module: ir.Module) -> int:
@@ -467,9 +401,9 @@ def scales_after_matmul(module: ir.Module) -> int:
             or not (_splat_zero(offset1) and _splat_zero(offset2))
         ):
             continue
-        users = [_operation(u.owner) for u in op.result.uses]
+        users = [operation(u.owner) for u in op.result.uses]
         if not users or any(
-            u.name not in _MATMULS or u.operands[1] != op.result or u.operands[0] == op.result
+            u.name not in MATMULS or u.operands[1] != op.result or u.operands[0] == op.result
             for u in users
         ):
             continue
@@ -500,17 +434,6 @@ def _gatherable(value: ir.Value) -> bool:
     return str(element).startswith("f8")
 
 
-def _splat(value: ir.Value) -> ir.Attribute | None:
-    if isinstance(value.owner, ir.Block):
-        return None
-    op = _operation(value.owner)
-    attr = op.attributes["value"] if op.name == "coreai.constant" else None
-    if attr is None or not ir.DenseElementsAttr.isinstance(attr):
-        return None
-    dense = ir.DenseElementsAttr(attr)
-    return dense.get_splat_value() if dense.is_splat else None
-
-
 def _rows(value: ir.Value, rows: int, ids: ir.Value) -> ir.Value | None:
     """Per-row parameters gathered by ``ids`` (``[n, 1]``), kept as they are when they do
     not vary along the rows, None when rows share them in blocks."""
@@ -520,7 +443,7 @@ def _rows(value: ir.Value, rows: int, ids: ir.Value) -> ir.Value | None:
     if shape[0] != rows:
         return None
     count = shape_of(ids)[0]
-    splat = _splat(value)
+    splat = splat_value(value)
     if splat is not None:  # zero offsets: the same splat, one row per id
         ttype = ir.RankedTensorType.get([count, *shape[1:]], splat.type)
         return cai.ConstantOp(value=ir.DenseElementsAttr.get_splat(ttype, splat)).result
@@ -561,27 +484,28 @@ def _lookup(decompress: ir.Operation, ids: ir.Value) -> ir.Value | None:
 
 def lookups_before_decompression(module: ir.Module) -> int:
     """``gather_nd(decompress(table), ids)`` (an embedding lookup of a compressed ``[V, D]``
-    table) becomes ``decompress(gather_nd(table, ids))``: only the rows looked up are
-    decompressed, not the whole table on every call.  For 4- and 8-bit data (what
-    ``gather_nd`` reads correctly).  Returns how many lookups were rewritten."""
+    table, or the experts each token selected from a compressed ``[E, K, N]`` stack) becomes
+    ``decompress(gather_nd(table, ids))``: only the rows looked up are decompressed (and
+    read), not the whole table on every call.  For 4- and 8-bit data (what ``gather_nd``
+    reads correctly).  Returns how many lookups were rewritten."""
     lookups: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "coreai.gather_nd" and is_row_lookup(op):
+        if is_row_lookup(op) or is_row_lookup(op, rank=3):
             source = op.operands[0].owner
-            if not isinstance(source, ir.Block) and _operation(source).name in _DECOMPRESSORS:
+            if not isinstance(source, ir.Block) and operation(source).name in _DECOMPRESSORS:
                 lookups.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
     done = 0
     for op in lookups:
-        decompress = _operation(op.operands[0].owner)
+        decompress = operation(op.operands[0].owner)
         table = ir.RankedTensorType(decompress.result.type)
-        if table.rank != 2 or not _gatherable(decompress.operands[0]):
+        if table.rank not in (2, 3) or not _gatherable(decompress.operands[0]):
             continue
         out_shape = shape_of(op.result)
-        count = int(np.prod(out_shape[:-1]))
+        count = int(np.prod(shape_of(op.operands[1])[:-1]))
         with ir.InsertionPoint(op), op.location:
             ids = reshape(op.operands[1], [count, 1])
             rows = _lookup(decompress, ids)
@@ -593,7 +517,7 @@ def lookups_before_decompression(module: ir.Module) -> int:
         if not list(decompress.result.uses):
             sources = [o.owner for o in decompress.operands if not isinstance(o.owner, ir.Block)]
             decompress.erase()
-            for source in map(_operation, sources):
+            for source in map(operation, sources):
                 if source.name == "coreai.constant" and not list(source.result.uses):
                     source.erase()
         done += 1

@@ -39,14 +39,15 @@ def _permutation(op: ir.Operation) -> tuple[int, ...] | None:
     return tuple(int(v) for v in ir.DenseIntElementsAttr(value))
 
 
-def is_row_lookup(op: ir.Operation) -> bool:
-    """Whether ``op`` is ``gather_nd(matrix, indices[..., 1])`` with static shapes: rows of
-    a 2-D table by index, as ``aten.embedding`` lowers."""
+def is_row_lookup(op: ir.Operation, rank: int = 2) -> bool:
+    """Whether ``op`` is ``gather_nd(table, indices[..., 1])`` with static indices: rows of
+    a 2-D table by index, as ``aten.embedding`` lowers (``rank=3``: matrices of a stack, the
+    experts each token selected)."""
     if op.name != "coreai.gather_nd":
         return False
     table, indices = (ir.RankedTensorType(v.type) for v in op.operands)
     return (
-        table.rank == 2
+        table.rank == rank
         and indices.has_static_shape
         and indices.rank >= 1
         and indices.shape[-1] == 1
