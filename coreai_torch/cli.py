@@ -567,6 +567,22 @@ def _precision_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _compression_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--compress",
+        metavar="FORM",
+        help="store the weights compressed: int8 (per output channel), int4 (blocks of 32), "
+        "palette4 (4-bit k-means palettes), or int2..int8 / palette1..palette8",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        metavar="N",
+        help="with --compress: weights per scale along the input axis (int), or output "
+        "channels per palette (palette)",
+    )
+
+
 def _setup_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--setup",
@@ -615,19 +631,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_argument("--entrypoint", default="main", help="entry point name (default main)")
     convert.add_argument("--no-optimize", action="store_true", help="skip program.optimize()")
     _precision_arguments(convert)
-    convert.add_argument(
-        "--compress",
-        metavar="FORM",
-        help="store the weights compressed: int8 (per output channel), int4 (blocks of 32), "
-        "palette4 (4-bit k-means palettes), or int2..int8 / palette1..palette8",
-    )
-    convert.add_argument(
-        "--block-size",
-        type=int,
-        metavar="N",
-        help="with --compress: weights per scale along the input axis (int), or output "
-        "channels per palette (palette)",
-    )
+    _compression_arguments(convert)
     convert.add_argument(
         "--progress",
         action=argparse.BooleanOptionalAction,

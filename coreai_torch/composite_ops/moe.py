@@ -154,7 +154,7 @@ class GatedExperts(nn.Module):
         # comparison, not a scatter, so the token count may be dynamic)
         experts = torch.arange(self.num_experts, device=indices.device)
         dense = ((indices.unsqueeze(-1) == experts) * w.unsqueeze(-1)).sum(-2)
-        out = out.to(torch.result_type(out, w))
+        out = out.to(torch.promote_types(out.dtype, w.dtype))  # (strict export traces it)
         return torch.matmul(dense.unsqueeze(1), out.transpose(0, 1)).squeeze(1)
 
 

@@ -1,8 +1,10 @@
 """Language models end to end: a Hugging Face causal LM -> one stateful Core AI program
-(:func:`export`) -> text generation on the runtime (:class:`Generator`); mixture-of-experts
-blocks made static (:func:`rewrite_moe`).
+(:func:`export`, in float32, float16 or bfloat16, with compressed weights or not) -> text
+generation on the runtime (:class:`Generator`); mixture-of-experts blocks made static
+(:func:`rewrite_moe`, which :func:`export` applies by itself).
 
-    program = coreai_torch.llm.export("path/to/model_dir", max_context=1024)
+    program = coreai_torch.llm.export("path/to/model_dir", max_context=1024,
+                                      precision="fp16", compress="int4")   # both optional
     program.save_asset("model.aimodel")
     with coreai_torch.llm.Generator("model.aimodel", tokenizer="path/to/model_dir") as gen:
         for token in gen.generate("Once upon a time", max_new_tokens=32):
@@ -13,12 +15,13 @@ See ``docs/llm.md`` and ``docs/frontier_models.md``.
 """
 
 from coreai_torch.errors import UnsupportedModelError
-from coreai_torch.llm.export import ARCHITECTURES, export
+from coreai_torch.llm.export import ARCHITECTURES, MOE_ARCHITECTURES, export
 from coreai_torch.llm.generate import GenerationStats, Generator
 from coreai_torch.llm.moe import rewrite_moe
 
 __all__ = [
     "ARCHITECTURES",
+    "MOE_ARCHITECTURES",
     "GenerationStats",
     "Generator",
     "UnsupportedModelError",

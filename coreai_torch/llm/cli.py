@@ -1,6 +1,7 @@
 """``coreai-torch llm export|generate``: export a Hugging Face causal LM, generate text with it.
 
-    coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N]
+    coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N] [--precision fp16] \\
+        [--compress int4 [--block-size N]]
     coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --prompt "..." \\
         [--max-new-tokens N]
 """
@@ -17,18 +18,19 @@ EXIT_OK = 0
 
 
 def cmd_export(opts: argparse.Namespace) -> int:
-    from coreai_torch.cli import CliError, _emit
+    from coreai_torch.cli import CliError, _compression, _emit
     from coreai_torch.llm.export import export
 
     output = Path(opts.output)
     if output.suffix != ".aimodel":
         raise CliError(f"the output path must end in .aimodel, got {output}")
+    precision, compression = _precision(opts), _compression(opts)
     start = time.perf_counter()
     program = export(
         opts.model_dir,
         max_context=opts.max_context,
-        precision=opts.precision,
-        compress=opts.compress,
+        precision=precision,
+        compress=compression,
         all_logits=opts.all_logits,
     )
     converted = time.perf_counter() - start
@@ -41,10 +43,13 @@ def cmd_export(opts: argparse.Namespace) -> int:
         "max_context": opts.max_context,
         "entry_points": program.function_names,
         "states": [s.name for s in program.signatures["decode"].states],
+        "precision": program.precision.name,
+        "compression": compression.describe() if compression is not None else None,
         "seconds": {"export": round(converted, 3), "total": round(time.perf_counter() - start, 3)},
     }
+    form = ", ".join([program.precision.name, *([data["compression"]] if compression else [])])
     text = (
-        f"{opts.model_dir} -> {output} ({size / 2**20:.1f} MiB): entry points "
+        f"{opts.model_dir} -> {output} ({size / 2**20:.1f} MiB, {form}): entry points "
         f"{', '.join(data['entry_points'])}, {len(data['states'])} cache states of "
         f"{opts.max_context} positions; exported and converted in {converted:.1f} s"
     )
@@ -97,12 +102,25 @@ def cmd_generate(opts: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _precision(opts: argparse.Namespace) -> Any:
+    """The ``Precision`` ``--precision`` / ``--keep-fp32`` ask for, or None."""
+    import dataclasses
+
+    from coreai_torch.cli import _precision_options
+
+    options = _precision_options(opts)
+    policy = options.pop("compute_precision", None)
+    return None if policy is None else dataclasses.replace(policy, **options)
+
+
 def _is_ids(prompt: str) -> bool:
     return all(part.strip().isdigit() for part in prompt.split(","))
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     """The ``llm`` command and its sub-commands, on the top-level sub-parsers."""
+    from coreai_torch.cli import _compression_arguments, _precision_arguments
+
     llm = commands.add_parser(
         "llm", parents=[common], help="export a Hugging Face causal LM, generate text with it"
     )
@@ -118,8 +136,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     export.add_argument(
         "--max-context", type=int, default=2048, help="KV-cache positions (default 2048)"
     )
-    export.add_argument("--precision", help="compute precision, e.g. fp16 (not available yet)")
-    export.add_argument("--compress", help="weight compression, e.g. int4 (not available yet)")
+    _precision_arguments(export)
+    _compression_arguments(export)
     export.add_argument("--all-logits", action="store_true", help="return every position's logits")
     export.set_defaults(func=cmd_export)
 

@@ -14,6 +14,14 @@ one).  ``logits`` is ``[1, 1, vocab]`` (the last position) or ``[1, T, vocab]`` 
 (``rms_norm``, ``rope``, ``scaled_dot_product_attention``; models that soft-cap attention
 scores, such as Gemma 2, attend with plain ops).
 
+``precision`` converts with ``TorchConverter(compute_precision=...)`` (half weights and KV
+cache, float32 islands; the logits stay float32) and ``compress`` runs ``program.compress()``
+before ``optimize()``.  Mixture-of-experts models (:data:`MOE_ARCHITECTURES`) are traced with
+their sparse-MoE blocks replaced by static ones (:func:`~coreai_torch.llm.moe.rewrite_moe`):
+the prefill runs every expert on its tokens and combines them with the routing weights (its
+token count is dynamic), the decode step gathers its token's experts only; both read the
+same stacked expert weights, stored once.
+
 Hugging Face's export recipes (``transformers.integrations.executorch``) are reused where
 they fit: the cache is ``transformers``' own ``StaticLayer`` (the ``StaticCache`` layer
 ``TorchExportableModuleWithStaticCache`` registers as buffers), and the program is traced with
@@ -37,18 +45,36 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 
 from coreai_torch.errors import UnsupportedModelError
 
+if TYPE_CHECKING:
+    from coreai_torch.compression import CompressionConfig
+    from coreai_torch.precision import Precision
+    from coreai_torch.program import AIProgram
+
+#: ``config.model_type`` of the mixture-of-experts architectures :func:`export` supports
+#: (their sparse-MoE blocks are made static with :func:`~coreai_torch.llm.moe.rewrite_moe`).
+MOE_ARCHITECTURES = ("deepseek_v3", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
+
 #: ``config.model_type`` of the architectures :func:`export` supports (SmolLM models are
 #: ``llama`` with tied embeddings).
-ARCHITECTURES = ("gemma", "gemma2", "llama", "mistral", "phi3", "qwen2", "qwen3")
+ARCHITECTURES = (
+    "gemma",
+    "gemma2",
+    "llama",
+    "mistral",
+    "phi3",
+    "qwen2",
+    "qwen3",
+    *MOE_ARCHITECTURES,
+)
 
 #: Names of the program's inputs and output (the same for both entry points).
 INPUT_NAMES = ("input_ids", "start_position")
@@ -61,40 +87,43 @@ _TRACEABLE_ATTENTION = ("sdpa", "eager")
 def export(
     model_or_dir: nn.Module | str | os.PathLike[str],
     max_context: int = 2048,
-    precision: Any = None,
-    compress: Any = None,
+    precision: torch.dtype | str | Precision | None = None,
+    compress: CompressionConfig | str | None = None,
     *,
     all_logits: bool = False,
-) -> Any:
+) -> AIProgram:
     """Convert a Hugging Face causal LM into one Core AI program (``AIProgram``) with the
     entry points ``prefill`` and ``decode`` sharing weights and a KV cache of ``max_context``
     positions (see the module documentation for the signature).
 
     ``model_or_dir`` is a ``transformers`` causal LM (``AutoModelForCausalLM``) or a local
     directory written by ``save_pretrained`` (loaded with ``from_pretrained``, never
-    downloaded).  ``all_logits=True`` returns the logits of every prompt position instead of
-    the last one.  ``precision`` and ``compress`` are not available yet.
+    downloaded).  Mixture-of-experts blocks are made static (:func:`rewrite_moe`) while the
+    model is traced; a model instance gets its own blocks back afterwards.
+
+    ``precision``: the compute precision, ``torch.float16`` / ``torch.bfloat16`` (or
+    ``"fp16"`` / ``"bf16"``, or a :class:`~coreai_torch.precision.Precision`): weights, KV
+    cache and activations in 16 bits with float32 islands; None or ``"fp32"`` keeps the
+    model's own dtype.  ``compress``: the weights stored compressed, a
+    :mod:`coreai_torch.compression` configuration or a name (``"int4"``: blocks of 32,
+    ``"int8"``: per output channel, ``"palette4"``, ...), compressed before ``optimize()``.
+    ``all_logits=True`` returns the logits of every prompt position instead of the last one.
     """
-    if precision is not None:
-        raise NotImplementedError(
-            f"llm.export(precision={precision!r}): half-precision export is not available yet; "
-            "export with precision=None (float32)"
-        )
-    if compress is not None:
-        raise NotImplementedError(
-            f"llm.export(compress={compress!r}): weight compression is not available yet; "
-            "export with compress=None"
-        )
+    policy = precision_policy(precision)
+    compression = compression_config(compress)
     model = load_causal_lm(model_or_dir)
     check_max_context(model, max_context)
     from coreai_torch.converter import TorchConverter
 
-    wrapper = CachedCausalLM(model, max_context, all_logits=all_logits).eval()
-    tokens = torch.export.Dim("tokens", min=1, max=max_context)
-    with _traceable_attention(model):
+    restore = isinstance(model_or_dir, nn.Module)
+    with _traceable_attention(model), _static_moe(model, restore=restore) as experts:
+        wrapper = CachedCausalLM(model, max_context, all_logits=all_logits).eval()
+        tokens = torch.export.Dim("tokens", min=1, max=max_context)
+        experts("dense")
         prefill = _export(wrapper, 2, ({1: tokens}, None))
+        experts("gather")
         decode = _export(wrapper, 1, None)
-    converter = TorchConverter()
+    converter = TorchConverter(compute_precision=policy)
     for name, ep in (("prefill", prefill), ("decode", decode)):
         converter.add_exported_program(
             ep,
@@ -103,7 +132,45 @@ def export(
             state_names=cache_state_names(ep),
             entrypoint_name=name,
         )
-    return converter.to_coreai().optimize()
+    program = converter.to_coreai()
+    if compression is not None:  # before optimize(): no transposed float copies of weights
+        program.compress(compression)
+    return program.optimize()
+
+
+def precision_policy(precision: torch.dtype | str | Precision | None) -> Precision:
+    """The :class:`~coreai_torch.precision.Precision` ``precision=`` asks for."""
+    from coreai_torch.precision import Precision, from_spec
+
+    if precision is not None and not isinstance(precision, (str, torch.dtype, Precision)):
+        raise TypeError(
+            "llm.export(precision=...) takes torch.float16, torch.bfloat16, torch.float32, "
+            f"'fp16', 'bf16', 'fp32' or a coreai_torch.precision.Precision; got {precision!r}"
+        )
+    try:
+        return from_spec(precision)
+    except ValueError as error:
+        raise ValueError(f"llm.export(precision={precision!r}): {error}") from None
+
+
+def compression_config(compress: CompressionConfig | str | None) -> CompressionConfig | None:
+    """The compression configuration ``compress=`` asks for (None: no compression)."""
+    from coreai_torch import compression
+
+    if compress is None or isinstance(
+        compress, (compression.LinearQuantization, compression.Palettization)
+    ):
+        return compress
+    if not isinstance(compress, str):
+        raise TypeError(
+            "llm.export(compress=...) takes a coreai_torch.compression configuration "
+            "(LinearQuantization, Palettization) or a name such as 'int4', 'int8', 'palette4'; "
+            f"got {compress!r}"
+        )
+    try:
+        return compression.from_spec(compress)
+    except ValueError as error:
+        raise ValueError(f"llm.export(compress={compress!r}): {error}") from None
 
 
 # ------------------------------------------------------------------------------- the model ---
@@ -181,18 +248,22 @@ class CachedCausalLM(nn.Module):
 
     def __init__(self, model: nn.Module, max_context: int, *, all_logits: bool = False) -> None:
         super().__init__()
-        from transformers.cache_utils import Cache, StaticLayer
+        from transformers.cache_utils import Cache, StaticCache, StaticLayer
 
         self.model = model
         self.all_logits = all_logits
         config = model.config.get_text_config()
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        self.cache = Cache(
-            layers=[StaticLayer(max_context) for _ in range(config.num_hidden_layers)]
+        kv_heads, key_dim, value_dim = cache_dims(config)
+        # A StaticCache (Qwen2-MoE and OLMoE build their masks from the cache's length only
+        # for one) whose every layer keeps all positions (StaticCache(config) would give
+        # sliding-window layers a StaticSlidingWindowLayer, see the module documentation).
+        self.cache = StaticCache.__new__(StaticCache)
+        Cache.__init__(
+            self.cache, layers=[StaticLayer(max_context) for _ in range(config.num_hidden_layers)]
         )
-        self.cache.early_initialization(1, kv_heads, head_dim, model.dtype, torch.device("cpu"))
+        self.cache.early_initialization(1, kv_heads, key_dim, model.dtype, torch.device("cpu"))
+        for layer in self.cache.layers:
+            layer.values = layer.values.new_zeros(1, kv_heads, max_context, value_dim)
         self.layers = nn.ModuleList(_CacheBuffers(layer) for layer in self.cache.layers)
 
     def forward(self, input_ids: torch.Tensor, start_position: torch.Tensor) -> torch.Tensor:
@@ -207,6 +278,19 @@ class CachedCausalLM(nn.Module):
             logits_to_keep=0 if self.all_logits else 1,
         )
         return out.logits
+
+
+def cache_dims(config: Any) -> tuple[int, int, int]:
+    """``(kv_heads, key_dim, value_dim)`` of each layer's cache: grouped-query attention's
+    key/value heads; DeepSeek's multi-head latent attention caches every head's full key
+    (``qk_nope_head_dim + qk_rope_head_dim``) and value (``v_head_dim``), as Hugging Face's
+    attention computes them."""
+    heads = config.num_attention_heads
+    if getattr(config, "qk_nope_head_dim", None) is not None:
+        return heads, config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return kv_heads, head_dim, head_dim
 
 
 class _CacheBuffers(nn.Module):
@@ -242,6 +326,34 @@ def _export(wrapper: CachedCausalLM, tokens: int, token_dims: Any) -> torch.expo
             return export_decomposed(wrapper, args, dynamic_shapes=token_dims, strict=True)
     finally:
         wrapper.cache.reset()  # tracing does not write, but start from a clean cache anyway
+
+
+@contextlib.contextmanager
+def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], None]]:
+    """Trace with the model's sparse-MoE blocks replaced by static ones (:func:`rewrite_moe`),
+    then put the user's blocks back if ``restore``.  Yields ``experts(strategy)``, which sets
+    how the experts run in the entry point traced next: ``"dense"`` for the prefill (a dynamic
+    token count), ``"gather"`` for the decode step (only its token's experts are read).
+    ``strategy="auto"`` cannot choose for a strict (dynamo) export: it sees the example's
+    token count as an int, so the prefill would be traced for that count only."""
+    from coreai_torch.composite_ops.moe import GatedExperts
+    from coreai_torch.llm.moe import SparseMoE, rewrite_moe
+
+    before = dict(model.named_modules()) if restore else {}
+    rewrite_moe(model, strategy="dense")
+
+    def experts(strategy: str) -> None:
+        for module in model.modules():
+            if isinstance(module, GatedExperts):
+                module.strategy = strategy
+
+    try:
+        yield experts
+    finally:
+        for name, module in list(model.named_modules()):
+            if isinstance(module, SparseMoE) and before.get(name, module) is not module:
+                parent, _, attr = name.rpartition(".")
+                setattr(model.get_submodule(parent), attr, before[name])
 
 
 @contextlib.contextmanager

@@ -22,10 +22,11 @@ from coreai_torch.cli import main
 from tests.llm.support import (
     MAX_CONTEXT,
     PROMPTS,
+    asset_bytes,
     causal_lm,
     check_generation,
     reference,
-    tiny_tokenizer,
+    save_model_dir,
 )
 
 # The tests share one export (module fixture): keep them on one xdist worker.
@@ -40,17 +41,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A model directory (model + tokenizer) and the asset ``coreai-torch llm export``
     wrote from it."""
     root = tmp_path_factory.mktemp("llm")
-    model, tokenizer = causal_lm("llama", **WIDE), tiny_tokenizer()
-    model_dir, asset = root / "model", root / "model.aimodel"
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    model, tokenizer, model_dir = save_model_dir(root, **WIDE)
+    asset = root / "model.aimodel"
     code = main(["llm", "export", str(model_dir), "-o", str(asset), "--max-context", "64"])
     assert code == 0
     return {"model": model, "tokenizer": tokenizer, "dir": model_dir, "asset": asset}
-
-
-def _asset_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
 def test_one_program_shares_weights_and_the_kv_cache(exported: dict[str, Any]) -> None:
@@ -77,7 +72,7 @@ def test_one_program_shares_weights_and_the_kv_cache(exported: dict[str, Any]) -
     # Every weight is stored once for both entry points.
     weights = {id(p): p.numel() * p.element_size() for p in model.parameters()}
     weight_bytes = sum(weights.values())
-    assert weight_bytes <= _asset_bytes(exported["asset"]) <= 1.2 * weight_bytes
+    assert weight_bytes <= asset_bytes(exported["asset"]) <= 1.2 * weight_bytes
 
 
 def test_greedy_generation_matches_transformers(exported: dict[str, Any]) -> None:
@@ -194,10 +189,16 @@ def test_export_rejects_what_it_cannot_export(tmp_path: Path) -> None:
     model.model.save_pretrained(tmp_path / "base")
     with pytest.raises(llm.UnsupportedModelError, match="holds a LlamaModel, not a causal LM"):
         llm.export(tmp_path / "base")
-    with pytest.raises(NotImplementedError, match="precision='fp16'"):
-        llm.export(model, precision="fp16")
-    with pytest.raises(NotImplementedError, match="compress='int4'"):
-        llm.export(model, compress="int4")
+    with pytest.raises(ValueError, match=r"precision='fp8'\): unknown precision"):
+        llm.export(model, precision="fp8")
+    with pytest.raises(ValueError, match="compute_precision must be one of"):
+        llm.export(model, precision=torch.float64)
+    with pytest.raises(TypeError, match=r"llm.export\(precision=...\) takes"):
+        llm.export(model, precision=16)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"compress='int9'\): unknown compression"):
+        llm.export(model, compress="int9")
+    with pytest.raises(TypeError, match=r"llm.export\(compress=...\) takes"):
+        llm.export(model, compress=4)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_context must be an int >= 2"):
         llm.export(model, max_context=1)
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):

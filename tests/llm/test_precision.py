@@ -1,0 +1,213 @@
+"""``llm.export(precision=..., compress=...)``: half-precision programs with a half KV cache,
+compressed weights, and both (``coreai-torch llm export --precision fp16 --compress int4``).
+
+The honest reference for the numbers is the eager model in the same precision with the
+same weights: a copy of the model whose compressed weights are replaced by their
+quantized-dequantized values (``tests.test_compress``'s fake-quantized references), cast to
+the program's precision.  Logits are compared within ``tol * max(1, max|ref|)``:
+
+* float16: ``tol = 4e-3``, about three times the largest error measured here (1.5e-3, with
+  int4 or int8 weights or without: one or two float16 ulps of logits of magnitude ~4);
+* bfloat16: ``tol = 3e-2``, about 2.5 times the largest error measured (1.2e-2; bfloat16
+  keeps 8 significant bits to float16's 11);
+* float32 with compressed weights: ``tol = 1e-4``, as for every float32 program.
+
+Greedy tokens equal ``model.generate`` on that reference token for token, except that they
+may part at a near tie of the reference's two best logits (closer than the tolerance), where
+the comparison stops (``check_generation``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import io
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from coreai_torch import compression, llm
+from coreai_torch.cli import main
+from coreai_torch.compressed import unpack_bits
+from tests.llm.support import (
+    MAX_CONTEXT,
+    PROMPTS,
+    asset_bytes,
+    causal_lm,
+    check_generation,
+    save_model_dir,
+    tiny_tokenizer,
+)
+from tests.test_compress import fake_linear, fake_palette, lut_values
+
+# The tests share one export (module fixture): keep them on one xdist worker.
+pytestmark = pytest.mark.xdist_group("llm_export_fp16_int4")
+
+#: A Llama wide enough for blocks of 32 and for the weights to dominate the asset.
+WIDE = dict(hidden_size=128, intermediate_size=256)
+FP16_TOLERANCE = 4e-3
+BF16_TOLERANCE = 3e-2
+#: the asset beyond its weights: the program of two entry points, metadata
+ASSET_OVERHEAD = 96 * 1024
+#: the weights the Llama's matmuls read (compressed); the embedding table is read by a row
+#: lookup of a dynamic number of tokens in the prefill, which compress() leaves alone
+LINEAR = re.compile(r"(proj|lm_head)\.weight$")
+
+
+def compressed_weights(program_text: str) -> set[str]:
+    """The model's weights a program stores compressed (their codes or palette indices)."""
+    found = re.findall(r"dense_resource<\"?model\.([\w.]+)\.(?:codes|indices)", program_text)
+    return set(found)
+
+
+def fake_quantized(
+    model: nn.Module,
+    names: set[str],
+    fake: Any,
+    dtype: torch.dtype,
+) -> nn.Module:
+    """A copy of ``model`` in ``dtype`` whose weights ``names`` are ``fake(name, weight)``
+    (the weight rounded to ``dtype`` first, as the program stores it before compressing)."""
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for name in names:
+            param = reference.get_parameter(name)
+            param.copy_(fake(name, param.detach().to(dtype).float()))
+    return reference.to(dtype)
+
+
+def state_bytes(model: nn.Module, itemsize: int) -> int:
+    """Bytes of the KV cache: k and v per layer, ``[1, kv_heads, MAX_CONTEXT, head_dim]``."""
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    per_layer = 2 * config.num_key_value_heads * MAX_CONTEXT * head_dim
+    return config.num_hidden_layers * per_layer * itemsize
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``coreai-torch llm export MODEL_DIR --precision fp16 --compress int4`` and what it
+    printed (JSON)."""
+    root = tmp_path_factory.mktemp("llm_fp16_int4")
+    model, tokenizer, model_dir = save_model_dir(root, **WIDE)
+    asset = root / "model.aimodel"
+    args = ["--json", "llm", "export", str(model_dir), "-o", str(asset), "--max-context", "64"]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = main([*args, "--precision", "fp16", "--compress", "int4"])
+    return {"model": model, "tokenizer": tokenizer, "asset": asset, "code": code, "out": out}
+
+
+def test_cli_export_fp16_int4_stores_the_weights_in_4_bits(exported: dict[str, Any]) -> None:
+    import coreai.authoring as ca
+
+    assert exported["code"] == 0
+    printed = json.loads(exported["out"].getvalue())
+    assert printed["precision"] == "fp16"
+    assert printed["compression"] == "int4 blocks of 32, symmetric"
+    model = exported["model"]
+    names = compressed_weights(str(ca.AIModelAsset.load(exported["asset"]).program))
+    linear = {n for n, _ in model.named_parameters() if LINEAR.search(n)}
+    assert len(linear) == 15 and linear <= names, f"not compressed: {sorted(linear - names)}"
+    # int4 codes with a float16 scale per block of 32 (4.5 bits); every other weight float16
+    bound = ASSET_OVERHEAD + sum(
+        p.numel() * (4.5 / 8 if n in names else 2) for n, p in model.named_parameters()
+    )
+    size = asset_bytes(exported["asset"])
+    assert size <= bound, f"asset {size} B > {bound:.0f} B"
+    assert printed["asset_bytes"] == size
+
+
+def test_fp16_int4_generation_matches_the_same_model_in_fp16_with_int4_weights(
+    exported: dict[str, Any],
+) -> None:
+    import coreai.authoring as ca
+
+    model, tokenizer = exported["model"], exported["tokenizer"]
+    names = compressed_weights(str(ca.AIModelAsset.load(exported["asset"]).program))
+    config = dataclasses.replace(compression.from_spec("int4"), scale_dtype=torch.float16)
+    reference = fake_quantized(model, names, lambda name, w: fake_linear(w, config), torch.float16)
+    with llm.Generator(exported["asset"]) as generator:
+        # the KV cache in float16: half the state bytes of the float32 program
+        cache = generator.session.descriptor("decode").state_descriptor("layers.0.k_cache")
+        assert cache.dtype == "float16"
+        assert generator.state_bytes == state_bytes(model, 2)
+        for prompt in PROMPTS:
+            check_generation(
+                generator, reference, tokenizer.encode(prompt), tolerance=FP16_TOLERANCE
+            )
+        logits: list[np.ndarray] = []
+        list(generator.generate([5, 6], 1, on_logits=logits.append))
+        assert logits[0].dtype == np.float32  # the logits output stays float32
+
+
+def check_variant(
+    precision: Any, compress: Any, tolerance: float, dtype: torch.dtype, fake: Any = None
+) -> None:
+    """Export the Llama with ``precision`` / ``compress``; its greedy generation against the
+    eager model in ``dtype`` with the compressed weights ``fake``-quantized."""
+    model, tokenizer = causal_lm("llama", **WIDE), tiny_tokenizer()
+    program = llm.export(model, max_context=MAX_CONTEXT, precision=precision, compress=compress)
+    names = compressed_weights(str(program)) if compress is not None else set()
+    linear = {n for n, _ in model.named_parameters() if LINEAR.search(n)}
+    assert linear <= names if compress is not None else not names
+    reference = fake_quantized(model, names, fake and fake(program), dtype)
+    with llm.Generator(program) as generator:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        assert generator.state_bytes == state_bytes(model, itemsize)
+        for prompt in PROMPTS:
+            check_generation(generator, reference, tokenizer.encode(prompt), tolerance=tolerance)
+
+
+@pytest.mark.slow
+def test_bf16() -> None:
+    check_variant(torch.bfloat16, None, BF16_TOLERANCE, torch.bfloat16)
+
+
+@pytest.mark.slow
+def test_fp16_int8_per_channel() -> None:
+    config = compression.LinearQuantization(bits=8, scale_dtype=torch.float16)
+    check_variant(
+        "fp16", config, FP16_TOLERANCE, torch.float16, lambda _: lambda n, w: fake_linear(w, config)
+    )
+
+
+def stored_indices(program: Any, name: str, bits: int, shape: torch.Size) -> torch.Tensor:
+    """The palette indices ``program`` stores for the ``nn.Linear`` weight ``name``, in the
+    weight's layout: compressed before ``optimize()``, they are stored transposed, as the
+    matmul reads the weight."""
+    stored = f"{name}.indices"
+    out, inputs = shape
+    assert f"dense_resource<{stored}> : tensor<{inputs}x{out}xui{bits}>" in str(program)
+    codes = unpack_bits(program.weights.derived_by_name[stored], bits, out * inputs)
+    return torch.from_numpy(codes.astype(np.int64)).reshape(inputs, out).T
+
+
+@pytest.mark.slow
+def test_fp32_palette4() -> None:
+    def fake(program: Any) -> Any:
+        def replace(name: str, w: torch.Tensor) -> torch.Tensor:
+            stored = f"model.{name}"
+            indices = stored_indices(program, stored, 4, w.shape)
+            palette = lut_values(program, f"{stored}.indices").reshape(1, 16)
+            return fake_palette(w, indices, torch.from_numpy(palette.copy()), None)
+
+        return replace
+
+    check_variant(None, "palette4", 1e-4, torch.float32, fake)
+
+
+def test_precision_and_compress_are_checked_before_the_model_is_read(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown precision"):
+        llm.export(tmp_path / "missing", precision="fp12")
+    with pytest.raises(ValueError, match="unknown compression"):
+        llm.export(tmp_path / "missing", compress="int16")
+    args = ["llm", "export", str(tmp_path / "missing"), "-o", str(tmp_path / "m.aimodel")]
+    assert main([*args, "--block-size", "64"]) == 2  # --block-size needs --compress
+    assert main([*args, "--keep-fp32", "lm_head"]) == 2  # --keep-fp32 needs --precision
