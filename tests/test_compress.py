@@ -223,15 +223,21 @@ LINEAR = [
 ]
 
 
-def check_linear(config: compression.LinearQuantization, bits: float, optimize_first: bool) -> Any:
-    model = llama()
-    args = tokens()
-    program = convert(model, args)
+def compress_in_order(program: AIProgram, config: Any, optimize_first: bool) -> Any:
+    """``program.compress(config)`` before or after ``optimize()`` (optimized either way)."""
     if optimize_first:
         program.optimize()
     report = program.compress(config)
     if not optimize_first:
         program.optimize()
+    return report
+
+
+def check_linear(config: compression.LinearQuantization, bits: float, optimize_first: bool) -> Any:
+    model = llama()
+    args = tokens()
+    program = convert(model, args)
+    report = compress_in_order(program, config, optimize_first)
     names = {w.name for w in report.weights}
     assert "model.model.embed_tokens.weight" in names and "model.lm_head.weight" in names
     assert len(names) == 9 and not report.skipped, str(report)

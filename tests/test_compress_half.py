@@ -21,6 +21,7 @@ from coreai_torch.verify import HALF_TOLERANCE, export_decomposed
 from tests.helpers import asset_bytes, check_half
 from tests.test_compress import (
     ASSET_OVERHEAD,
+    compress_in_order,
     fake_linear,
     fake_palette,
     reference_model,
@@ -87,11 +88,7 @@ def check_half_compression(dtype: torch.dtype, form: str, optimize_first: bool) 
     config, bits = CONFIGS[form]
     model, args = small()
     program = convert_half(model, args, dtype)
-    if optimize_first:
-        program.optimize()
-    report = program.compress(config)
-    if not optimize_first:
-        program.optimize()
+    report = compress_in_order(program, config, optimize_first)
     assert {w.name for w in report.weights} == COMPRESSED and not report.skipped, str(report)
     assert {w.reader for w in report.weights} == {"matmul", "embedding"}
     half = f"x{ELEMENT[dtype]}>"
