@@ -62,7 +62,7 @@ class AIProgram(ca.AIProgram):
     #: program: the rewritten one, which PyTorch runs in half precision too)
     exported_programs: dict[str, ExportedProgram]
 
-    #: progress of optimize() and save_asset(), as ``TorchConverter.progress`` (which
+    #: progress of compress(), optimize() and save_asset(), as ``TorchConverter.progress`` (which
     #: ``to_coreai`` copies here): None follows ``coreai_torch.progress`` blocks and the
     #: ``COREAI_TORCH_PROGRESS`` variable
     progress: Any
@@ -190,8 +190,10 @@ class AIProgram(ca.AIProgram):
 
         Either order with :meth:`optimize` works; compressing first saves memory (weights
         read transposed are compressed in the transposed layout directly, so ``optimize()``
-        makes no transposed float copies of them).  Weights already compressed are left
-        alone; see :mod:`coreai_torch.passes.compress`.
+        makes no transposed float copies of them).  Half-precision programs and the stacked
+        expert weights of mixture-of-experts layers are compressed too.  Weights already
+        compressed are left alone; see :mod:`coreai_torch.passes.compress`.  Reports its
+        progress like :meth:`optimize` (``"compress"``, bytes of weights fitted).
         """
         from coreai_torch.passes.compress import compress
 

@@ -1,5 +1,6 @@
-"""Progress of long conversions: FX nodes lowered / total, per entry point, then the steps of
-``optimize()`` and the bytes ``save_asset()`` has written.
+"""Progress of long conversions: FX nodes lowered / total, per entry point, then the bytes of
+weights ``compress()`` has fitted, the steps of ``optimize()`` and the bytes ``save_asset()``
+has written.
 
 Off by default (and then free).  Turn it on for one ``to_coreai()`` call, a block of code, a
 converter, or the whole process::
@@ -13,9 +14,10 @@ converter, or the whole process::
     converter.progress = True                          # this converter, always
     COREAI_TORCH_PROGRESS=1 python convert.py          # every conversion of the process
 
-A program from ``to_coreai()`` reports ``optimize()`` and ``save_asset()`` the same way (its
-``progress`` attribute is the converter's; a callback then also receives
-``("optimize", steps done, steps)`` and ``("save", bytes written, bytes expected)``).  The
+A program from ``to_coreai()`` reports ``compress()``, ``optimize()`` and ``save_asset()`` the
+same way (its ``progress`` attribute is the converter's; a callback then also receives
+``("compress", weight bytes fitted, weight bytes selected)``, ``("optimize", steps done,
+steps)`` and ``("save", bytes written, bytes expected)``).  The
 ``coreai-torch convert`` command shows the bar whenever stderr is a terminal.
 """
 
@@ -53,11 +55,12 @@ class ConversionProgress:
         """Every node of ``entrypoint`` is lowered."""
 
     def update(self, task: str, done: int, total: int, unit: str) -> None:
-        """A later phase advanced: ``task`` is ``"optimize"`` (``unit`` "steps") or ``"save"``
-        (``unit`` "bytes")."""
+        """A later phase advanced: ``task`` is ``"compress"`` (``unit`` "bytes"),
+        ``"optimize"`` (``unit`` "steps") or ``"save"`` (``unit`` "bytes")."""
 
     def close(self) -> None:
-        """The ``to_coreai()`` (or ``optimize()``, ``save_asset()``) call is over."""
+        """The ``to_coreai()`` (or ``compress()``, ``optimize()``, ``save_asset()``) call is
+        over."""
 
 
 class CallbackProgress(ConversionProgress):

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from coreai_torch import TorchConverter, compression
+from coreai_torch import TorchConverter, compression, progress
 from coreai_torch.compressed import unpack_bits
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import Session
@@ -542,6 +542,52 @@ def test_configuration_errors() -> None:
         compression.LinearQuantization(4)  # keyword-only
     with pytest.raises(TypeError, match="LinearQuantization or Palettization"):
         convert(nn.Linear(64, 64), (torch.randn(1, 64),)).compress("int4")  # type: ignore[arg-type]
+
+
+class Recorder(progress.ConversionProgress):
+    """Every progress event, unthrottled."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int, int, str]] = []
+
+    def update(self, task: str, done: int, total: int, unit: str) -> None:
+        self.events.append((task, done, total, unit))
+
+
+def test_progress_of_compress() -> None:
+    """compress() reports the bytes of weights it has fitted (the CLI's bar moves through a
+    large model weight by weight), to a program's listener or an enclosing block."""
+    from rich.console import Console
+
+    def mlp() -> AIProgram:
+        model = nn.Sequential(
+            nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256), nn.Linear(256, 256)
+        )
+        return convert(model, (torch.randn(2, 256),))
+
+    program = mlp()
+    program.progress = recorder = Recorder()
+    report = program.compress(compression.LinearQuantization(bits=4, block_size=32))
+    total = report.bytes_before
+    events = [e for e in recorder.events if e[0] == "compress"]
+    assert events[0] == ("compress", 0, total, "bytes")
+    assert events[-1] == ("compress", total, total, "bytes")
+    done = [e[1] for e in events]
+    assert done == sorted(done) and len(set(done)) == len(report.weights) + 1
+
+    callbacks: list[tuple[str, int, int]] = []
+    program = mlp()
+    with progress.track(lambda *event: callbacks.append(event)):
+        program.compress(compression.LinearQuantization(bits=8))
+    assert callbacks[0] == ("compress", 0, total) and callbacks[-1] == ("compress", total, total)
+
+    out = __import__("io").StringIO()
+    program = mlp()
+    program.progress = progress.RichProgress(console=Console(file=out, width=100))
+    program.compress(compression.Palettization(bits=2))
+    assert (
+        "compress" in out.getvalue() and f"{total / 1e6:.1f}/{total / 1e6:.1f} MB" in out.getvalue()
+    )
 
 
 def test_compress_needs_a_converted_program() -> None:
