@@ -218,7 +218,7 @@ class _Search:
     def compare(self, name: str, expected: Any, actual: Any) -> OutputError:
         if self.tolerance is None:
             return compare(name, expected, actual, atol=self.atol, rtol=self.rtol)
-        peak = float(expected.detach().abs().float().max()) if expected.numel() else 0.0
+        peak = float(expected.detach().double().abs().max()) if expected.numel() else 0.0
         peak = peak if math.isfinite(peak) else 1.0
         return compare(name, expected, actual, atol=self.tolerance * max(1.0, peak), rtol=0.0)
 

@@ -199,10 +199,29 @@ class LogSumExp(nn.Module):
         return torch.log(torch.exp(x).sum(-1)) - x.mean(-1)
 
 
+class RunningMean(nn.Module):
+    """The mean of every prefix: the cumulative sum of 1024 values of ~100 overflows float16."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, -1) / torch.arange(1, x.shape[-1] + 1)
+
+
+class SumPool(nn.Module):
+    """A mean written as a sum: the sum of 1024 values of ~100 overflows float16."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1, keepdim=True) / x.shape[-1]
+
+
 @pytest.mark.parametrize(
     "model, x",
-    [(ScaledAfterMatmul(), 4 * torch.randn(2, 8, 64)), (LogSumExp(), 12 + torch.randn(4, 128))],
-    ids=["attention_scores", "logsumexp"],
+    [
+        (ScaledAfterMatmul(), 4 * torch.randn(2, 8, 64)),
+        (LogSumExp(), 12 + torch.randn(4, 128)),
+        (RunningMean(), 100 + torch.rand(4, 1024)),
+        (SumPool(), 100 + torch.rand(4, 1024)),
+    ],
+    ids=["attention_scores", "logsumexp", "cumsum", "large_sum"],
 )
 def test_fp32_islands_keep_overflowing_models_working(model: nn.Module, x: torch.Tensor) -> None:
     reference = model(x)
@@ -212,6 +231,43 @@ def test_fp32_islands_keep_overflowing_models_working(model: nn.Module, x: torch
     without = convert(model, (x,), compute_precision=torch.float16, fp32_islands=False)
     out = run_program(without.optimize(), {"x": x})
     assert not np.isfinite(out).all(), "the model was expected to overflow without islands"
+
+
+class LongLinear(nn.Module):
+    """A linear layer over 4096 positive inputs: its dot products (~400) are far above the
+    spacing of float16 at 256 (0.25), so a float16 running sum stops growing there."""
+
+    def __init__(self, k: int = 4096) -> None:
+        super().__init__()
+        self.fc = nn.Linear(k, 16, bias=False)
+        with torch.no_grad():
+            self.fc.weight.uniform_(0.0, 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+class LongBatchedProduct(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a @ b
+
+
+@pytest.mark.parametrize(
+    "model, args",
+    [
+        (LongLinear(), (torch.rand(4, 4096),)),
+        (LongBatchedProduct(), (torch.rand(2, 4, 4096), torch.rand(2, 4096, 8))),
+    ],
+    ids=["linear", "bmm"],
+)
+def test_fp32_accumulation_of_long_float16_products(model: nn.Module, args: tuple) -> None:
+    """The runtime's float16 matmul accumulates in float16: ``fp32_accumulation`` (the
+    default) multiplies in float32 and rounds once, as ATen does."""
+    program = convert(model, args, compute_precision=torch.float16).optimize()
+    check_half(model, args, program, rel=2e-3)
+    native = convert(model, args, compute_precision=torch.float16, fp32_accumulation=False)
+    with pytest.raises(AssertionError, match="relative error"):
+        check_half(model, args, native.optimize(), rel=1e-2)
 
 
 class HandWrittenRMSNorm(nn.Module):
@@ -338,6 +394,21 @@ def test_verify_names_the_first_node_that_overflows(
     assert line in found.source and line in str(report)
     assert f"keep_fp32_ops={{'aten::{op}'}}" in str(report)
     assert verify(model, (x,), precision="fp16").ok  # the default islands
+
+
+class MaskedLogSumExp(nn.Module):
+    """A boolean mask computed before the overflowing ``exp`` and used after it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        keep = x > 0
+        return torch.where(keep, torch.exp(x), 0.0).sum(-1).log()
+
+
+def test_verify_bisects_past_boolean_values() -> None:
+    """The probes compare every value still needed after them, boolean masks included."""
+    x = 12 + torch.randn(4, 128)
+    report = verify(MaskedLogSumExp(), (x,), precision=Precision(torch.float16, fp32_islands=False))
+    assert report.divergence is not None and report.divergence.node.name == "exp"
 
 
 LOUD_PY = """

@@ -1,7 +1,8 @@
 """Frontier architectures that fail in ``torch.export`` itself (data-dependent Python in the
 Hugging Face code), each with the workaround documented in docs/frontier_models.md: the test
 shows the export error, applies the documented patch and checks the converted model against
-HF eager on the runtime (1e-4 * max(1, max|ref|)).
+HF eager on the runtime (1e-4 * max(1, max|ref|)).  Each model is built by a function
+returning a :class:`Frontier` (the half-precision tests reuse them).
 
 Small configs, random weights; nothing is downloaded.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import types
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import torch
@@ -31,19 +32,31 @@ def _build(config_class: str, model_class: str, **overrides: Any) -> nn.Module:
     return redraw_weights(getattr(transformers, model_class)(config).eval())
 
 
+def _prompt() -> tuple[torch.Tensor]:
+    return (torch.randint(0, VOCAB, (1, 16)),)
+
+
 def _logits(model: nn.Module) -> Call:
     return Call(model, lambda m, ids: m(input_ids=ids, use_cache=False, return_dict=False)[0])
 
 
-def _check_fails_then_works(
-    wrapped: nn.Module, args: tuple[torch.Tensor, ...], error: str, patch: Callable[[], None]
-) -> None:
-    """``wrapped`` does not export (the message contains ``error``); after ``patch()`` it
-    converts and matches eager."""
-    with pytest.raises(Exception, match=error):
-        export_decomposed(wrapped, args)
-    patch()
-    check_model(wrapped, args)
+class Frontier(NamedTuple):
+    """A frontier model (tensors in, logits out), its example inputs, the export error it
+    raises as it is, and the documented patch (applied through ``monkeypatch``)."""
+
+    model: nn.Module
+    args: tuple[torch.Tensor, ...]
+    error: str
+    patch: Callable[[pytest.MonkeyPatch], None]
+
+
+def _check_fails_then_works(case: Frontier, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``case.model`` does not export (the message contains ``case.error``); after
+    ``case.patch`` it converts and matches eager."""
+    with pytest.raises(Exception, match=case.error):
+        export_decomposed(case.model, case.args)
+    case.patch(monkeypatch)
+    check_model(case.model, case.args)
 
 
 # --------------------------------------------------------------- multimodal: LLaVA family
@@ -55,8 +68,7 @@ def static_placeholder_mask(self, input_ids, inputs_embeds, image_features):
     return mask.unsqueeze(-1).expand_as(inputs_embeds)
 
 
-@pytest.mark.slow
-def test_llava_with_a_static_placeholder_mask() -> None:
+def llava() -> Frontier:
     import transformers
 
     vision = transformers.CLIPVisionConfig(
@@ -85,19 +97,29 @@ def test_llava_with_a_static_placeholder_mask() -> None:
         )[0],
     )
 
-    def patch() -> None:
-        model.model.get_placeholder_mask = types.MethodType(static_placeholder_mask, model.model)
+    def patch(monkeypatch: pytest.MonkeyPatch) -> None:
+        mask = types.MethodType(static_placeholder_mask, model.model)
+        monkeypatch.setattr(model.model, "get_placeholder_mask", mask)
 
-    _check_fails_then_works(
-        wrapped, (ids, torch.randn(1, 3, 32, 32)), "get_placeholder_mask", patch
-    )
+    return Frontier(wrapped, (ids, torch.randn(1, 3, 32, 32)), "get_placeholder_mask", patch)
+
+
+@pytest.mark.slow
+def test_llava_with_a_static_placeholder_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_fails_then_works(llava(), monkeypatch)
 
 
 # ------------------------------------------------------- hybrid SSM / linear attention
 
 
-@pytest.mark.slow
-def test_bamba_with_a_static_mamba_mask() -> None:
+def _static_mamba_mask(model: nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefill from position 0: HF's mask, without asking ``cache_position``."""
+    monkeypatch.setattr(
+        model.model, "_update_mamba_mask", lambda attention_mask, cache_position: attention_mask
+    )
+
+
+def bamba() -> Frontier:
     model = _build(
         "BambaConfig",
         "BambaForCausalLM",
@@ -109,11 +131,15 @@ def test_bamba_with_a_static_mamba_mask() -> None:
         mamba_chunk_size=8,
     )
 
-    def patch() -> None:  # prefill from position 0: HF's mask, without asking cache_position
-        model.model._update_mamba_mask = lambda attention_mask, cache_position: attention_mask
+    def patch(monkeypatch: pytest.MonkeyPatch) -> None:
+        _static_mamba_mask(model, monkeypatch)
 
-    args = (torch.randint(0, VOCAB, (1, 16)),)
-    _check_fails_then_works(_logits(model), args, "_update_mamba_mask", patch)
+    return Frontier(_logits(model), _prompt(), "_update_mamba_mask", patch)
+
+
+@pytest.mark.slow
+def test_bamba_with_a_static_mamba_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_fails_then_works(bamba(), monkeypatch)
 
 
 def prefill_causal_mask(attention_mask, input_tensor, cache_position):
@@ -125,8 +151,7 @@ def prefill_causal_mask(attention_mask, input_tensor, cache_position):
     return mask[None, None].expand(input_tensor.shape[0], 1, -1, -1)
 
 
-@pytest.mark.slow
-def test_jamba_mixture_of_experts_with_static_masks() -> None:
+def jamba() -> Frontier:
     model = _build(
         "JambaConfig",
         "JambaForCausalLM",
@@ -143,16 +168,19 @@ def test_jamba_mixture_of_experts_with_static_masks() -> None:
     )
     rewrite_moe(model)
 
-    def patch() -> None:
-        model.model._update_mamba_mask = lambda attention_mask, cache_position: attention_mask
-        model.model._update_causal_mask = prefill_causal_mask
+    def patch(monkeypatch: pytest.MonkeyPatch) -> None:
+        _static_mamba_mask(model, monkeypatch)
+        monkeypatch.setattr(model.model, "_update_causal_mask", prefill_causal_mask)
 
-    args = (torch.randint(0, VOCAB, (1, 16)),)
-    _check_fails_then_works(_logits(model), args, "_update_mamba_mask", patch)
+    return Frontier(_logits(model), _prompt(), "_update_mamba_mask", patch)
 
 
 @pytest.mark.slow
-def test_qwen3_next_mixture_of_experts_with_a_static_linear_attention_mask() -> None:
+def test_jamba_mixture_of_experts_with_static_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    _check_fails_then_works(jamba(), monkeypatch)
+
+
+def qwen3_next() -> Frontier:
     model = _build(
         "Qwen3NextConfig",
         "Qwen3NextForCausalLM",
@@ -167,13 +195,27 @@ def test_qwen3_next_mixture_of_experts_with_a_static_linear_attention_mask() -> 
         num_experts=4,
         num_experts_per_tok=2,
     )
+    with torch.no_grad():  # Qwen3NextRMSNorm scales by 1 + weight: draw the weights around 0
+        for module in model.modules():
+            if type(module).__name__ == "Qwen3NextRMSNorm":
+                module.weight.uniform_(-0.5, 0.5)
     rewrite_moe(model)
 
-    def patch() -> None:
-        model.model._update_linear_attn_mask = lambda attention_mask, cache_position: attention_mask
+    def patch(monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(
+            model.model,
+            "_update_linear_attn_mask",
+            lambda attention_mask, cache_position: attention_mask,
+        )
 
-    args = (torch.randint(0, VOCAB, (1, 16)),)
-    _check_fails_then_works(_logits(model), args, "_update_linear_attn_mask", patch)
+    return Frontier(_logits(model), _prompt(), "_update_linear_attn_mask", patch)
+
+
+@pytest.mark.slow
+def test_qwen3_next_mixture_of_experts_with_a_static_linear_attention_mask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _check_fails_then_works(qwen3_next(), monkeypatch)
 
 
 # ------------------------------------------------------ DeepSeek-V2: complex rotary embedding
@@ -205,17 +247,37 @@ def real_apply_rotary_emb(xq: torch.Tensor, xk: torch.Tensor, cos_sin: torch.Ten
     return rotate(xq), rotate(xk)
 
 
-@pytest.mark.slow
-def test_deepseek_v2_with_real_rotary_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
+def deepseek_v2() -> Frontier:
+    """Exports, but its complex rotary embedding does not convert (``error``)."""
     from transformers.models.deepseek_v2 import modeling_deepseek_v2
 
-    from coreai_torch import UnsupportedOpError
     from tests.models.test_moe import moe_causal_lm
 
     model = rewrite_moe(moe_causal_lm("deepseek_v2"))
-    ids = torch.randint(0, VOCAB, (2, 8))
-    with pytest.raises(UnsupportedOpError, match="complex"):
-        check_model(_logits(model), (ids,))
-    model.model.rotary_emb = RealRotaryEmbedding(model.model.rotary_emb)
-    monkeypatch.setattr(modeling_deepseek_v2, "apply_rotary_emb", real_apply_rotary_emb)
-    check_model(_logits(model), (ids,))
+
+    def patch(monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(model.model, "rotary_emb", RealRotaryEmbedding(model.model.rotary_emb))
+        monkeypatch.setattr(modeling_deepseek_v2, "apply_rotary_emb", real_apply_rotary_emb)
+
+    return Frontier(_logits(model), (torch.randint(0, VOCAB, (2, 8)),), "complex", patch)
+
+
+@pytest.mark.slow
+def test_deepseek_v2_with_real_rotary_embeddings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coreai_torch import UnsupportedOpError
+
+    case = deepseek_v2()
+    with pytest.raises(UnsupportedOpError, match=case.error):
+        check_model(case.model, case.args)
+    case.patch(monkeypatch)
+    check_model(case.model, case.args)
+
+
+#: name -> builder, for the tests that run every frontier model (half precision)
+FRONTIER: dict[str, Callable[[], Frontier]] = {
+    "llava": llava,
+    "bamba": bamba,
+    "jamba": jamba,
+    "qwen3_next": qwen3_next,
+    "deepseek_v2": deepseek_v2,
+}

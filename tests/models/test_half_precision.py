@@ -6,11 +6,14 @@ The rule: every floating output within ``tol * max(1, max|ref|)`` of float32 eag
 ``tol`` per family and dtype (:data:`TOLERANCE`, about twice the largest error measured in
 the family, and never below what PyTorch itself gets running the model in that dtype), and a
 cosine similarity of at least 0.999.  docs/precision.md has the table with the measured errors.
+Mixture-of-experts models run after ``rewrite_moe`` (the expert projections also as
+``gather_matmul`` composites), the frontier models with their documented patches.
 A representative model of each dtype is in the fast suite, the rest are slow.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -19,8 +22,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from coreai_torch import TorchConverter
-from coreai_torch.composite_ops import default_specs
+from coreai_torch import TorchConverter, rewrite_moe
+from coreai_torch.composite_ops import GatherMatmul, default_specs
 from coreai_torch.runtime import Session, _ndarray
 from coreai_torch.verify import eager_outputs, export_decomposed, run_entrypoint
 from tests.helpers import check_half
@@ -37,6 +40,10 @@ TOLERANCE = {
     "clip": (1e-2, 2e-2),
     "torch_nn": (1e-2, 8e-2),
     "llm_decode": (1e-2, 4e-2),
+    "moe_lm": (1e-2, 3e-2),
+    "multimodal": (1e-2, 3e-2),
+    "hybrid_ssm": (1e-2, 6e-2),
+    "linear_attention": (2e-2, 8e-2),
 }
 COSINE = 0.999
 
@@ -53,6 +60,18 @@ def _decoder(name: str) -> Build:
             config, model_name, attn, overrides = SLOW_MODELS[name]
             model = causal_lm(config, model_name, attn, **overrides)
         return model, (torch.randint(0, VOCAB, (2, 16)),)
+
+    return build
+
+
+def _moe(name: str, strategy: str = "auto") -> Build:
+    def build() -> tuple[nn.Module, tuple[Any, ...]]:
+        from tests.models.test_decoder_lms import VOCAB
+        from tests.models.test_moe import moe_causal_lm
+
+        model = rewrite_moe(moe_causal_lm(name), strategy=strategy)
+        logits = Call(model, lambda m, ids: m(input_ids=ids, use_cache=False, return_dict=False)[0])
+        return logits, (torch.randint(0, VOCAB, (2, 8)),)
 
     return build
 
@@ -184,6 +203,10 @@ MODELS: dict[tuple[str, str], Build] = {
         )
     },
     ("decoder_lm", "gpt2"): two_layer_gpt2,
+    **{
+        ("moe_lm", name): _moe(name)
+        for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss")
+    },
     ("encoder_lm", "bert"): _bert,
     **{
         ("encoder_lm", name): _encoder(name)
@@ -223,6 +246,7 @@ FAST = {
     (torch.float16, "vit"),
     (torch.bfloat16, "resnet18_layout"),
     (torch.float16, "lstm"),
+    (torch.bfloat16, "mixtral"),
 }
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -240,17 +264,89 @@ def tolerance(family: str, dtype: torch.dtype) -> float:
     return TOLERANCE[family][0 if dtype == torch.float16 else 1]
 
 
-@pytest.mark.parametrize("family, build, dtype", _cases())
-def test_model_family_in_half_precision(family: str, build: Build, dtype: torch.dtype) -> None:
-    torch.manual_seed(0)
-    model, args = build()
+def check_family(
+    family: str, model: nn.Module, args: tuple[Any, ...], dtype: torch.dtype, **options: Any
+) -> None:
+    """Export ``model``, convert it in ``dtype`` (``options``: more converter arguments) and
+    check it against float32 eager with the family's tolerance."""
     model = model.eval()
     ep = export_decomposed(model, args)
-    program = TorchConverter(compute_precision=dtype).add_exported_program(ep).to_coreai()
-    program.optimize()
+    converter = TorchConverter(compute_precision=dtype, **options)
+    program = converter.add_exported_program(ep).to_coreai().optimize()
     rel, cos = check_half(model, args, program, rel=tolerance(family, dtype), cosine=COSINE)
     print(f"relative error {rel:.2e}  cosine {cos:.6f}")
     record_errors(1.0, rel, tolerance(family, dtype))
+
+
+@pytest.mark.parametrize("family, build, dtype", _cases())
+def test_model_family_in_half_precision(family: str, build: Build, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    check_family(family, *build(), dtype)
+
+
+def in_gated_delta_rule(node: torch.fx.Node) -> bool:
+    """The nodes of Qwen3-Next's chunked gated delta rule, which Hugging Face computes in
+    float32 (their stack trace ends at the call in ``Qwen3NextGatedDeltaNet.forward``)."""
+    return "self.chunk_gated_delta_rule(" in (node.meta.get("stack_trace") or "")
+
+
+#: frontier model (tests/models/test_frontier.py) -> (family, converter options)
+FRONTIER: dict[str, tuple[str, dict[str, Any]]] = {
+    "llava": ("multimodal", {}),
+    "bamba": ("hybrid_ssm", {}),
+    "jamba": ("hybrid_ssm", {}),
+    "qwen3_next": ("linear_attention", {"keep_fp32": in_gated_delta_rule}),
+    "deepseek_v2": ("moe_lm", {}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("name", list(FRONTIER))
+def test_frontier_model_in_half_precision(
+    name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The frontier models with their documented patches (docs/frontier_models.md)."""
+    from tests.models.test_frontier import FRONTIER as BUILDERS
+
+    case = BUILDERS[name]()
+    case.patch(monkeypatch)
+    family, options = FRONTIER[name]
+    check_family(family, case.model, case.args, dtype, **options)
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+    ids=list(DTYPES),
+)
+def test_moe_experts_as_gather_matmul_composites(dtype: torch.dtype) -> None:
+    """Mixtral with every token gathering its experts, the expert projections externalized as
+    ``gather_matmul`` composites: they take the half activations and half expert weights."""
+    from coreai_torch import get_decomp_table
+    from tests.externalize_support import composites
+
+    model, args = _moe("mixtral", strategy="gather")()
+    model = model.eval()
+    specs = [s for s in default_specs() if s.target_class is GatherMatmul]
+    converter = TorchConverter(compute_precision=dtype).add_pytorch_module(
+        model,
+        export_fn=lambda m: torch.export.export(m, args).run_decompositions(get_decomp_table()),
+        externalize_modules=specs,
+    )
+    program = converter.to_coreai()
+    gathers = composites(program, "gather_matmul")
+    half = {torch.float16: "f16", torch.bfloat16: "bf16"}[dtype]
+    assert gathers and all(
+        re.search(rf"x{half}> {{coreai.name = \"{operand}\"}}", g.text.splitlines()[0])
+        for g in gathers
+        for operand in ("input", "weight")
+    ), [g.text.splitlines()[0] for g in gathers]
+    program.optimize()
+    tol = tolerance("moe_lm", dtype)
+    rel, cos = check_half(model, args, program, rel=tol, cosine=COSINE)
+    print(f"relative error {rel:.2e}  cosine {cos:.6f}")
+    record_errors(1.0, rel, tol)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
