@@ -234,12 +234,12 @@ def display_name(resource: str) -> str:
 
 
 def _candidates(
-    module: ir.Module, store: WeightStore, config: CompressionConfig
+    read: dict[str, list[ir.Operation]], store: WeightStore, config: CompressionConfig
 ) -> list[tuple[str, str, list[ir.Operation], torch.dtype]]:
     """``(name, resource, constants, dtype)`` of the weights ``config`` selects: floating,
     of rank 2 or more (not biases, norms, integer tables), at least ``min_elements``."""
     found = []
-    for resource, constants in weight_constants(module, store).items():
+    for resource, constants in read.items():
         name = display_name(resource)
         tensor = store.by_name[resource]
         element = ir.RankedTensorType(constants[0].result.type).element_type
@@ -296,8 +296,9 @@ def compress(program: Any, config: CompressionConfig) -> CompressionReport:
     with module.context, ir.Location.unknown():
         done = _already_compressed(module, store)
         report.skipped += [(display_name(name), "already compressed") for name in done]
-        candidates = _candidates(module, store, config)
-        present = {display_name(r) for r in weight_constants(module, store)}
+        read = weight_constants(module, store)
+        candidates = _candidates(read, store, config)
+        present = {display_name(r) for r in read}
         report.skipped += [
             (
                 name,
