@@ -226,7 +226,17 @@ def test_runtime_aborts_are_rejected_at_conversion(scale_type, scale_shape, mess
     assert hazards[0].op_name == "coreai.blockwise_shift_scale"
 
 
-def test_a_user_lowering_building_a_hazard_is_rejected_by_to_coreai() -> None:
+@pytest.mark.parametrize(
+    ("scale_type", "scale_shape", "message"),
+    [
+        (ir.F16Type.get, [4, 1], "scale's element type f16 differs from the output's f32"),
+        (ir.F32Type.get, [4], "must all have the data's rank 2"),
+    ],
+    ids=["scale_type", "rank_1_scale"],
+)
+def test_a_user_lowering_building_a_hazard_is_rejected_by_to_coreai(
+    scale_type, scale_shape, message
+) -> None:
     from coreai_torch import TorchConverter
     from coreai_torch.verify import export_decomposed
 
@@ -252,17 +262,20 @@ def test_a_user_lowering_building_a_hazard_is_rejected_by_to_coreai() -> None:
         return (
             cai.blockwise_shift_scale(
                 q,
-                cai.constant(np.ones((4, 1), np.float32), dtype=ir.F16Type.get()),
-                cai.constant(np.zeros((4, 1), np.int8), dtype=si8),
-                cai.constant(np.zeros((4, 1), np.float32)),
+                cai.constant(np.ones(scale_shape, np.float32), dtype=scale_type()),
+                cai.constant(np.zeros(scale_shape, np.int8), dtype=si8),
+                cai.constant(np.zeros(scale_shape, np.float32)),
             )
             if x is not None
             else None
         )
 
     ep = export_decomposed(M(), (torch.randn(4, 8),))
-    with pytest.raises(RuntimeHazardError, match="scale's element type f16 differs"):
+    with pytest.raises(RuntimeHazardError, match=message) as error:
         converter.add_exported_program(ep).to_coreai()
+    text = str(error.value)  # the op, the node and its source line
+    assert "coreai.blockwise_shift_scale" in text and "node 'unpack' (op quant_test::" in text
+    assert "in forward: return torch.ops.quant_test.unpack(x)" in text
 
 
 # ---------------------------------------------------------------------------- folding ---

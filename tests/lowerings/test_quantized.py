@@ -30,11 +30,17 @@ qd = torch.ops.quantized_decomposed
 
 
 class WeightOnlyQuantizer(Quantizer):
-    """Quantizes the weights of linear and convolution layers per output channel, to
-    ``[quant_min, quant_max]`` (int8 storage), and nothing else."""
+    """Quantizes the weights of linear and convolution layers (``targets``) per output
+    channel, to ``[quant_min, quant_max]`` (int8 storage), and nothing else."""
 
-    def __init__(self, quant_min: int = -127, quant_max: int = 127) -> None:
+    def __init__(
+        self,
+        quant_min: int = -127,
+        quant_max: int = 127,
+        targets: tuple = (torch.ops.aten.linear.default, torch.ops.aten.conv2d.default),
+    ) -> None:
         super().__init__()
+        self.targets = targets
         self.spec = QuantizationSpec(
             dtype=torch.int8,
             quant_min=quant_min,
@@ -46,7 +52,7 @@ class WeightOnlyQuantizer(Quantizer):
 
     def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
         for node in model.graph.nodes:
-            if node.target in (torch.ops.aten.linear.default, torch.ops.aten.conv2d.default):
+            if node.target in self.targets:
                 node.meta["quantization_annotation"] = QuantizationAnnotation(
                     input_qspec_map={node.args[1]: self.spec}, _annotated=True
                 )
@@ -57,9 +63,14 @@ class WeightOnlyQuantizer(Quantizer):
 
 
 def pt2e(model: nn.Module, args: tuple[torch.Tensor, ...], quantizer: Quantizer) -> nn.Module:
+    """``model`` quantized by PT2E (prepare, calibrate on ``args``, convert).  The export is
+    run through ``run_decompositions({})`` first: it inlines the higher-order ops Hugging Face
+    models export with (``torch.autocast`` / ``no_grad`` regions), whose submodules
+    ``convert_pt2e`` cannot handle, and keeps ``aten.linear`` for the quantizer to annotate."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        prepared = prepare_pt2e(torch.export.export(model.eval(), args).module(), quantizer)
+        exported = torch.export.export(model.eval(), args).run_decompositions({})
+        prepared = prepare_pt2e(exported.module(), quantizer)
         prepared(*args)
         return convert_pt2e(prepared)
 
