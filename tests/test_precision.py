@@ -270,6 +270,48 @@ def test_fp32_accumulation_of_long_float16_products(model: nn.Module, args: tupl
         check_half(model, args, native.optimize(), rel=1e-2)
 
 
+class MixtralBlock(nn.Module):
+    """A Hugging Face Mixtral block made static by ``rewrite_moe``; returns the block's output
+    and the router logits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import MixtralConfig
+        from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+        from coreai_torch import rewrite_moe
+        from tests.models.common import redraw_weights
+
+        config = MixtralConfig(hidden_size=256, intermediate_size=128, num_local_experts=8)
+        torch.manual_seed(0)
+        self.block = rewrite_moe(redraw_weights(MixtralSparseMoeBlock(config).eval()))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.block(x)
+
+
+def test_mixture_of_experts_routers_compute_in_float32() -> None:
+    """Router logits rounded to bfloat16 tie (token 3 here: experts 7 and 5, second and third),
+    and the runtime's top-k breaks the tie for the lower index, another expert than float32
+    picks: the default policy keeps ``rewrite_moe``'s routers in float32, so the bfloat16
+    program routes every token as the float32 model does."""
+    model = MixtralBlock()
+    torch.manual_seed(130)
+    x = torch.randn(1, 7, 256)
+    from coreai_torch.runtime import run_program as run_outputs
+
+    out, _ = model(x)
+
+    gate = model.block.router.gate.weight
+    half_logits = F.linear(x.reshape(7, 256).bfloat16(), gate.bfloat16())
+    assert (half_logits[3, 7] == half_logits[3, 5]).item(), "the example lost its tie"
+    program = convert(model, (x,), compute_precision=torch.bfloat16).optimize()
+    results = run_outputs(program, {"x": x}).values()
+    converted = next(torch.as_tensor(r) for r in results if r.shape == tuple(out.shape))
+    cosine = F.cosine_similarity(converted.float().flatten(), out.flatten(), dim=0)
+    assert cosine > 0.9999  # below 0.99 with the router in bfloat16 (another expert)
+
+
 class HandWrittenRMSNorm(nn.Module):
     def __init__(self, dim: int) -> None:
         super().__init__()

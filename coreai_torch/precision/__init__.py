@@ -9,6 +9,11 @@ the default fp32 islands); :mod:`~coreai_torch.precision.rewrite` applies it to 
 ``ExportedProgram`` before import.  See ``docs/precision.md``.
 """
 
-from coreai_torch.precision.policy import DEFAULT_FP32_OPS, Precision, from_spec
+from coreai_torch.precision.policy import (
+    DEFAULT_FP32_MODULES,
+    DEFAULT_FP32_OPS,
+    Precision,
+    from_spec,
+)
 
-__all__ = ["DEFAULT_FP32_OPS", "Precision", "from_spec"]
+__all__ = ["DEFAULT_FP32_MODULES", "DEFAULT_FP32_OPS", "Precision", "from_spec"]

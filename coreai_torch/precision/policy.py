@@ -67,6 +67,15 @@ DEFAULT_FP32_OPS: frozenset[str] = frozenset(
     )
 )
 
+#: modules that compute in float32 by default (qualified class names): the mixture-of-experts
+#: routers :func:`coreai_torch.rewrite_moe` puts in.  Router logits rounded to 16 bits tie
+#: (bfloat16 keeps 8 significant bits), and a tie picks another expert than float32 would:
+#: a different expert's output, not a rounding error.  The router is a small matmul.
+DEFAULT_FP32_MODULES: tuple[str, ...] = tuple(
+    f"coreai_torch.llm.moe.{name}"
+    for name in ("SoftmaxTopKRouter", "TopKSoftmaxRouter", "GroupLimitedRouter")
+)
+
 #: sums over at least this many elements (or a dynamic number) are fp32 islands
 LARGE_SUM = 64
 _SUMS = frozenset(qualified_name(op) for op in (aten.sum.default, aten.sum.dim_IntList))
@@ -201,9 +210,12 @@ class Precision:
     def is_default_island(self, node: torch.fx.Node) -> bool:
         """Whether ``node`` is one of the default fp32 islands (when they are on): an op of
         :data:`DEFAULT_FP32_OPS`, sums only over :data:`LARGE_SUM` elements or more (16-bit
-        sums accumulate in float32 anyway; a large one can overflow its 16-bit result)."""
+        sums accumulate in float32 anyway; a large one can overflow its 16-bit result), and
+        everything inside the modules of :data:`DEFAULT_FP32_MODULES`."""
         if not self.fp32_islands:
             return False
+        if _in_modules(node, DEFAULT_FP32_MODULES):
+            return True
         key = qualified_name(node.target)
         if key not in DEFAULT_FP32_OPS:
             return False
