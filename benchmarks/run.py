@@ -19,7 +19,8 @@ weight form (fp32, int8, int4, 4-bit palettes).
 
 The precision table (``benchmarks/precision.py``) converts each model in fp32, fp16 and bf16.
 
-The LLM table (``benchmarks/llm.py``) exports the 0.27B Llama with ``coreai_torch.llm``.
+The LLM table (``benchmarks/llm.py``) exports the 0.27B Llama (fp32, fp16, int4, fp16+int4) and a
+small Mixtral-style model with ``coreai_torch.llm``.
 """
 
 from __future__ import annotations
@@ -359,10 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     kernels = _child("--one-kernels", "all", args.runs)
     llms = []
     if not args.no_llm:
+        from benchmarks.llm import MODELS as LLM_MODELS
         from benchmarks.llm import VARIANTS
 
-        for variant in VARIANTS:
-            print(f"== LLM, 0.27B Llama exported with coreai_torch.llm ({variant})", flush=True)
+        for variant, (llm_model, _) in VARIANTS.items():
+            print(
+                f"== LLM, {LLM_MODELS[llm_model]} through coreai_torch.llm ({variant})", flush=True
+            )
             llms.append(_child("--one-llm", variant, min(args.runs, 5)))
     print("== mixture of experts (benchmarks/moe.py)", flush=True)
     moe = [_child("--one-moe", part, args.runs) for part in PARTS]
