@@ -35,7 +35,6 @@ import torch.nn as nn
 
 from coreai_torch import compression, llm
 from coreai_torch.cli import main
-from coreai_torch.compressed import unpack_bits
 from tests.llm.support import (
     MAX_CONTEXT,
     PROMPTS,
@@ -45,7 +44,7 @@ from tests.llm.support import (
     save_model_dir,
     tiny_tokenizer,
 )
-from tests.test_compress import fake_linear, fake_palette, lut_values
+from tests.test_compress import fake_linear, fake_palette, stored_palette
 
 # The tests share one export (module fixture): keep them on one xdist worker.
 pytestmark = pytest.mark.xdist_group("llm_export_fp16_int4")
@@ -178,25 +177,14 @@ def test_fp16_int8_per_channel() -> None:
     )
 
 
-def stored_indices(program: Any, name: str, bits: int, shape: torch.Size) -> torch.Tensor:
-    """The palette indices ``program`` stores for the ``nn.Linear`` weight ``name``, in the
-    weight's layout: compressed before ``optimize()``, they are stored transposed, as the
-    matmul reads the weight."""
-    stored = f"{name}.indices"
-    out, inputs = shape
-    assert f"dense_resource<{stored}> : tensor<{inputs}x{out}xui{bits}>" in str(program)
-    codes = unpack_bits(program.weights.derived_by_name[stored], bits, out * inputs)
-    return torch.from_numpy(codes.astype(np.int64)).reshape(inputs, out).T
-
-
 @pytest.mark.slow
 def test_fp32_palette4() -> None:
     def fake(program: Any) -> Any:
         def replace(name: str, w: torch.Tensor) -> torch.Tensor:
-            stored = f"model.{name}"
-            indices = stored_indices(program, stored, 4, w.shape)
-            palette = lut_values(program, f"{stored}.indices").reshape(1, 16)
-            return fake_palette(w, indices, torch.from_numpy(palette.copy()), None)
+            # compressed before optimize(), the indices are stored as the matmul reads the
+            # weight: transposed (fake_palette fails on indices in another layout)
+            indices, palettes = stored_palette(program, f"model.{name}", 4, transposed=True)
+            return fake_palette(w, indices, palettes, None)
 
         return replace
 
