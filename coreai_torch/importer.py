@@ -396,7 +396,7 @@ class GraphImporter:
             self.builder.nodes.setdefault(node.name, node)
             if node.op == "placeholder":
                 if (
-                    any(user.name not in self.folded for user in node.users)
+                    any(not self._is_folded(user) for user in node.users)
                     and node.name not in values
                     and node.name not in self.signature.scalar_inputs
                 ):
@@ -406,7 +406,7 @@ class GraphImporter:
             elif node.op == "get_attr":
                 continue  # sub-graphs and constants are fetched by the rules that use them
             elif node.op == "call_function":
-                if node.name in self.folded:
+                if self._is_folded(node):
                     self._emit_folded(node, values)
                 elif node in self.rms_norms:
                     self._emit_rms_norm(node, values)
@@ -514,6 +514,12 @@ class GraphImporter:
         self._store_result(node, key, result, values)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _is_folded(self, node: torch.fx.Node) -> bool:
+        """Whether PyTorch computed ``node`` at conversion time.  Folding covers the top-level
+        graph only: a node of a sub-graph (a branch or loop body) may have the name of a folded
+        top-level node and is still lowered."""
+        return node.graph is self.ep.graph and node.name in self.folded
 
     def _emit_folded(self, node: torch.fx.Node, values: ValueMap) -> None:
         """A node PyTorch evaluated at conversion time: a constant, if anything needs it."""

@@ -243,6 +243,29 @@ def test_scan_reverse_over_dim_1() -> None:
     check(ReverseScan(), [(torch.randn(2, 4, 3), torch.randn(2, 3))])
 
 
+class ScanAfterFolding(nn.Module):
+    """A weight-only ``exp`` folded at conversion time (the top-level node ``exp``) and an
+    ``exp`` of the scanned input in the body (a sub-graph node also named ``exp``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log_decay = nn.Parameter(torch.tensor([-0.5, -1.0, -2.0]), requires_grad=False)
+
+    def forward(self, xs: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        decay = self.log_decay.exp()
+
+        def step(c: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            c = c * decay + x.exp()
+            return c, c.clone()
+
+        return scan(step, h, xs)
+
+
+def test_a_body_node_named_like_a_folded_node_is_lowered() -> None:
+    """Folding covers the top-level graph only: the body's ``exp`` is not the folded one."""
+    check(ScanAfterFolding(), [(torch.randn(5, 3), torch.randn(3))])
+
+
 class MapRows(nn.Module):
     """``map`` (a scan without carried values) with a Linear applied to every row."""
 
