@@ -171,3 +171,25 @@ def test_repeated_scan_over_a_dynamic_dim() -> None:
     runs = [(torch.randint(0, 3, (2, n)),) for n in (12, 3)]
     check_runs(model, program, runs)
     check_runs(model, program.optimize(), runs)
+
+
+class ScatterFeatures(nn.Module):
+    """Features written over placeholder tokens (LLaVA's image tokens): ``masked_scatter``
+    with a dynamic number of tokens, a mask broadcast over the feature dim on the runtime and
+    a dynamic number of feature rows."""
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return x.masked_scatter((ids == 3).unsqueeze(-1), rows)
+
+
+def test_masked_scatter_dynamic_tokens_and_rows() -> None:
+    model = ScatterFeatures()
+
+    def inputs(n: int, placeholders: int, extra: int) -> tuple[torch.Tensor, ...]:
+        ids = torch.randint(4, 9, (2, n))
+        ids.view(-1)[torch.randperm(2 * n)[:placeholders]] = 3
+        return torch.randn(2, n, 4), ids, torch.randn(placeholders + extra, 4)
+
+    seq, rows = Dim("seq", min=2, max=64), Dim("rows", min=2, max=64)
+    program = convert(model, inputs(8, 5, 0), ({1: seq}, {1: seq}, {0: rows}))
+    check_runs(model, program, [inputs(8, 5, 0), inputs(3, 2, 3), inputs(20, 11, 1)])

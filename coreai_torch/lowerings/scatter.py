@@ -21,6 +21,7 @@ from coreai_torch.lowerings.common import (
     i32,
     normalize_dim,
     rank_of,
+    refine,
     reshape,
     shape_of,
     transpose,
@@ -235,19 +236,27 @@ def _mask_put(
     return cai.broadcasting_where(mask, new, self)
 
 
-def masked_values(mask: ir.Value, source: ir.Value, shape: Sequence[int]) -> ir.Value:
+def masked_values(mask: ir.Value, source: ir.Value, shape: Sequence[int | None]) -> ir.Value:
     """A tensor of ``shape`` whose i-th masked position (row-major) holds ``source``'s i-th
-    element (unmasked positions hold anything)."""
-    total = int(np.prod(shape))
-    flat_mask = reshape(mask, [total])
+    element (unmasked positions hold anything).  Dims of ``shape`` may be dynamic (``None``):
+    the result then takes ``mask``'s runtime shape."""
+    flat_mask = _flatten(mask)
     # Position of each element among the masked ones: inclusive cumsum - 1 (clamped at 0).
     running = cai.scan(cast(flat_mask, torch.int32), np.uint32(0), False, "sum")
     position = cai.broadcasting_maximum(
         cai.broadcasting_sub(running, constant(1, torch.int32)), constant(0, torch.int32)
     )
-    numel = int(np.prod(shape_of(source)))
-    picked = cai.gather_nd(reshape(source, [numel]), unsqueeze(position, [1]))
+    picked = cai.gather_nd(_flatten(source), unsqueeze(position, [1]))
+    if None in shape:
+        return refine(cai.reshape(picked, cai.get_shape(mask)), shape)
     return reshape(picked, list(shape))
+
+
+def _flatten(value: ir.Value) -> ir.Value:
+    """``value`` as a 1-D tensor (its length dynamic when a dim is)."""
+    if None in shape_of(value):
+        return cai.reshape(value, i32([-1]))
+    return reshape(value, [int(np.prod(shape_of(value)))])
 
 
 @lowering("aten::index_put.default", "aten::_unsafe_index_put.default")
@@ -389,11 +398,16 @@ def masked_scatter(
     cx: LoweringContext, self: ir.Value, mask: ir.Value, source: ir.Value
 ) -> ir.Value:
     """Masked positions take consecutive elements of ``source`` (row-major order)."""
-    shape = [int(d) for d in cx.out_shape]
-    m = broadcast_to(cast(mask, torch.bool), shape)
-    static_shape(cx, source, "source")
+    shape = list(cx.out_shape)
+    if None in shape:  # broadcast on the runtime to the shape self and mask broadcast to
+        target = cai.broadcast_shapes(cai.get_shape(self), cai.get_shape(mask))
+        m = refine(cai.broadcast_to(cast(mask, torch.bool), target), shape)
+        self = refine(cai.broadcast_to(self, target), shape)
+    else:
+        m = broadcast_to(cast(mask, torch.bool), shape)
+        self = broadcast_to(self, shape)
     picked = masked_values(m, cast(source, dtype_of(self)), shape)
-    return cai.broadcasting_where(m, picked, broadcast_to(self, shape))
+    return cai.broadcasting_where(m, picked, self)
 
 
 @lowering("aten::put.default")
