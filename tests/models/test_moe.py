@@ -24,7 +24,7 @@ from coreai_torch.llm.moe import SparseMoE
 from tests.externalize_support import check_externalized, composites, graphs
 from tests.helpers import check_module
 from tests.models.common import Call, check_model, model_tolerance, redraw_weights
-from tests.models.test_decoder_lms import SMALL, VOCAB
+from tests.models.test_decoder_lms import SMALL, VOCAB, check_dynamic_sequence_length
 
 DIM = 64
 
@@ -397,11 +397,15 @@ def moe_causal_lm(name: str, **overrides: Any) -> nn.Module:
     return redraw_weights(getattr(transformers, model_name)(config).eval())
 
 
-def _check_moe_model(name: str, strategy: str = "auto") -> None:
+def _rewritten_lm(name: str, strategy: str = "auto") -> Call:
+    """The MoE causal LM ``name`` after ``rewrite_moe``: token ids in, logits out."""
     model = rewrite_moe(moe_causal_lm(name), strategy=strategy)
     assert any(isinstance(m, SparseMoE) for m in model.modules())
-    wrapped = Call(model, lambda m, ids: m(input_ids=ids, use_cache=False, return_dict=False)[0])
-    check_model(wrapped, (torch.randint(0, VOCAB, (2, 8)),))
+    return Call(model, lambda m, ids: m(input_ids=ids, use_cache=False, return_dict=False)[0])
+
+
+def _check_moe_model(name: str, strategy: str = "auto") -> None:
+    check_model(_rewritten_lm(name, strategy), (torch.randint(0, VOCAB, (2, 8)),))
 
 
 def test_mixtral_model_matches_hf_logits_on_the_runtime() -> None:
@@ -436,6 +440,19 @@ def test_moe_model_matches_hf_logits_on_the_runtime(name: str) -> None:
 @pytest.mark.slow
 def test_mixtral_model_with_every_token_gathering_its_experts() -> None:
     _check_moe_model("mixtral", strategy="gather")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in MODELS if n != "deepseek_v2"])
+def test_moe_model_dynamic_sequence_length(name: str) -> None:
+    """One program for every prompt length (the experts run dense on T tokens).  DeepSeek-V2
+    needs its documented rotary patch: tests/models/test_frontier.py."""
+    check_dynamic_sequence_length(_rewritten_lm(name))
+
+
+@pytest.mark.slow
+def test_mixtral_model_dynamic_sequence_length_with_every_token_gathering_its_experts() -> None:
+    check_dynamic_sequence_length(_rewritten_lm("mixtral", strategy="gather"))
 
 
 def test_hf_moe_models_do_not_export_without_the_rewrite() -> None:
