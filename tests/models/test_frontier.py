@@ -2,7 +2,9 @@
 Hugging Face code), each with the workaround documented in docs/frontier_models.md: the test
 shows the export error, applies the documented patch and checks the converted model against
 HF eager on the runtime (1e-4 * max(1, max|ref|)).  Each model is built by a function
-returning a :class:`Frontier` (the half-precision tests reuse them).
+returning a :class:`Frontier` (the half-precision tests reuse them).  Each also converts once
+with a dynamic sequence length (the SSM scans rewritten with ``torch._higher_order_ops.scan``,
+Bamba's length in whole chunks; docs/control_flow_and_dynamic_shapes.md).
 
 Small configs, random weights; nothing is downloaded.
 """
@@ -19,7 +21,13 @@ import torch.nn as nn
 
 from coreai_torch import rewrite_moe
 from coreai_torch.verify import export_decomposed
-from tests.models.common import Call, check_model, redraw_weights
+from tests.models.common import (
+    Call,
+    check_model,
+    check_model_dynamic,
+    model_tolerance,
+    redraw_weights,
+)
 from tests.models.test_decoder_lms import SMALL, VOCAB
 
 
@@ -88,8 +96,6 @@ def llava() -> Frontier:
         image_token_index=100,
         image_seq_length=16,
     )
-    ids = torch.randint(0, 100, (1, 24))
-    ids[0, 2:18] = 100  # 16 image tokens: one per patch
     wrapped = Call(
         model,
         lambda m, ids, pixels: m(
@@ -101,7 +107,15 @@ def llava() -> Frontier:
         mask = types.MethodType(static_placeholder_mask, model.model)
         monkeypatch.setattr(model.model, "get_placeholder_mask", mask)
 
-    return Frontier(wrapped, (ids, torch.randn(1, 3, 32, 32)), "get_placeholder_mask", patch)
+    args = (llava_ids(24), torch.randn(1, 3, 32, 32))
+    return Frontier(wrapped, args, "get_placeholder_mask", patch)
+
+
+def llava_ids(length: int) -> torch.Tensor:
+    """A prompt of ``length`` tokens with the 16 image tokens (one per patch) at 2-17."""
+    ids = torch.randint(0, 100, (1, length))
+    ids[0, 2:18] = 100
+    return ids
 
 
 @pytest.mark.slow
@@ -281,3 +295,182 @@ FRONTIER: dict[str, Callable[[], Frontier]] = {
     "qwen3_next": qwen3_next,
     "deepseek_v2": deepseek_v2,
 }
+
+
+# ---------------------------------------------------------------- dynamic sequence length
+#
+# One program for every prompt length (``torch.export.Dim`` on the sequence axis), run at three
+# lengths.  The hybrid SSM models need more than their static patches: their sequence scans
+# are Python loops (or pad to whole chunks) that torch.export specializes to the example
+# length; written with ``torch._higher_order_ops.scan`` they stay dynamic.
+
+
+def _seq() -> torch.export.Dim:
+    """The sequence Dim (below the configs' 64 positions)."""
+    return torch.export.Dim("seq", min=2, max=48)
+
+
+def _prompts(case: Frontier, lengths: tuple[int, ...]) -> list[tuple[torch.Tensor]]:
+    batch = case.args[0].shape[0]
+    return [(torch.randint(0, VOCAB, (batch, n)),) for n in lengths]
+
+
+def _check_export_specializes(case: Frontier, args: tuple[torch.Tensor, ...]) -> None:
+    """torch.export cannot keep the sequence length of ``case.model`` dynamic."""
+    with pytest.raises(torch._dynamo.exc.UserError, match="Constraints violated"):
+        export_decomposed(case.model, args, dynamic_shapes=(({1: _seq()},),))
+
+
+def _eager(model: nn.Module, runs: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [model(*args) for args in runs]
+
+
+def _check_same_eager(model: nn.Module, runs: list, before: list[torch.Tensor]) -> None:
+    """A rewrite of a model's code computes what the original computed (model tolerance)."""
+    for ref, out in zip(before, _eager(model, runs), strict=True):
+        err = float((out - ref).abs().max())
+        assert err <= model_tolerance([ref]), f"max|err| {err:.3e}"
+
+
+@pytest.mark.slow
+def test_llava_dynamic_text_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """LLaVA's language side: a dynamic number of tokens around the 16 image tokens (the
+    image features are written with ``masked_scatter`` over a dynamic length)."""
+    case = llava()
+    case.patch(monkeypatch)
+    image = case.args[1]
+    runs = [(llava_ids(n), image) for n in (24, 18, 40)]
+    seq = torch.export.Dim("seq", min=17, max=48)
+    check_model_dynamic(case.model, runs, (({1: seq}, None),))
+
+
+@pytest.mark.slow
+def test_deepseek_v2_dynamic_sequence_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = deepseek_v2()
+    case.patch(monkeypatch)
+    check_model_dynamic(case.model, _prompts(case, (12, 5, 20)), (({1: _seq()},),))
+
+
+@pytest.mark.slow
+def test_bamba_dynamic_length_in_whole_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mamba-2's chunked scan pads the sequence to whole chunks (``if pad_size > 0`` and the
+    chunk reshapes of ``BambaMixer.torch_forward``): torch.export specializes any other
+    length.  A length that is a multiple of ``mamba_chunk_size`` stays dynamic (prompts
+    right-padded to whole chunks; the logits of the real tokens do not see the padding)."""
+    case = bamba()
+    case.patch(monkeypatch)
+    _check_export_specializes(case, _prompts(case, (12,))[0])
+    chunk = case.model.model.config.mamba_chunk_size
+    seq = chunk * torch.export.Dim("chunks", min=2, max=6)
+    check_model_dynamic(
+        case.model, _prompts(case, (2 * chunk, 3 * chunk, 5 * chunk)), (({1: seq},),)
+    )
+
+
+def scanned_mamba_slow_forward(
+    self: nn.Module,
+    input_states: torch.Tensor,
+    cache_params: Any = None,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``JambaMambaMixer.slow_forward`` without a cache, its selective scan (a Python loop over
+    the time steps) written with ``torch._higher_order_ops.scan``."""
+    from torch._higher_order_ops.scan import scan
+
+    assert cache_params is None, "prefill without a cache only"
+    seq_len = input_states.shape[1]
+    hidden, gate = self.in_proj(input_states).transpose(1, 2).chunk(2, dim=1)
+    if attention_mask is not None:
+        hidden = hidden * attention_mask.unsqueeze(1)
+    hidden = self.act(self.conv1d(hidden)[..., :seq_len])
+    if attention_mask is not None:
+        hidden = hidden * attention_mask.unsqueeze(1)
+    sizes = [self.time_step_rank, self.ssm_state_size, self.ssm_state_size]
+    time_step, B, C = torch.split(self.x_proj(hidden.transpose(1, 2)), sizes, dim=-1)
+    time_step, B, C = self.dt_layernorm(time_step), self.b_layernorm(B), self.c_layernorm(C)
+    dt = nn.functional.softplus(self.dt_proj(time_step)).transpose(1, 2)  # (batch, inner, T)
+    A = -torch.exp(self.A_log.float())
+    dA = torch.exp(A[None, :, None, :] * dt[:, :, :, None])  # (batch, inner, T, state)
+    dBu = dt[:, :, :, None] * B[:, None, :, :].float() * hidden[:, :, :, None].float()
+
+    def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        a, bu, c = xs
+        state = a * state + bu
+        return state, (state.to(hidden.dtype) @ c.unsqueeze(-1))[..., 0]
+
+    state = torch.zeros(hidden.shape[0], self.intermediate_size, self.ssm_state_size)
+    over_time = (dA.permute(2, 0, 1, 3), dBu.permute(2, 0, 1, 3), C.transpose(0, 1))
+    _, ys = scan(step, state.to(dA.dtype), over_time)
+    y = ys.permute(1, 2, 0) + hidden * self.D[None, :, None]
+    return self.out_proj((y * self.act(gate)).transpose(1, 2))
+
+
+@pytest.mark.slow
+def test_jamba_dynamic_length_with_a_scanned_selective_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from transformers.models.jamba.modeling_jamba import JambaMambaMixer
+
+    case = jamba()
+    case.patch(monkeypatch)
+    runs = _prompts(case, (12, 5, 20))
+    _check_export_specializes(case, runs[0])  # the loop over time steps is unrolled
+    before = _eager(case.model, runs)
+    monkeypatch.setattr(JambaMambaMixer, "slow_forward", scanned_mamba_slow_forward)
+    _check_same_eager(case.model, runs, before)
+    check_model_dynamic(case.model, runs, (({1: _seq()},),))
+
+
+def scanned_gated_delta_rule(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Qwen3-Next's gated delta rule token by token (``torch_recurrent_gated_delta_rule``),
+    its loop over the tokens written with ``torch._higher_order_ops.scan``; a stand-in for
+    ``torch_chunk_gated_delta_rule``, whose loop over chunks and padding to whole chunks
+    torch.export specializes.  ``chunk_size`` is not used."""
+    from torch._higher_order_ops.scan import scan
+    from transformers.models.qwen3_next.modeling_qwen3_next import l2norm
+
+    dtype = query.dtype
+    if use_qk_l2norm_in_kernel:
+        query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
+    query = query * query.shape[-1] ** -0.5
+    batch, _, heads, key_dim = key.shape
+    if initial_state is None:
+        initial_state = torch.zeros(batch, heads, key_dim, value.shape[-1])
+
+    def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        q, k, v, g, beta = xs
+        state = state * g.exp()[..., None, None]
+        delta = (v - (state * k.unsqueeze(-1)).sum(-2)) * beta.unsqueeze(-1)
+        state = state + k.unsqueeze(-1) * delta.unsqueeze(-2)
+        return state, (state * q.unsqueeze(-1)).sum(-2)
+
+    over_tokens = [x.float().transpose(0, 1) for x in (query, key, value, g, beta)]
+    state, out = scan(step, initial_state.float(), over_tokens)
+    return out.transpose(0, 1).to(dtype), (state if output_final_state else None)
+
+
+@pytest.mark.slow
+def test_qwen3_next_dynamic_length_with_a_scanned_gated_delta_rule(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    case = qwen3_next()
+    case.patch(monkeypatch)
+    runs = _prompts(case, (12, 5, 20))
+    _check_export_specializes(case, runs[0])  # the loop over chunks is unrolled
+    before = _eager(case.model, runs)
+    for module in case.model.modules():
+        if type(module).__name__ == "Qwen3NextGatedDeltaNet":
+            monkeypatch.setattr(module, "chunk_gated_delta_rule", scanned_gated_delta_rule)
+    _check_same_eager(case.model, runs, before)
+    check_model_dynamic(case.model, runs, (({1: _seq()},),))
