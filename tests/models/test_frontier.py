@@ -321,16 +321,25 @@ def _check_export_specializes(case: Frontier, args: tuple[torch.Tensor, ...]) ->
         export_decomposed(case.model, args, dynamic_shapes=(({1: _seq()},),))
 
 
-def _eager(model: nn.Module, runs: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor]:
+def _check_rewrite_keeps_the_length_dynamic(
+    case: Frontier,
+    monkeypatch: pytest.MonkeyPatch,
+    rewrite: Callable[[pytest.MonkeyPatch], None],
+) -> None:
+    """``case.model`` (with its static patch) does not export with a dynamic length; after
+    ``rewrite`` it computes what it computed (model tolerance, eager), exports with one and
+    matches eager on the runtime at three lengths."""
+    case.patch(monkeypatch)
+    runs = _prompts(case, (12, 5, 20))
+    _check_export_specializes(case, runs[0])
     with torch.no_grad():
-        return [model(*args) for args in runs]
-
-
-def _check_same_eager(model: nn.Module, runs: list, before: list[torch.Tensor]) -> None:
-    """A rewrite of a model's code computes what the original computed (model tolerance)."""
-    for ref, out in zip(before, _eager(model, runs), strict=True):
+        before = [case.model(*args) for args in runs]
+        rewrite(monkeypatch)
+        after = [case.model(*args) for args in runs]
+    for ref, out in zip(before, after, strict=True):
         err = float((out - ref).abs().max())
-        assert err <= model_tolerance([ref]), f"max|err| {err:.3e}"
+        assert err <= model_tolerance([ref]), f"the rewrite changes the logits: max|err| {err:.3e}"
+    check_model_dynamic(case.model, runs, (({1: _seq()},),))
 
 
 @pytest.mark.slow
@@ -410,16 +419,13 @@ def scanned_mamba_slow_forward(
 def test_jamba_dynamic_length_with_a_scanned_selective_scan(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """As it is, the loop over time steps is unrolled."""
     from transformers.models.jamba.modeling_jamba import JambaMambaMixer
 
-    case = jamba()
-    case.patch(monkeypatch)
-    runs = _prompts(case, (12, 5, 20))
-    _check_export_specializes(case, runs[0])  # the loop over time steps is unrolled
-    before = _eager(case.model, runs)
-    monkeypatch.setattr(JambaMambaMixer, "slow_forward", scanned_mamba_slow_forward)
-    _check_same_eager(case.model, runs, before)
-    check_model_dynamic(case.model, runs, (({1: _seq()},),))
+    def rewrite(monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(JambaMambaMixer, "slow_forward", scanned_mamba_slow_forward)
+
+    _check_rewrite_keeps_the_length_dynamic(jamba(), monkeypatch, rewrite)
 
 
 def scanned_gated_delta_rule(
@@ -464,13 +470,12 @@ def scanned_gated_delta_rule(
 def test_qwen3_next_dynamic_length_with_a_scanned_gated_delta_rule(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """As it is, the sequence is padded to whole chunks and the loop over chunks unrolled."""
     case = qwen3_next()
-    case.patch(monkeypatch)
-    runs = _prompts(case, (12, 5, 20))
-    _check_export_specializes(case, runs[0])  # the loop over chunks is unrolled
-    before = _eager(case.model, runs)
-    for module in case.model.modules():
-        if type(module).__name__ == "Qwen3NextGatedDeltaNet":
-            monkeypatch.setattr(module, "chunk_gated_delta_rule", scanned_gated_delta_rule)
-    _check_same_eager(case.model, runs, before)
-    check_model_dynamic(case.model, runs, (({1: _seq()},),))
+
+    def rewrite(monkeypatch: pytest.MonkeyPatch) -> None:
+        for module in case.model.modules():
+            if type(module).__name__ == "Qwen3NextGatedDeltaNet":
+                monkeypatch.setattr(module, "chunk_gated_delta_rule", scanned_gated_delta_rule)
+
+    _check_rewrite_keeps_the_length_dynamic(case, monkeypatch, rewrite)
