@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from coreai_torch import TorchConverter, compression, progress
 from coreai_torch.compressed import unpack_bits
@@ -106,22 +107,35 @@ def stored_palette(
 
 def lut_values(program: AIProgram, indices_name: str) -> tuple[list[int], np.ndarray]:
     """The shape of the indices and the palette operand (as float32) of the ``lut_to_dense``
-    reading resource ``indices_name``."""
+    reading resource ``indices_name`` (or of the gather of palette entries that decompresses
+    the rows a dynamic number of tokens looks up)."""
     import ml_dtypes
 
     from coreai_torch._mlir import ir
 
     found = []
+    through = ("coreai.gather_nd", "coreai.reshape", "coreai.cast", "coreai.expand_dims")
 
-    def source(value: ir.Value) -> ir.Operation:
-        """The constant behind a value (through the row lookups of compressed tables)."""
+    def source(value: ir.Value) -> ir.Operation | None:
+        """The constant behind a value (through the row lookups of compressed tables and the
+        palette offsets added to their indices)."""
         op = value.owner
-        return source(op.operands[0]) if op.name == "coreai.gather_nd" else op
+        if isinstance(op, ir.Block):
+            return None
+        if op.name in through or op.name == "coreai.decomposable.broadcasting_add":
+            return source(op.operands[0])
+        return op
 
     def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "coreai.lut_to_dense" and indices_name in str(source(op.operands[0])):
-            shape = list(ir.RankedTensorType(source(op.operands[0]).result.type).shape)
-            attr = source(op.operands[1]).attributes["value"]
+        if op.name == "coreai.lut_to_dense":
+            indices, lut = op.operands[0], op.operands[1]
+        elif op.name == "coreai.gather_along_axis":  # the palettes of the rows looked up
+            lut, indices = op.operands[0], op.operands[1]
+        else:
+            return ir.WalkResult.ADVANCE
+        if indices_name in str(source(indices)):
+            shape = list(ir.RankedTensorType(source(indices).result.type).shape)
+            attr = source(lut).attributes["value"]
             element = str(ir.RankedTensorType(attr.type).element_type)
             if ir.DenseResourceElementsAttr.isinstance(attr):
                 resource = str(attr).split("<")[1].split(">")[0].strip('"')
@@ -165,6 +179,25 @@ def fake_palette(
     return approx.reshape(w.shape)
 
 
+def fake_weights(program: AIProgram, config: Any, dtype: torch.dtype = torch.float32) -> Any:
+    """``fake(name, weight)``: the weight in ``dtype`` quantize-dequantized as ``config``
+    documents (palettes: checked against those ``program`` stores, the nearest entry within
+    the rounding of the palettes to a half type), as float32."""
+    if isinstance(config, compression.LinearQuantization):
+
+        def fake(name: str, w: torch.Tensor) -> torch.Tensor:
+            return fake_linear(w.to(dtype), config).to(dtype).float()
+
+    else:
+
+        def fake(name: str, w: torch.Tensor) -> torch.Tensor:
+            indices, palette = stored_palette(program, name, config.bits)
+            slack = 1e-6 if dtype == torch.float32 else 2**-7 * float(palette.abs().max())
+            return fake_palette(w.to(dtype).float(), indices, palette, config.group_size, slack)
+
+    return fake
+
+
 def reference_model(model: nn.Module, report: Any, fake: Any) -> nn.Module:
     """A copy of ``model`` whose compressed weights are replaced by ``fake(name, weight)``."""
     reference = copy.deepcopy(model)
@@ -178,13 +211,22 @@ def reference_model(model: nn.Module, report: Any, fake: Any) -> nn.Module:
 def check_against(
     program: AIProgram, reference: nn.Module, args: tuple[torch.Tensor, ...], bound: int
 ) -> int:
-    expected = eager_outputs(reference, args)
-    tol = 1e-4 * max(1.0, max(float(e.abs().max()) for e in expected))
+    return check_runs_against(program, reference, [args], bound)
+
+
+def check_runs_against(
+    program: AIProgram, reference: nn.Module, runs: list[tuple[torch.Tensor, ...]], bound: int
+) -> int:
+    """Run ``program`` on each argument tuple (one session): the outputs equal
+    ``reference``'s within 1e-4 × max(1, max|ref|); the asset is at most ``bound`` bytes."""
     with Session(program) as session:
-        actual = run_entrypoint(session, program, args)
-    for e, a in zip(expected, actual, strict=True):
-        result = compare("out", e, a, atol=tol, rtol=0.0)
-        assert result.ok, f"{result} (tolerance {tol:.2e})"
+        for args in runs:
+            expected = eager_outputs(reference, args)
+            tol = 1e-4 * max(1.0, max(float(e.abs().max()) for e in expected))
+            actual = run_entrypoint(session, program, args)
+            for e, a in zip(expected, actual, strict=True):
+                result = compare("out", e, a, atol=tol, rtol=0.0)
+                assert result.ok, f"{result} (tolerance {tol:.2e}, input shape {args[0].shape})"
     size = asset_bytes(program)
     assert size <= bound, f"asset {size} B > {bound} B"
     return size
@@ -525,6 +567,130 @@ def test_embedding_lookups_decompress_only_their_rows(config: Any, gathered: str
 
     reference = reference_model(model, report, fake)
     check_against(program, reference, args, 10**7)
+
+
+# ------------------------------------------------------ a dynamic number of tokens looked up ---
+
+
+class TokenModel(nn.Module):
+    """An embedding, a feed-forward block and an output head, optionally tied to the
+    embedding (one table read by the lookup and, transposed, by the head)."""
+
+    def __init__(self, tie: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 128)
+        self.up = nn.Linear(128, 256)
+        self.down = nn.Linear(256, 128)
+        self.head = nn.Linear(128, VOCAB, bias=False)
+        if tie:
+            self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        return self.head(x + self.down(F.gelu(self.up(x))))
+
+
+#: the (batch, tokens) shapes the programs exported with dynamic tokens run at
+DYNAMIC_RUNS = [(1, 1), (1, 5), (1, 16)]
+DYNAMIC = {
+    "int4": (compression.LinearQuantization(bits=4, block_size=32), 4 + 32 / 32),
+    "int8": (compression.LinearQuantization(bits=8), 8 + 32 / 128),
+    "palette4": (compression.Palettization(bits=4), 4 + 32 * 16 / (128 * 256)),
+    "palette4-g16": (compression.Palettization(bits=4, group_size=16), 4 + 32 * 16 / (16 * 128)),
+}
+
+
+def dynamic_token_program(
+    model: nn.Module, dtype: torch.dtype | None = None, dynamic_batch: bool = False
+) -> AIProgram:
+    """``model`` exported with a dynamic number of tokens (and batch), as the prefill entry
+    point of ``llm.export``."""
+    from torch.export import Dim
+
+    tokens = Dim("tokens", min=1, max=64)
+    shape = {0: Dim("batch", min=1, max=4), 1: tokens} if dynamic_batch else {1: tokens}
+    example = (torch.randint(0, VOCAB, (2 if dynamic_batch else 1, 8)),)
+    ep = export_decomposed(model, example, dynamic_shapes=(shape,))
+    return TorchConverter(compute_precision=dtype).add_exported_program(ep).to_coreai()
+
+
+def check_dynamic_lookup(
+    form: str,
+    optimize_first: bool,
+    tie: bool,
+    dtype: torch.dtype = torch.float32,
+    runs: list[tuple[int, int]] = DYNAMIC_RUNS,
+) -> AIProgram:
+    """A table looked up by a dynamic number of tokens is compressed (its lookup gathers
+    the compressed rows) and the program equals the fake-quantized model at every length."""
+    from coreai_torch.verify import HALF_TOLERANCE
+    from tests.helpers import check_half
+
+    config, bits = DYNAMIC[form]
+    torch.manual_seed(0)
+    model = TokenModel(tie).eval()
+    with torch.no_grad():
+        model.embed.weight.mul_(0.1 if tie else 0.5)
+    half = dtype != torch.float32
+    program = dynamic_token_program(
+        model, dtype if half else None, dynamic_batch=any(b > 1 for b, _ in runs)
+    )
+    report = compress_in_order(program, config, optimize_first)
+    readers = {w.name: w.reader for w in report.weights}
+    table = "head.weight" if tie else "embed.weight"  # export names a tied table after the head
+    assert readers.get(table) == "embedding" and not report.skipped, str(report)
+    assert len(readers) == (3 if tie else 4), str(report)
+    text = str(program)
+    assert "dense_resource<" + f'"{table}"' not in text and f"<{table}>" not in text, text
+    assert "dense_resource<resource_" not in text, text  # no anonymous copies of constants
+    if not tie:  # the lookup gathers compressed rows: the table is never decompressed whole
+        assert f"tensor<{VOCAB}x128xf" not in text, text
+    reference = reference_model(model, report, fake_weights(program, config, dtype))
+    inputs = [(torch.randint(0, VOCAB, shape),) for shape in runs]
+    if half:
+        for args in inputs:
+            check_half(reference, args, program, rel=HALF_TOLERANCE[dtype])
+        itemsize = 2
+        size = asset_bytes(program)
+    else:
+        itemsize = 4
+        size = check_runs_against(program, reference, inputs, 10**9)
+    compressed_ = {w.name for w in report.weights}
+    limit = ASSET_OVERHEAD + sum(
+        p.numel() * (bits / 8 if name in compressed_ else itemsize)
+        for name, p in model.named_parameters()
+    )
+    assert size <= limit, f"asset {size} B > {limit:.0f} B"
+    print(report, f"\nasset {size} B", sep="")
+    return program
+
+
+@pytest.mark.parametrize(
+    ("form", "gathered"), [("int4", "si4"), ("int8", "si8"), ("palette4-g16", "ui4")]
+)
+def test_tables_looked_up_by_a_dynamic_number_of_tokens_are_compressed(
+    form: str, gathered: str
+) -> None:
+    """Compressed before optimize() (the order of llm.export): the lookup gathers the
+    compressed rows of the prompt's tokens, then decompresses them."""
+    program = check_dynamic_lookup(form, False, False)
+    assert f"tensor<{VOCAB}x128x{gathered}>, tensor<?x1xsi32>) to tensor<?x128x{gathered}>" in (
+        str(program)
+    )
+
+
+def test_tied_table_looked_up_by_a_dynamic_number_of_tokens() -> None:
+    """A tied table (lookup and head), stored transposed by optimize(): compressed once."""
+    check_dynamic_lookup("int8", True, True, runs=[(1, 3), (2, 9), (3, 1)])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("optimize_first", [True, False], ids=["optimized", "then-optimized"])
+@pytest.mark.parametrize("form", list(DYNAMIC))
+def test_dynamic_lookups(form: str, optimize_first: bool, tie: bool) -> None:
+    check_dynamic_lookup(form, optimize_first, tie)
+    check_dynamic_lookup(form, optimize_first, tie, runs=[(2, 3), (4, 11), (1, 1)])
 
 
 def test_configuration_errors() -> None:

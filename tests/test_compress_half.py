@@ -8,6 +8,7 @@ tolerance of ``tests/test_precision.py``, and the asset has the compressed size.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -21,11 +22,11 @@ from coreai_torch.verify import HALF_TOLERANCE, export_decomposed
 from tests.helpers import asset_bytes, check_half
 from tests.test_compress import (
     ASSET_OVERHEAD,
+    DYNAMIC,
+    check_dynamic_lookup,
     compress_in_order,
-    fake_linear,
-    fake_palette,
+    fake_weights,
     reference_model,
-    stored_palette,
 )
 
 VOCAB = 512
@@ -84,7 +85,7 @@ CONFIGS = {
 }
 
 
-def check_half_compression(dtype: torch.dtype, form: str, optimize_first: bool) -> None:
+def check_half_compression(dtype: torch.dtype, form: str, optimize_first: bool) -> AIProgram:
     config, bits = CONFIGS[form]
     model, args = small()
     program = convert_half(model, args, dtype)
@@ -100,25 +101,14 @@ def check_half_compression(dtype: torch.dtype, form: str, optimize_first: bool) 
         or ("coreai.dequantize " in line)
     ]
     assert decompressions and all(line.endswith(half) for line in decompressions), decompressions
-    if isinstance(config, compression.LinearQuantization):
-
-        def fake(name: str, w: torch.Tensor) -> torch.Tensor:
-            return fake_linear(w.to(dtype), config).to(dtype).float()
-
-    else:
-
-        def fake(name: str, w: torch.Tensor) -> torch.Tensor:
-            indices, palette = stored_palette(program, name, config.bits)
-            slack = 2**-7 * float(palette.abs().max())
-            return fake_palette(w.to(dtype).float(), indices, palette, None, slack)
-
-    reference = reference_model(model, report, fake)
+    reference = reference_model(model, report, fake_weights(program, config, dtype))
     check_half(reference, args, program, rel=HALF_TOLERANCE[dtype])
     size = asset_bytes(program)
     assert size <= half_bound(model, report, bits), f"asset {size} B"
     # the weights are really compressed: far below the half-precision asset
     assert size < 0.6 * half_bound(model, report, 16)
     print(report, f"\nasset {size} B", sep="")
+    return program
 
 
 @pytest.mark.parametrize("optimize_first", [False, True], ids=["compress-first", "optimized"])
@@ -128,6 +118,34 @@ def test_half_precision_programs_are_compressed(
     dtype: torch.dtype, form: str, optimize_first: bool
 ) -> None:
     check_half_compression(dtype, form, optimize_first)
+
+
+@pytest.mark.parametrize("optimize_first", [False, True], ids=["compress-first", "optimized"])
+@pytest.mark.parametrize("dtype", HALF)
+def test_int8_per_channel_is_read_as_cast_matmul_scale(
+    dtype: torch.dtype, optimize_first: bool
+) -> None:
+    """int8 weights with one scale per output channel, read by the float32 matmuls of a half
+    program (float32 accumulation): ``cast(si8 -> f32) -> matmul -> multiply by the scale``
+    (stored in the half type, cast to float32), the runtime's fastest form, instead of
+    decompressing the weight to the half type and casting it; the numbers and the asset are
+    those of ``check_half_compression``."""
+    program = check_half_compression(dtype, "int8", optimize_first)
+    text = str(program)
+    half = ELEMENT[dtype]
+    for name, shape in (("up", "128x256"), ("down", "256x128"), ("head", f"128x{VOCAB}")):
+        constant = r'(%\d+) = coreai\.constant dense_resource<"?{}\.weight\.{}"?> : tensor<{}>'
+        codes = re.search(constant.format(name, "codes", f"{shape}xsi8"), text)
+        scale = re.search(constant.format(name, "scale", rf"(\d+)x{half}"), text)
+        assert codes and scale, f"{name}: {text}"
+        weight = re.search(rf"(%\d+) = coreai\.cast {codes[1]} : \S+ to tensor<{shape}xf32>", text)
+        scale32 = re.search(
+            rf"(%\d+) = coreai\.cast {scale[1]} : \S+ to tensor<{scale[2]}xf32>", text
+        )
+        assert weight and scale32, f"{name}: {text}"
+        product = re.search(rf"(%\d+) = coreai\.\S*batch_matmul %\d+, {weight[1]} :", text)
+        assert product and re.search(rf"= coreai\.\S*mul {product[1]}, {scale32[1]} :", text), text
+    assert text.count("= coreai.dequantize") == 1, text  # only the embedding's looked-up rows
 
 
 def test_optimize_keeps_half_weights_named_and_compressed() -> None:
@@ -164,3 +182,21 @@ def test_weights_optimize_folded_are_reported() -> None:
     assert report.weights == []
     ((name, reason),) = report.skipped
     assert name == "w" and "compress() before optimize()" in reason, reason
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_half_tables_looked_up_by_a_dynamic_number_of_tokens(tie: bool) -> None:
+    """float16, int8 compressed before optimize() (the order of llm.export): the table a
+    prompt of any length looks up is compressed, alone or tied to the head."""
+    check_dynamic_lookup("int8", False, tie, torch.float16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+@pytest.mark.parametrize("optimize_first", [True, False], ids=["optimized", "then-optimized"])
+@pytest.mark.parametrize("form", list(DYNAMIC))
+@pytest.mark.parametrize("dtype", HALF)
+def test_half_dynamic_lookups(
+    dtype: torch.dtype, form: str, optimize_first: bool, tie: bool
+) -> None:
+    check_dynamic_lookup(form, optimize_first, tie, dtype, runs=[(2, 3), (1, 12)])

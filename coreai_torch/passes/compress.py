@@ -35,8 +35,8 @@ from coreai_torch import progress as progress_events
 from coreai_torch._mlir import cai, ir
 from coreai_torch.compression import CompressionConfig, LinearQuantization, Palettization
 from coreai_torch.hazards import _constant_values
-from coreai_torch.lowerings.common import cast, reshape, shape_of
-from coreai_torch.passes.pretranspose import is_row_lookup, weight_constants
+from coreai_torch.lowerings.common import cast, i32, reshape_dynamic, shape_of
+from coreai_torch.passes.pretranspose import is_row_lookup, lookup_batch, weight_constants
 from coreai_torch.passes.weight_reads import (
     MATMULS,
     Plan,
@@ -374,11 +374,57 @@ def _splat_zero(value: ir.Value) -> bool:
     return splat is not None and float(splat.value) == 0.0
 
 
+def _erase_with_constants(op: ir.Operation) -> None:
+    """Erase ``op`` (no longer used) and the constants only it read."""
+    sources = [o.owner for o in op.operands if not isinstance(o.owner, ir.Block)]
+    op.erase()
+    for source in map(operation, sources):
+        if source.name == "coreai.constant" and not list(source.result.uses):
+            source.erase()
+
+
+def _right_operand_of_matmuls(value: ir.Value) -> list[ir.Operation] | None:
+    """The matmuls reading ``value``, if every use is the right operand of one."""
+    users = [operation(u.owner) for u in value.uses]
+    if not users or any(
+        u.name not in MATMULS or u.operands[1] != value or u.operands[0] == value for u in users
+    ):
+        return None
+    return users
+
+
+def _float32_matmuls(op: ir.Operation) -> tuple[list[ir.Operation], list[ir.Operation]] | None:
+    """The float32 matmuls reading the decompressed weight ``op`` as right operand: directly
+    (a float32 weight), or each through a cast to float32 (a half weight read by the float32
+    accumulation of :mod:`coreai_torch.lowerings.accumulation`); with those casts."""
+    element = ir.RankedTensorType(op.result.type).element_type
+    if isinstance(element, ir.F32Type):
+        matmuls = _right_operand_of_matmuls(op.result)
+        return None if matmuls is None else (matmuls, [])
+    casts = [operation(u.owner) for u in op.result.uses]
+    if not casts or any(
+        c.name != "coreai.cast"
+        or not isinstance(ir.RankedTensorType(c.result.type).element_type, ir.F32Type)
+        for c in casts
+    ):
+        return None
+    matmuls = []
+    for c in casts:
+        found = _right_operand_of_matmuls(c.result)
+        if found is None:
+            return None
+        matmuls += found
+    return matmuls, casts
+
+
 def scales_after_matmul(module: ir.Module) -> int:
-    """``matmul(x, dequantize(q, scale, 0, 0, axis=1))`` with 8-bit ``q`` [K, N] and float32
-    output becomes ``matmul(x, cast(q)) * scale``: the runtime multiplies N scales into the
-    result instead of dequantizing K·N weights (exact up to rounding: the scale is constant
-    along the reduction).  Returns how many decompressions were rewritten."""
+    """``matmul(x, dequantize(q, scale, 0, 0, axis=1))`` with 8-bit ``q`` [K, N] read by a
+    float32 matmul becomes ``matmul(x, cast(q)) * scale``: the runtime multiplies N scales
+    into the result instead of dequantizing K·N weights (exact up to rounding: the scale is
+    constant along the reduction).  A half-precision weight the matmul reads through a cast
+    to float32 (float32 accumulation) is rewritten the same way, its scales cast to float32
+    (the matmul's result is then exact in the scale, where the weight was rounded to the
+    half type before).  Returns how many decompressions were rewritten."""
     candidates: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -394,7 +440,6 @@ def scales_after_matmul(module: ir.Module) -> int:
         axis_value = _constant_values(axis)
         if (
             out.rank != 2
-            or not isinstance(out.element_type, ir.F32Type)
             or ir.RankedTensorType(scale.type).rank != 1
             or axis_value is None
             or axis_value.size != 1
@@ -402,21 +447,21 @@ def scales_after_matmul(module: ir.Module) -> int:
             or not (_splat_zero(offset1) and _splat_zero(offset2))
         ):
             continue
-        users = [operation(u.owner) for u in op.result.uses]
-        if not users or any(
-            u.name not in MATMULS or u.operands[1] != op.result or u.operands[0] == op.result
-            for u in users
-        ):
+        found = _float32_matmuls(op)
+        if found is None:
             continue
-        for matmul in users:
+        matmuls, casts = found
+        with ir.InsertionPoint(op), op.location:
+            weight, scale32 = cast(data, torch.float32), cast(scale, torch.float32)
+        for matmul in matmuls:
             with ir.InsertionPoint(matmul), matmul.location:
-                product = cai.broadcasting_batch_matmul(
-                    matmul.operands[0], cast(data, torch.float32)
-                )
-                scaled = cai.broadcasting_mul(product, scale)  # [N] along the last axis
+                product = cai.broadcasting_batch_matmul(matmul.operands[0], weight)
+                scaled = cai.broadcasting_mul(product, scale32)  # [N] along the last axis
             matmul.result.replace_all_uses_with(scaled)
             matmul.erase()
-        op.erase()
+        for c in casts:
+            c.erase()
+        _erase_with_constants(op)
         done += 1
     return done
 
@@ -435,42 +480,68 @@ def _gatherable(value: ir.Value) -> bool:
     return str(element).startswith("f8")
 
 
-def _rows(value: ir.Value, rows: int, ids: ir.Value) -> ir.Value | None:
+def _rows(value: ir.Value, ids: ir.Value) -> ir.Value:
     """Per-row parameters gathered by ``ids`` (``[n, 1]``), kept as they are when they do
-    not vary along the rows, None when rows share them in blocks."""
+    not vary along the rows.  Never a reshape of a stored constant (Core AI folds it into an
+    anonymous copy)."""
     shape = shape_of(value)
     if not shape or shape[0] == 1:
         return value
-    if shape[0] != rows:
-        return None
     count = shape_of(ids)[0]
     splat = splat_value(value)
-    if splat is not None:  # zero offsets: the same splat, one row per id
+    if splat is not None and count is not None:  # zero offsets: the same splat per id
         ttype = ir.RankedTensorType.get([count, *shape[1:]], splat.type)
         return cai.ConstantOp(value=ir.DenseElementsAttr.get_splat(ttype, splat)).result
-    if len(shape) == 1:  # dequantize's 1-D per-row parameters
-        return reshape(cai.gather_nd(reshape(value, [rows, 1]), ids), [count])
-    return cai.gather_nd(value, ids)
+    return cai.gather_nd(value, ids)  # 1-D (dequantize's per-row parameters): [n]
 
 
-def _lookup(decompress: ir.Operation, ids: ir.Value) -> ir.Value | None:
-    """``decompress`` applied to the rows ``ids`` (``[n, 1]`` si32) of its table only."""
+def _dequantize_axis(decompress: ir.Operation) -> int | None:
+    """The axis a ``dequantize`` has parameters along (None: one per tensor)."""
+    along = _constant_values(decompress.operands[4])
+    rank = ir.RankedTensorType(decompress.result.type).rank
+    return int(along[0]) % rank if along is not None and along.size == 1 else None
+
+
+def _palette_rows(indices: ir.Value, lut: ir.Value, ids: ir.Value) -> ir.Value:
+    """``lut_to_dense`` of the rows ``ids`` of a table, as gathers (the runtime's
+    ``lut_to_dense`` takes indices of a static shape only): the palettes of the rows looked
+    up, flattened per row, read at each gathered index plus the offset of its palette along
+    the other axes (no reshape of a stored constant, which Core AI folds into a copy)."""
+    shape = shape_of(indices)
+    rest, rank = shape[1:], len(shape)
+    *groups, entries, _ = shape_of(lut)
+    codes = cai.gather_nd(indices, ids)
+    si32 = ir.IntegerType.get_signed(32)
+    flat = cai.cast(codes, ir.RankedTensorType.get(ir.RankedTensorType(codes.type).shape, si32))
+    stride = entries
+    for axis in reversed(range(1, rank)):
+        if groups[axis] > 1:
+            along = [1] * rank
+            along[axis] = shape[axis]
+            block = shape[axis] // groups[axis]
+            positions = np.arange(shape[axis], dtype=np.int32) // block * stride
+            flat = cai.broadcasting_add(flat, cai.constant(positions.reshape(along)))
+        stride *= groups[axis]
+    row_palette = cai.broadcasting_floor_divide(ids, cai.constant(np.int32(shape[0] // groups[0])))
+    palettes = reshape_dynamic(cai.gather_nd(lut, row_palette), [-1, stride], [None, stride])
+    size = int(np.prod(rest))
+    values = cai.gather_along_axis(
+        palettes, reshape_dynamic(flat, [-1, size], [None, size]), i32(1)
+    )
+    return reshape_dynamic(values, [-1, *rest], [None, *rest])
+
+
+def _lookup(decompress: ir.Operation, ids: ir.Value) -> ir.Value:
+    """``decompress`` applied to the rows ``ids`` (``[n, 1]`` si32) of its table only.
+    For a dynamic number of ids: ``lut_to_dense`` becomes a gather of palette entries and
+    ``dequantize`` (whose parameters must have a static shape) ``blockwise_shift_scale``."""
     rows = shape_of(decompress.result)[0]
-    if decompress.name == "coreai.dequantize":
-        data, scale, offset1, offset2, axis = decompress.operands
-        along = _constant_values(axis)
-        params = [scale, offset1, offset2]
-        if along is not None and along.size == 1 and int(along[0]) == 0:
-            params = [_rows(v, rows, ids) for v in params]  # type: ignore[misc]
-        return cai.dequantize(cai.gather_nd(data, ids), *params, axis)
-    if decompress.name == "coreai.blockwise_shift_scale":
-        data, *params = decompress.operands
-        gathered = [_rows(v, rows, ids) for v in params]
-        if any(v is None for v in gathered):
-            return None
-        return cai.blockwise_shift_scale(cai.gather_nd(data, ids), *gathered)
+    dynamic = shape_of(ids)[0] is None
+    data, *params = decompress.operands
     if decompress.name == "coreai.lut_to_dense":
-        indices, lut, axis = decompress.operands
+        lut, axis = params
+        if dynamic:
+            return _palette_rows(data, lut, ids)
         groups = shape_of(lut)[0]
         if groups not in (1, rows):
             size = rows // groups
@@ -479,8 +550,37 @@ def _lookup(decompress: ir.Operation, ids: ir.Value) -> ir.Value | None:
             lut = cai.gather_nd(lut, cai.broadcasting_floor_divide(ids, divisor))
         elif groups == rows:
             lut = cai.gather_nd(lut, ids)
-        return cai.lut_to_dense(cai.gather_nd(indices, ids), lut, axis)
-    return None
+        return cai.lut_to_dense(cai.gather_nd(data, ids), lut, axis)
+    if decompress.name == "coreai.dequantize":
+        if _dequantize_axis(decompress) == 0:
+            params[:3] = [_rows(v, ids) for v in params[:3]]
+            if dynamic:  # dequantize's parameters must have a static shape
+                column = [-1] + [1] * (len(shape_of(data)) - 1)
+                per_row = [reshape_dynamic(v, column, [None, *column[1:]]) for v in params[:3]]
+                return cai.blockwise_shift_scale(cai.gather_nd(data, ids), *per_row)
+        return cai.dequantize(cai.gather_nd(data, ids), *params)
+    gathered = [_rows(v, ids) for v in params]
+    return cai.blockwise_shift_scale(cai.gather_nd(data, ids), *gathered)
+
+
+def _lookup_is_possible(decompress: ir.Operation, dynamic: bool) -> bool:
+    """Whether the rows of the table ``decompress`` makes can be decompressed alone (looked
+    up by a ``dynamic`` number of ids or not): 4- or 8-bit data, parameters per row or
+    shared by all rows (not by blocks of rows)."""
+    table = ir.RankedTensorType(decompress.result.type)
+    if (
+        decompress.name not in _DECOMPRESSORS
+        or table.rank not in (2, 3)
+        or not _gatherable(decompress.operands[0])
+    ):
+        return False
+    if decompress.name == "coreai.blockwise_shift_scale":
+        rows = table.shape[0]
+        return all(shape_of(v)[0] in (1, rows) for v in decompress.operands[1:])
+    if decompress.name == "coreai.lut_to_dense":
+        return not dynamic or shape_of(decompress.operands[1])[-1] == 1  # a value per entry
+    # dequantize: per row, or (parameters of a static shape) a static number of rows
+    return _dequantize_axis(decompress) == 0 or not dynamic
 
 
 def lookups_before_decompression(module: ir.Module) -> int:
@@ -488,38 +588,29 @@ def lookups_before_decompression(module: ir.Module) -> int:
     table, or the experts each token selected from a compressed ``[E, K, N]`` stack) becomes
     ``decompress(gather_nd(table, ids))``: only the rows looked up are decompressed (and
     read), not the whole table on every call.  For 4- and 8-bit data (what ``gather_nd``
-    reads correctly).  Returns how many lookups were rewritten."""
+    reads correctly); the number of ids may be dynamic (a prompt of any length), the shapes
+    are then taken from the ids at run time.  Returns how many lookups were rewritten."""
     lookups: list[ir.Operation] = []
 
     def visit(op: ir.Operation) -> ir.WalkResult:
         if is_row_lookup(op) or is_row_lookup(op, rank=3):
             source = op.operands[0].owner
-            if not isinstance(source, ir.Block) and operation(source).name in _DECOMPRESSORS:
+            dynamic = not ir.RankedTensorType(op.operands[1].type).has_static_shape
+            if not isinstance(source, ir.Block) and _lookup_is_possible(operation(source), dynamic):
                 lookups.append(op)
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)
-    done = 0
     for op in lookups:
         decompress = operation(op.operands[0].owner)
-        table = ir.RankedTensorType(decompress.result.type)
-        if table.rank not in (2, 3) or not _gatherable(decompress.operands[0]):
-            continue
-        out_shape = shape_of(op.result)
-        count = int(np.prod(shape_of(op.operands[1])[:-1]))
         with ir.InsertionPoint(op), op.location:
-            ids = reshape(op.operands[1], [count, 1])
-            rows = _lookup(decompress, ids)
-            if rows is None:
-                continue
-            value = reshape(rows, out_shape)
+            sizes, batch = lookup_batch(op.operands[1])
+            count = None if None in batch else int(np.prod(batch))
+            rows = _lookup(decompress, reshape_dynamic(op.operands[1], [-1, 1], [count, 1]))
+            rest = shape_of(op.result)[len(batch) :]
+            value = reshape_dynamic(rows, [*sizes, *rest], shape_of(op.result))
         op.result.replace_all_uses_with(value)
         op.erase()
         if not list(decompress.result.uses):
-            sources = [o.owner for o in decompress.operands if not isinstance(o.owner, ir.Block)]
-            decompress.erase()
-            for source in map(operation, sources):
-                if source.name == "coreai.constant" and not list(source.result.uses):
-                    source.erase()
-        done += 1
-    return done
+            _erase_with_constants(decompress)
+    return len(lookups)

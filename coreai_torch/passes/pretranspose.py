@@ -24,7 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import broadcast_to, i32, reshape, shape_of, transpose
+from coreai_torch.lowerings.common import (
+    Size,
+    broadcast_dynamic,
+    dim_size,
+    i32,
+    reshape_dynamic,
+    shape_of,
+    transpose,
+)
 from coreai_torch.weights import WeightStore, resource_name
 
 
@@ -40,16 +48,16 @@ def _permutation(op: ir.Operation) -> tuple[int, ...] | None:
 
 
 def is_row_lookup(op: ir.Operation, rank: int = 2) -> bool:
-    """Whether ``op`` is ``gather_nd(table, indices[..., 1])`` with static indices: rows of
-    a 2-D table by index, as ``aten.embedding`` lowers (``rank=3``: matrices of a stack, the
-    experts each token selected)."""
+    """Whether ``op`` is ``gather_nd(table, indices[..., 1])``: rows of a 2-D table by index,
+    as ``aten.embedding`` lowers (``rank=3``: matrices of a stack, the experts each token
+    selected).  The indices' other dimensions may be dynamic (a prompt of any length)."""
     if op.name != "coreai.gather_nd":
         return False
     table, indices = (ir.RankedTensorType(v.type) for v in op.operands)
     return (
         table.rank == rank
-        and indices.has_static_shape
         and indices.rank >= 1
+        and not indices.is_dynamic_dim(indices.rank - 1)
         and indices.shape[-1] == 1
     )
 
@@ -138,14 +146,27 @@ def _weight_readers(
     return found
 
 
-def _lookup_columns(transposed: ir.Value, lookup: ir.Operation) -> ir.Value:
-    """``gather_nd(W, indices)`` computed from ``W.T``: gather the columns, transpose them."""
-    indices = lookup.operands[1]
+def lookup_batch(indices: ir.Value) -> tuple[list[Size], list[int | None]]:
+    """The dimensions of a row lookup's indices but the last (the lookup's batch), as the
+    sizes :func:`reshape_dynamic` takes (run-time values only when more than one of them is
+    dynamic) and as a shape (None: dynamic)."""
     batch = shape_of(indices)[:-1]
-    count, width = math.prod(batch), shape_of(transposed)[0]
-    flat = broadcast_to(reshape(indices, [1, count]), [width, count])
-    columns = cai.gather_along_axis(transposed, flat, i32(1))
-    return reshape(transpose(columns, [1, 0]), [*batch, width])
+    if batch.count(None) <= 1:
+        return [-1 if d is None else d for d in batch], batch
+    return [dim_size(indices, axis) for axis in range(len(batch))], batch
+
+
+def _lookup_columns(transposed: ir.Value, lookup: ir.Operation) -> ir.Value:
+    """``gather_nd(W, indices)`` computed from ``W.T``: gather the columns, transpose them
+    (the number of indices may be dynamic: shapes then come from the indices at run time)."""
+    sizes, batch = lookup_batch(lookup.operands[1])
+    count = None if None in batch else math.prod(batch)
+    width = shape_of(transposed)[0]
+    flat = reshape_dynamic(lookup.operands[1], [1, -1], [1, count])
+    columns = cai.gather_along_axis(
+        transposed, broadcast_dynamic(flat, [width, -1], [width, count]), i32(1)
+    )
+    return reshape_dynamic(transpose(columns, [1, 0]), [*sizes, width], [*batch, width])
 
 
 def _erase_transpose(op: ir.Operation, replacement: ir.Value) -> None:
