@@ -567,12 +567,10 @@ def _lookup_is_possible(decompress: ir.Operation, dynamic: bool) -> bool:
     """Whether the rows of the table ``decompress`` makes can be decompressed alone (looked
     up by a ``dynamic`` number of ids or not): 4- or 8-bit data, parameters per row or
     shared by all rows (not by blocks of rows)."""
+    if decompress.name not in _DECOMPRESSORS:  # (may have several results: read_handle)
+        return False
     table = ir.RankedTensorType(decompress.result.type)
-    if (
-        decompress.name not in _DECOMPRESSORS
-        or table.rank not in (2, 3)
-        or not _gatherable(decompress.operands[0])
-    ):
+    if table.rank not in (2, 3) or not _gatherable(decompress.operands[0]):
         return False
     if decompress.name == "coreai.blockwise_shift_scale":
         rows = table.shape[0]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from coreai_torch import TorchConverter
 from coreai_torch._mlir import run_pre_compilation_rewrite
@@ -261,3 +262,19 @@ def test_comparisons_of_constants_fold_exactly(optimize: bool, not_equal: bool) 
     left, right = np.array(_LEFT, np.float32), np.array(_RIGHT, np.float32)
     expected = (left != right) if not_equal else (left == right)
     np.testing.assert_array_equal(got, expected.astype(np.float32))
+
+
+class RenormalizedEmbedding(nn.Module):
+    """``F.embedding(max_norm=...)`` renormalises the table in place: the lookup reads a state
+    (``coreai.read_handle``, an op with two results)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", 3 * torch.randn(6, 8))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.table, max_norm=1.0)
+
+
+def test_optimize_of_a_lookup_of_a_state() -> None:
+    check_module(RenormalizedEmbedding(), (torch.tensor([[0, 1], [4, 1]]),))
