@@ -19,7 +19,11 @@ from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
 from coreai_torch.passes import weight_casts  # noqa: F401  (registers its fold guard)
-from coreai_torch.passes.compress import lookups_before_decompression, scales_after_matmul
+from coreai_torch.passes.compress import (
+    decompress_to_float32,
+    lookups_before_decompression,
+    scales_after_matmul,
+)
 from coreai_torch.passes.pretranspose import is_dynamic_gather, pretranspose_weights
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
 from coreai_torch.precision.policy import FP32, Precision
@@ -179,7 +183,11 @@ class AIProgram(ca.AIProgram):
             ):
                 _verify(candidate, "after storing weights transposed")
             with candidate.context, ir.Location.unknown():
-                if scales_after_matmul(candidate) + lookups_before_decompression(candidate):
+                if (
+                    scales_after_matmul(candidate)
+                    + decompress_to_float32(candidate)
+                    + lookups_before_decompression(candidate)
+                ):
                     _verify(candidate, "after placing the decompression of compressed weights")
             self._module._mlir_module = candidate
         return self

@@ -322,6 +322,7 @@ def compress(program: Any, config: CompressionConfig) -> CompressionReport:
                 finished += tensor.numel() * tensor.element_size()
                 advance(finished, total)
             scales_after_matmul(module)
+            decompress_to_float32(module)
             lookups_before_decompression(module)
     _verify(module, "after compress()")
     report.seconds = time.perf_counter() - start
@@ -464,6 +465,68 @@ def scales_after_matmul(module: ir.Module) -> int:
         _erase_with_constants(op)
         done += 1
     return done
+
+
+def _float32_casts(op: ir.Operation) -> list[ir.Operation] | None:
+    """The casts to float32 reading the half-precision result of ``op``, if they are all its
+    readers (a half weight read by the float32 accumulation of matmuls)."""
+    element = ir.RankedTensorType(op.result.type).element_type
+    if not isinstance(element, (ir.F16Type, ir.BF16Type)):
+        return None
+    casts = [operation(u.owner) for u in op.result.uses]
+    if not casts or any(
+        c.name != "coreai.cast"
+        or not isinstance(ir.RankedTensorType(c.result.type).element_type, ir.F32Type)
+        for c in casts
+    ):
+        return None
+    return casts
+
+
+#: operands of each decompression op that have the output's element type
+_OUTPUT_TYPED = {
+    "coreai.blockwise_shift_scale": (1, 3),  # scale, offset2
+    "coreai.dequantize": (1, 3),
+    "coreai.lut_to_dense": (1,),  # the palettes
+}
+
+
+def decompress_to_float32(module: ir.Module) -> int:
+    """A compressed weight decompressed to the half type and only read through casts to
+    float32 (the float32 accumulation of a half-precision program's matmuls) is decompressed
+    to float32 directly: its scales, offsets or palettes (small) are cast instead of the
+    whole weight.  The weight is then exactly the stored codes times float32 parameters
+    (before: rounded to the half type), and the runtime skips a half-precision pass over
+    every weight on every call.  Returns how many decompressions were rewritten."""
+    candidates: list[tuple[ir.Operation, list[ir.Operation]]] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name in _OUTPUT_TYPED:
+            data = ir.RankedTensorType(op.operands[0].type).element_type
+            casts = _float32_casts(op) if ir.IntegerType.isinstance(data) else None
+            if casts is not None:
+                candidates.append((op, casts))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    for op, casts in candidates:
+        operands = list(op.operands)
+        with ir.InsertionPoint(op), op.location:
+            for index in _OUTPUT_TYPED[op.name]:
+                operands[index] = cast(operands[index], torch.float32)
+            shape = ir.RankedTensorType(op.result.type).shape
+            result_type = ir.RankedTensorType.get(shape, ir.F32Type.get())
+            clone = ir.Operation.create(
+                op.name,
+                results=[result_type],
+                operands=operands,
+                attributes={a.name: a.attr for a in op.attributes},
+            )
+        for c in casts:
+            c.result.replace_all_uses_with(clone.result)
+            c.erase()
+        _erase_with_constants(op)
+    return len(candidates)
 
 
 # ------------------------------------------------- embedding lookups of compressed tables ---
