@@ -394,6 +394,22 @@ def _right_operand_of_matmuls(value: ir.Value) -> list[ir.Operation] | None:
     return users
 
 
+def _float32_casts(op: ir.Operation) -> list[ir.Operation] | None:
+    """The casts to float32 reading the half-precision result of ``op``, if they are all its
+    readers (a half weight read by the float32 accumulation of matmuls)."""
+    element = ir.RankedTensorType(op.result.type).element_type
+    if not isinstance(element, (ir.F16Type, ir.BF16Type)):
+        return None
+    casts = [operation(u.owner) for u in op.result.uses]
+    if not casts or any(
+        c.name != "coreai.cast"
+        or not isinstance(ir.RankedTensorType(c.result.type).element_type, ir.F32Type)
+        for c in casts
+    ):
+        return None
+    return casts
+
+
 def _float32_matmuls(op: ir.Operation) -> tuple[list[ir.Operation], list[ir.Operation]] | None:
     """The float32 matmuls reading the decompressed weight ``op`` as right operand: directly
     (a float32 weight), or each through a cast to float32 (a half weight read by the float32
@@ -402,12 +418,8 @@ def _float32_matmuls(op: ir.Operation) -> tuple[list[ir.Operation], list[ir.Oper
     if isinstance(element, ir.F32Type):
         matmuls = _right_operand_of_matmuls(op.result)
         return None if matmuls is None else (matmuls, [])
-    casts = [operation(u.owner) for u in op.result.uses]
-    if not casts or any(
-        c.name != "coreai.cast"
-        or not isinstance(ir.RankedTensorType(c.result.type).element_type, ir.F32Type)
-        for c in casts
-    ):
+    casts = _float32_casts(op)
+    if casts is None:
         return None
     matmuls = []
     for c in casts:
@@ -465,22 +477,6 @@ def scales_after_matmul(module: ir.Module) -> int:
         _erase_with_constants(op)
         done += 1
     return done
-
-
-def _float32_casts(op: ir.Operation) -> list[ir.Operation] | None:
-    """The casts to float32 reading the half-precision result of ``op``, if they are all its
-    readers (a half weight read by the float32 accumulation of matmuls)."""
-    element = ir.RankedTensorType(op.result.type).element_type
-    if not isinstance(element, (ir.F16Type, ir.BF16Type)):
-        return None
-    casts = [operation(u.owner) for u in op.result.uses]
-    if not casts or any(
-        c.name != "coreai.cast"
-        or not isinstance(ir.RankedTensorType(c.result.type).element_type, ir.F32Type)
-        for c in casts
-    ):
-        return None
-    return casts
 
 
 #: operands of each decompression op that have the output's element type
