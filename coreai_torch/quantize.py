@@ -1,6 +1,6 @@
-"""Fitting compressed codes to float weights (numpy): linear quantization per block and
-palettes by weighted k-means.  ``AIProgram.compress()`` (``passes/compress.py``) calls these
-and emits the results with :mod:`coreai_torch.compressed`.
+"""Fitting compressed codes to float weights: linear quantization per block (torch kernels
+over numpy views) and palettes by weighted k-means (numpy).  ``AIProgram.compress()``
+(``passes/compress.py``) calls these and emits the results with :mod:`coreai_torch.compressed`.
 
 Parameters are given by their shape: ``params[d]`` blocks along axis ``d`` of the weight (a
 ``[N, K]`` weight with ``params == [N, K // 32]`` has one scale per row and block of 32).
@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+import torch
 
 from coreai_torch.compressed import LinearCodes, PaletteCodes
 
@@ -62,11 +63,12 @@ class _Noise:
         self.signal = 0.0
         self.noise = 0.0
 
-    def add(self, weight: np.ndarray, approximation: np.ndarray) -> None:
-        flat = weight.reshape(-1)
-        error = (weight - approximation).reshape(-1)
-        self.signal += float(np.dot(flat, flat))
-        self.noise += float(np.dot(error, error))
+    def add(self, weight: np.ndarray | torch.Tensor, error: np.ndarray | torch.Tensor) -> None:
+        """Add a chunk of the weight and the error of its approximation (same shape)."""
+        dot = torch.dot if isinstance(weight, torch.Tensor) else np.dot
+        flat, wrong = weight.reshape(-1), error.reshape(-1)
+        self.signal += float(dot(flat, flat))
+        self.noise += float(dot(wrong, wrong))
 
     @property
     def snr_db(self) -> float:
@@ -82,10 +84,11 @@ def quantize_linear(
     bits: int,
     *,
     symmetric: bool = True,
-    scale_dtype: type[np.generic] = np.float32,
+    scale_dtype: torch.dtype = torch.float32,
 ) -> tuple[LinearCodes, float]:
     """``weight`` as ``bits``-bit codes with one scale (and zero point) per block, and the
-    fit's SNR in dB.  ``weight`` may be any strided view: it is read chunk by chunk.
+    fit's SNR in dB.  ``weight`` may be any strided view: it is read chunk by chunk (with
+    torch's multi-threaded kernels).
 
     Symmetric: ``scale = max|w| / (2**(bits-1) - 1)``, codes in ``[-2**(bits-1), 2**(bits-1)-1]``.
     Asymmetric: ``scale = (max - min) / (2**bits - 1)`` over the block's range widened to
@@ -97,31 +100,32 @@ def quantize_linear(
     scale = np.empty(params, np.float32)
     zero_point = None if symmetric else np.empty(params, np.int32)
     codes = np.empty(shape, np.int8 if symmetric else np.uint8)
+    code_dtype = torch.int8 if symmetric else torch.uint8
     high = (1 << (bits - 1)) - 1 if symmetric else (1 << bits) - 1
     noise = _Noise()
     for index, p in _chunks(shape, params):
-        w = np.asarray(weight[index], dtype=np.float32)
+        w = torch.from_numpy(np.asarray(weight[index], dtype=np.float32))
         split, inner = _blocked(w.shape, p)
         blocks = w.reshape(split)
         if symmetric:
-            s = np.abs(blocks).max(axis=inner, keepdims=True) / np.float32(high)
+            s = blocks.abs().amax(dim=inner, keepdim=True) / high
         else:
-            lo = np.minimum(blocks.min(axis=inner, keepdims=True), 0)
-            hi = np.maximum(blocks.max(axis=inner, keepdims=True), 0)
-            s = (hi - lo) / np.float32(high)
-        s = s.astype(scale_dtype).astype(np.float32)
+            lo = blocks.amin(dim=inner, keepdim=True).clamp_(max=0)
+            hi = blocks.amax(dim=inner, keepdim=True).clamp_(min=0)
+            s = (hi - lo) / high
+        s = s.to(scale_dtype).float()
         s[s == 0] = 1.0  # an all-zero block (or a scale below the storage precision)
-        scaled = np.round(blocks / s)
-        scale[index] = s.reshape(p)
+        q = torch.round(blocks / s)
+        scale[index] = s.reshape(p).numpy()
         if symmetric:
-            q = np.clip(scaled, -high - 1, high)
-            noise.add(blocks, q * s)
+            q.clamp_(-high - 1, high)
+            noise.add(blocks, torch.addcmul(blocks, q, s, value=-1))
         else:
-            zp = np.clip(np.round(-lo / s), 0, high)
-            zero_point[index] = zp.reshape(p)  # type: ignore[index]
-            q = np.clip(scaled + zp, 0, high)
-            noise.add(blocks, (q - zp) * s)
-        codes[index] = q.reshape(w.shape)
+            zp = torch.round(-lo / s).clamp_(0, high)
+            zero_point[index] = zp.reshape(p).numpy()  # type: ignore[index]
+            q.add_(zp).clamp_(0, high)
+            noise.add(blocks, torch.addcmul(blocks, q - zp, s, value=-1))
+        codes[index] = q.reshape(w.shape).to(code_dtype).numpy()
     return LinearCodes(codes, bits, scale, zero_point, signed=symmetric), noise.snr_db
 
 
@@ -236,7 +240,7 @@ def palettize(
                 else _rows_searchsorted(boundaries[part[0]], chunk)
             )
             indices[part] = found
-            noise.add(chunk, np.take_along_axis(palettes[part[0]], found, 1))
+            noise.add(chunk, chunk - np.take_along_axis(palettes[part[0]], found, 1))
     indices = np.moveaxis(indices.reshape(moved_shape), list(range(len(lead))), lead)
     # [*batches, groups, k] -> [*lut groups (the weight's rank), k, 1]
     lut = palettes.reshape(*batches, groups, *[1] * (len(shape) - len(lead)), k, 1)

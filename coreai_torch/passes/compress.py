@@ -167,9 +167,12 @@ def _fit(
             if reduced % block:
                 return f"its input size {reduced} is not a multiple of block_size={block}"
             params[plan.reduction_axis] = reduced // block
-        scale_dtype = dtypes.to_numpy(config.scale_dtype or dtype)
         return quantize_linear(
-            weight, params, config.bits, symmetric=config.symmetric, scale_dtype=scale_dtype
+            weight,
+            params,
+            config.bits,
+            symmetric=config.symmetric,
+            scale_dtype=config.scale_dtype or dtype,
         )
     group = config.group_size
     if group is not None and group < channels and channels % group:
