@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -78,6 +79,26 @@ class _Noise:
         return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
 
 
+def _return_freed_memory() -> None:
+    """Give the heap memory freed by a fit back to the system (glibc's ``malloc_trim``):
+    the chunk-sized temporaries of one weight after another, between the compressed results
+    that stay, otherwise fragment the heap and the process keeps a fifth of the weights'
+    size it no longer uses.  Nothing to do elsewhere."""
+    global _TRIM
+    if _TRIM is None:
+        import ctypes
+
+        try:
+            _TRIM = ctypes.CDLL(None).malloc_trim
+        except (AttributeError, OSError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
 def quantize_linear(
     weight: np.ndarray,
     params: Sequence[int],
@@ -100,13 +121,20 @@ def quantize_linear(
     scale = np.empty(params, np.float32)
     zero_point = None if symmetric else np.empty(params, np.int32)
     codes = np.empty(shape, np.int8 if symmetric else np.uint8)
-    code_dtype = torch.int8 if symmetric else torch.uint8
     high = (1 << (bits - 1)) - 1 if symmetric else (1 << bits) - 1
     noise = _Noise()
+    # chunk-sized scratch tensors, reused by every chunk: no allocation per step (which
+    # fragments the heap: the process would keep a third of the weights' size more)
+    scratch = torch.empty(3, min(CHUNK, max(1, math.prod(shape))))
     for index, p in _chunks(shape, params):
         w = torch.from_numpy(np.asarray(weight[index], dtype=np.float32))
         split, inner = _blocked(w.shape, p)
-        blocks = w.reshape(split)
+        size = w.numel()
+        if w.is_contiguous():
+            blocks = w.view(split)
+        else:  # a strided view of the weight (read transposed): gathered into the scratch
+            blocks = scratch[0, :size].view(w.shape).copy_(w).view(split)
+        q, error = scratch[1, :size].view(split), scratch[2, :size].view(split)
         if symmetric:
             s = blocks.abs().amax(dim=inner, keepdim=True) / high
         else:
@@ -115,17 +143,20 @@ def quantize_linear(
             s = (hi - lo) / high
         s = s.to(scale_dtype).float()
         s[s == 0] = 1.0  # an all-zero block (or a scale below the storage precision)
-        q = torch.round(blocks / s)
+        torch.round(torch.div(blocks, s, out=q), out=q)
         scale[index] = s.reshape(p).numpy()
         if symmetric:
             q.clamp_(-high - 1, high)
-            noise.add(blocks, torch.addcmul(blocks, q, s, value=-1))
+            torch.addcmul(blocks, q, s, value=-1, out=error)
         else:
             zp = torch.round(-lo / s).clamp_(0, high)
             zero_point[index] = zp.reshape(p).numpy()  # type: ignore[index]
             q.add_(zp).clamp_(0, high)
-            noise.add(blocks, torch.addcmul(blocks, q - zp, s, value=-1))
-        codes[index] = q.reshape(w.shape).to(code_dtype).numpy()
+            torch.addcmul(blocks, torch.sub(q, zp, out=error), s, value=-1, out=error)
+        noise.add(blocks, error)
+        torch.from_numpy(codes[index]).copy_(q.view(w.shape))
+    del scratch
+    _return_freed_memory()
     return LinearCodes(codes, bits, scale, zero_point, signed=symmetric), noise.snr_db
 
 
@@ -245,6 +276,7 @@ def palettize(
     # [*batches, groups, k] -> [*lut groups (the weight's rank), k, 1]
     lut = palettes.reshape(*batches, groups, *[1] * (len(shape) - len(lead)), k, 1)
     lut = np.moveaxis(lut, list(range(len(lead))), lead)
+    _return_freed_memory()
     return PaletteCodes(np.ascontiguousarray(indices), bits, np.ascontiguousarray(lut)), (
         noise.snr_db
     )
