@@ -33,7 +33,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 MODELS = {"llama": "0.27B Llama", "mixtral": "Mixtral-style, 8 experts, top-2 (27M)"}
 MAX_CONTEXT = 512
 PROMPT_TOKENS = 128
-DECODE_STEPS = 32
+DECODE_STEPS = 16
 
 
 def _model(name: str) -> nn.Module:

@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"== LLM, {LLM_MODELS[llm_model]} through coreai_torch.llm ({variant})", flush=True
             )
-            llms.append(_child("--one-llm", variant, min(args.runs, 5)))
+            llms.append(_child("--one-llm", variant, min(args.runs, 3)))
     print("== mixture of experts (benchmarks/moe.py)", flush=True)
     moe = [_child("--one-moe", part, args.runs) for part in PARTS]
     RESULTS.mkdir(exist_ok=True)
