@@ -34,6 +34,7 @@ from coreai_torch.llm.moe import rewrite_moe
 from coreai_torch.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.passes.compress import CompressionReport
 from coreai_torch.program import AIProgram
+from coreai_torch.recurrent import rewrite_recurrent
 
 try:
     #: The installed distribution's version (pyproject.toml's ``version``).
@@ -71,4 +72,5 @@ __all__ = [
     "precision",
     "progress",
     "rewrite_moe",
+    "rewrite_recurrent",
 ]

@@ -4,14 +4,13 @@ match eager PyTorch on the Core AI runtime within 1e-4 × max(1, max|ref|)."""
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._higher_order_ops.scan import scan
 
+from coreai_torch.recurrent import ScanRecurrent, rewrite_recurrent
 from tests.models.common import check_model, check_model_dynamic, redraw_weights
 
 
@@ -123,7 +122,7 @@ def test_transformer_encoder(norm_first: bool) -> None:
     raises=torch._dynamo.exc.UserError,
     reason="torch.export (torch 2.13, strict and non-strict) specializes the sequence length "
     "of nn.LSTM/GRU/RNN (their decomposition unrolls the time steps), before any conversion; "
-    "the workaround is the loop written with scan (test_lstm_written_with_scan_...)",
+    "the workaround is coreai_torch.rewrite_recurrent (test_recurrent_rewritten_with_scan_...)",
 )
 def test_recurrent_dynamic_sequence_length() -> None:
     model = redraw_weights(Recurrent(nn.LSTM), gain=2.0)
@@ -133,54 +132,24 @@ def test_recurrent_dynamic_sequence_length() -> None:
     check_model_dynamic(model, runs, ({1: seq}, (None, None)))
 
 
-class ScanLSTM(nn.Module):
-    """``nn.LSTM`` (batch-first, one direction) with its loop over the time steps written with
-    ``torch._higher_order_ops.scan``, on the LSTM's own weights: the workaround for a dynamic
-    sequence length (docs/control_flow_and_dynamic_shapes.md)."""
-
-    def __init__(self, lstm: nn.LSTM) -> None:
-        super().__init__()
-        assert lstm.batch_first and not lstm.bidirectional and lstm.proj_size == 0 and lstm.bias
-        self.lstm = lstm
-
-    def forward(
-        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        out = x.transpose(0, 1)  # (time, batch, features): scan runs over dim 0
-        last_h, last_c = [], []
-        for layer in range(self.lstm.num_layers):
-            w_ih, w_hh, b_ih, b_hh = (
-                getattr(self.lstm, f"{name}_l{layer}")
-                for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")
-            )
-            projected = out @ w_ih.T + b_ih + b_hh  # the input projections of every step
-
-            def step(carry: tuple[torch.Tensor, ...], x_t: torch.Tensor, w_hh=w_hh) -> Any:
-                h, c = carry
-                i, f, g, o = (x_t + h @ w_hh.T).chunk(4, -1)
-                c = f.sigmoid() * c + i.sigmoid() * g.tanh()
-                h = o.sigmoid() * c.tanh()
-                return (h, c), h.clone()
-
-            (h, c), out = scan(step, (state[0][layer], state[1][layer]), projected)
-            last_h.append(h)
-            last_c.append(c)
-        return out.transpose(0, 1), (torch.stack(last_h), torch.stack(last_c))
-
-
 @pytest.mark.slow
-def test_lstm_written_with_scan_dynamic_sequence_length() -> None:
-    """The same LSTM as above (same weights) through ``ScanLSTM``: one program, 3 lengths."""
-    model = redraw_weights(Recurrent(nn.LSTM), gain=2.0).eval()
-    _, *state = recurrent_inputs(nn.LSTM, False)
+@pytest.mark.parametrize(
+    "cell, bidirectional", [(nn.LSTM, False), (nn.GRU, True)], ids=["lstm", "gru_bidirectional"]
+)
+def test_recurrent_rewritten_with_scan_dynamic_sequence_length(
+    cell: type[nn.RNNBase], bidirectional: bool
+) -> None:
+    """The same nets as above through ``rewrite_recurrent``: one program, 3 lengths."""
+    model = redraw_weights(Recurrent(cell, bidirectional), gain=2.0).eval()
+    _, *state = recurrent_inputs(cell, bidirectional)
     runs = [(torch.randn(2, n, 8), *state) for n in (7, 3, 20)]
-    scanned = copy.deepcopy(model)
-    scanned.rnn = ScanLSTM(scanned.rnn)
+    scanned = rewrite_recurrent(copy.deepcopy(model))
+    assert isinstance(scanned.rnn, ScanRecurrent)
     with torch.no_grad():
         for args in runs:
             torch.testing.assert_close(scanned(*args), model(*args), rtol=1e-5, atol=1e-5)
     seq = torch.export.Dim("seq", min=2, max=64)
-    check_model_dynamic(scanned, runs, ({1: seq}, (None, None)))
+    check_model_dynamic(scanned, runs, ({1: seq}, (None,) * len(state)))
 
 
 @pytest.mark.slow
