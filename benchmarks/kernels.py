@@ -3,6 +3,11 @@
 A program of one convolution or one matrix multiplication has no IR to simplify, so the ratio
 of its runtime latency to eager PyTorch's is the cost of the runtime's own kernels; the model
 latencies of ``make bench`` are read against it.
+
+The decode-shaped rows multiply one token by a 4096 x 4096 weight stored in each form a
+program can hold it (float32; float16 / bfloat16 from ``compute_precision``, cast to float32
+for the float32-accumulating matmul; int8 and int4 from ``compress()``): a decode step reads
+every weight once, so these are what it pays per weight on this runtime.
 """
 
 from __future__ import annotations
@@ -29,6 +34,23 @@ KERNELS: dict[str, Callable[[], tuple[nn.Module, torch.Tensor, int]]] = {
     ),
 }
 
+DECODE_SHAPE = (4096, 4096)
+
+#: weight form of the decode-shaped matmul -> (TorchConverter options, compress() spec or None)
+WEIGHT_FORMS: dict[str, tuple[dict[str, Any], str | None]] = {
+    "fp32": ({}, None),
+    "fp16": ({"compute_precision": torch.float16}, None),
+    "bf16": ({"compute_precision": torch.bfloat16}, None),
+    "int8": ({}, "int8"),
+    "int4 (blocks of 32)": ({}, "int4"),
+}
+
+
+def _decode_linear() -> tuple[nn.Module, torch.Tensor, int]:
+    """One token through a :data:`DECODE_SHAPE` linear layer."""
+    k, n = DECODE_SHAPE
+    return nn.Linear(k, n, bias=False), torch.randn(1, 1, k), 2 * k * n
+
 
 def _median_seconds(call: Callable[[], Any], runs: int) -> float:
     call()  # warm-up
@@ -42,20 +64,32 @@ def _median_seconds(call: Callable[[], Any], runs: int) -> float:
 
 def measure_kernels(runs: int) -> list[dict[str, Any]]:
     """Median latency and GFLOP/s of each kernel on the runtime and in eager PyTorch."""
-    from coreai_torch import TorchConverter
+    from coreai_torch import TorchConverter, compression
     from coreai_torch.runtime import Session
     from coreai_torch.verify import export_decomposed
 
+    def runtime_seconds(
+        module: nn.Module, x: torch.Tensor, options: dict, spec: str | None
+    ) -> float:
+        converter = TorchConverter(**options)
+        program = converter.add_exported_program(export_decomposed(module, (x,))).to_coreai()
+        if spec is not None:
+            program.compress(compression.from_spec(spec))
+        program = program.optimize()
+        with Session(program) as session:
+            feed = {session.descriptor().input_names[0]: x}
+            return _median_seconds(lambda s=session, f=feed: s.run(f), runs)
+
+    k, n = DECODE_SHAPE
+    cases = [(name, build, {}, None) for name, build in KERNELS.items()]
+    for form, (options, spec) in WEIGHT_FORMS.items():
+        cases.append((f"matmul 1x{k} @ {k}x{n}, weight {form}", _decode_linear, options, spec))
     rows = []
-    for name, build in KERNELS.items():
+    for name, build, options, spec in cases:
         torch.manual_seed(0)
         module, x, flops = build()
         module = module.eval()
-        program = TorchConverter().add_exported_program(export_decomposed(module, (x,)))
-        program = program.to_coreai().optimize()
-        with Session(program) as session:
-            feed = {session.descriptor().input_names[0]: x}
-            runtime = _median_seconds(lambda s=session, f=feed: s.run(f), runs)
+        runtime = runtime_seconds(module, x, options, spec)
         with torch.no_grad():
             eager = _median_seconds(lambda m=module, i=x: m(i), runs)
         rows.append(
