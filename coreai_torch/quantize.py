@@ -13,9 +13,9 @@ few passes over the weight whatever its size; centroids start at the weighted qu
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -84,19 +84,20 @@ def _return_freed_memory() -> None:
     the chunk-sized temporaries of one weight after another, between the compressed results
     that stay, otherwise fragment the heap and the process keeps a fifth of the weights'
     size it no longer uses.  Nothing to do elsewhere."""
-    global _TRIM
-    if _TRIM is None:
-        import ctypes
-
-        try:
-            _TRIM = ctypes.CDLL(None).malloc_trim
-        except (AttributeError, OSError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
-_TRIM: Any = None
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
 
 
 def quantize_linear(

@@ -664,8 +664,7 @@ def lookups_before_decompression(module: ir.Module) -> int:
     for op in lookups:
         decompress = operation(op.operands[0].owner)
         with ir.InsertionPoint(op), op.location:
-            sizes, batch = lookup_batch(op.operands[1])
-            count = None if None in batch else int(np.prod(batch))
+            sizes, batch, count = lookup_batch(op.operands[1])
             rows = _lookup(decompress, reshape_dynamic(op.operands[1], [-1, 1], [count, 1]))
             rest = shape_of(op.result)[len(batch) :]
             value = reshape_dynamic(rows, [*sizes, *rest], shape_of(op.result))

@@ -146,21 +146,21 @@ def _weight_readers(
     return found
 
 
-def lookup_batch(indices: ir.Value) -> tuple[list[Size], list[int | None]]:
+def lookup_batch(indices: ir.Value) -> tuple[list[Size], list[int | None], int | None]:
     """The dimensions of a row lookup's indices but the last (the lookup's batch), as the
     sizes :func:`reshape_dynamic` takes (run-time values only when more than one of them is
-    dynamic) and as a shape (None: dynamic)."""
+    dynamic), as a shape (None: dynamic), and their number of rows (None: dynamic)."""
     batch = shape_of(indices)[:-1]
+    count = None if None in batch else math.prod(batch)
     if batch.count(None) <= 1:
-        return [-1 if d is None else d for d in batch], batch
-    return [dim_size(indices, axis) for axis in range(len(batch))], batch
+        return [-1 if d is None else d for d in batch], batch, count
+    return [dim_size(indices, axis) for axis in range(len(batch))], batch, count
 
 
 def _lookup_columns(transposed: ir.Value, lookup: ir.Operation) -> ir.Value:
     """``gather_nd(W, indices)`` computed from ``W.T``: gather the columns, transpose them
     (the number of indices may be dynamic: shapes then come from the indices at run time)."""
-    sizes, batch = lookup_batch(lookup.operands[1])
-    count = None if None in batch else math.prod(batch)
+    sizes, batch, count = lookup_batch(lookup.operands[1])
     width = shape_of(transposed)[0]
     flat = reshape_dynamic(lookup.operands[1], [1, -1], [1, count])
     columns = cai.gather_along_axis(
