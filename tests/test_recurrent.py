@@ -79,3 +79,10 @@ def test_training_mode_with_dropout_is_refused_before_anything_changes() -> None
 def test_a_model_without_recurrent_modules_is_returned_unchanged() -> None:
     model = nn.Linear(3, 3)
     assert rewrite_recurrent(model) is model
+
+
+def test_a_packed_sequence_is_refused_with_what_to_pass() -> None:
+    scanned = rewrite_recurrent(nn.GRU(4, 4).eval())
+    packed = nn.utils.rnn.pack_sequence([torch.randn(3, 4), torch.randn(2, 4)])
+    with pytest.raises(TypeError, match="PackedSequence; pass a padded tensor"):
+        scanned(packed)
