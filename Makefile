@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 ## Convert the bundled example model, run it on the Core AI runtime, compare with PyTorch.
 demo: $(STAMP)
-	$(BIN)/python -m coreai_torch.demo
+	$(BIN)/python -m coreai_torch.cli.demo
 
 ## The fast suite (run by CI).
 test: $(STAMP)
@@ -41,18 +41,22 @@ test-compat:
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --ablation --large
 
+## ruff, and the package layout: layers, no import cycles, no private cross-module imports,
+## docstring references that resolve (tools/check_layout.py, tools/check_references.py).
 lint: $(STAMP)
 	$(BIN)/ruff check coreai_torch tests benchmarks tools
 	$(BIN)/ruff format --check coreai_torch tests benchmarks tools
+	$(BIN)/python -m tools.check_layout
+	$(BIN)/python -m tools.check_references
 
 ## Regenerate docs/ops.md, the op coverage table.
 ops-table: $(STAMP)
-	$(BIN)/python -m coreai_torch.coverage --write docs/ops.md
+	$(BIN)/python -m coreai_torch.lowerings.coverage --write docs/ops.md
 
 ## Only the OpInfo sweep (every op_db entry, JOBS workers): tests/opinfo/results.json + docs/ops.md.
 opinfo: $(STAMP)
 	$(BIN)/python -m tests.opinfo.sweep --jobs $(JOBS)
-	$(BIN)/python -m coreai_torch.coverage --write docs/ops.md
+	$(BIN)/python -m coreai_torch.lowerings.coverage --write docs/ops.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

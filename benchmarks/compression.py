@@ -48,7 +48,8 @@ def measure_compression(form: str, runs: int) -> dict[str, Any]:
     from benchmarks.models import MODELS
     from benchmarks.run import _warm_up, save_load_run
     from coreai_torch import TorchConverter, compression
-    from coreai_torch.verify import eager_outputs, export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
+    from coreai_torch.verify import eager_outputs
 
     torch.manual_seed(0)
     model, args = MODELS[MODEL].build()

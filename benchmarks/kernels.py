@@ -65,8 +65,8 @@ def _median_seconds(call: Callable[[], Any], runs: int) -> float:
 def measure_kernels(runs: int) -> list[dict[str, Any]]:
     """Median latency and GFLOP/s of each kernel on the runtime and in eager PyTorch."""
     from coreai_torch import TorchConverter, compression
+    from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.runtime import Session
-    from coreai_torch.verify import export_decomposed
 
     def runtime_seconds(
         module: nn.Module, x: torch.Tensor, options: dict, spec: str | None

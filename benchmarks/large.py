@@ -11,7 +11,7 @@ process, after export:
 * ``to_coreai()``, ``optimize()`` and ``save_asset()``, timed, each with its peak RSS above the
   baseline (``benchmarks/memory.py``), plus what the save keeps outside this process: the
   serializer child's private memory (sampled) and its output waiting to be read
-  (``coreai_torch.saving.last_stats``); then the ``fsync`` of the asset (not part of
+  (``coreai_torch.ir.saving.last_stats``); then the ``fsync`` of the asset (not part of
   ``save_asset``, which, like coreai-core, leaves the flushing to the kernel);
 * the asset checked: its bytecode's SHA-256 recomputed from the file, read in blocks (no
   second copy of the asset in memory), must be the hash the asset records.
@@ -138,8 +138,9 @@ def measure(layers: int = LAYERS, int4: bool = False, directory: str | None = No
 
     from benchmarks.memory import PhaseMemory
     from benchmarks.models import llama
-    from coreai_torch import TorchConverter, saving
-    from coreai_torch.verify import export_decomposed
+    from coreai_torch import TorchConverter
+    from coreai_torch.frontend.export import export_decomposed
+    from coreai_torch.ir import saving
 
     compress = None
     if int4:

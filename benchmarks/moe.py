@@ -78,8 +78,9 @@ def _measure_program(
 ) -> dict[str, Any]:
     """Convert ``static``, save it, run it ``runs`` times; errors against ``reference``."""
     from coreai_torch import TorchConverter
+    from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.runtime import Session
-    from coreai_torch.verify import export_decomposed, run_entrypoint
+    from coreai_torch.verify import run_entrypoint
 
     program = TorchConverter().add_exported_program(export_decomposed(static, args)).to_coreai()
     program.optimize()

@@ -26,8 +26,9 @@ def measure_precision(spec: str, runs: int) -> dict[str, Any]:
 
     from benchmarks.models import MODELS
     from coreai_torch import TorchConverter
+    from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.runtime import Session
-    from coreai_torch.verify import eager_outputs, export_decomposed, run_entrypoint
+    from coreai_torch.verify import eager_outputs, run_entrypoint
 
     name, precision = spec.rsplit(":", 1)
     torch.manual_seed(0)

@@ -58,8 +58,9 @@ def _warm_up() -> None:
     import torch
 
     from coreai_torch import TorchConverter
+    from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.runtime import Session
-    from coreai_torch.verify import export_decomposed, run_entrypoint
+    from coreai_torch.verify import run_entrypoint
 
     model, args = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval(), (torch.randn(2, 4),)
     program = TorchConverter().add_exported_program(export_decomposed(model, args)).to_coreai()
@@ -111,7 +112,8 @@ def measure(name: str, runs: int) -> dict[str, Any]:
     from benchmarks.memory import PhaseMemory
     from benchmarks.models import MODELS
     from coreai_torch import TorchConverter
-    from coreai_torch.verify import compare, eager_outputs, export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
+    from coreai_torch.verify import compare, eager_outputs
 
     torch.manual_seed(0)
     model, args = MODELS[name].build()
@@ -157,7 +159,7 @@ def measure_ablation(name: str, runs: int) -> dict[str, Any]:
 
     from benchmarks import ablation
     from benchmarks.models import ABLATION_MODELS
-    from coreai_torch.verify import export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
 
     torch.manual_seed(0)
     model, args = ABLATION_MODELS[name].build()

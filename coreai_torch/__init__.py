@@ -13,9 +13,8 @@ from importlib.metadata import version as _distribution_version
 
 from coreai_torch import composite_ops, compression, errors, llm, precision, progress, torch_compat
 from coreai_torch.analysis import analyze
-from coreai_torch.composite import generate_composite_decl
+from coreai_torch.compression.apply import CompressionReport
 from coreai_torch.converter import TorchConverter
-from coreai_torch.decomp import get_decomp_table
 from coreai_torch.errors import (
     ConversionError,
     ExternalizationError,
@@ -29,12 +28,13 @@ from coreai_torch.errors import (
     UnsupportedPlatformError,
     VerificationError,
 )
-from coreai_torch.externalize import ExternalizeSpec
-from coreai_torch.llm.moe import rewrite_moe
-from coreai_torch.metal import MetalParameter, TorchMetalKernel
-from coreai_torch.passes.compress import CompressionReport
+from coreai_torch.frontend.export import get_decomp_table
+from coreai_torch.frontend.externalize import ExternalizeSpec
+from coreai_torch.importer.metal import MetalParameter, TorchMetalKernel
+from coreai_torch.ir.composite import generate_composite_decl
 from coreai_torch.program import AIProgram
-from coreai_torch.recurrent import rewrite_recurrent
+from coreai_torch.rewrites.moe import rewrite_moe
+from coreai_torch.rewrites.recurrent import rewrite_recurrent
 
 try:
     #: The installed distribution's version (pyproject.toml's ``version``).

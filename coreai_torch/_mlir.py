@@ -33,7 +33,7 @@ __all__ = [
 #: Predicates ``guard(op) -> bool`` asked before Core AI constant-folds ``op`` (in
 #: ``optimize()``'s rewrite and when an asset is saved): any guard returning False keeps the
 #: op.  They must not raise (an exception would abort the rewrite).  Modules append theirs
-#: at import time, e.g. :func:`coreai_torch.compressed.keeps_compressed`.
+#: at import time, e.g. :func:`coreai_torch.passes.weight_casts.keeps_weight_casts`.
 FOLD_GUARDS: list[Callable[[ir.Operation], bool]] = []
 
 

@@ -15,8 +15,8 @@ import torch.fx
 
 from coreai_torch._mlir import ir
 from coreai_torch.errors import LoweringError
+from coreai_torch.ir.values import constant
 from coreai_torch.locations import describe
-from coreai_torch.lowerings.common import constant
 
 
 def _scalar_dtype(node: torch.fx.Node, value: bool | int | float) -> torch.dtype:

@@ -18,11 +18,13 @@ from typing import Any
 import torch.fx
 from torch.export import ExportedProgram
 
-from coreai_torch.decomp import COMPOSITE_OPS, check_decomposed, get_decomp_table
-from coreai_torch.errors import NotDecomposedError
-from coreai_torch.importer import find_unsupported, op_histogram
+from coreai_torch.converter import TorchConverter
+from coreai_torch.frontend.export import (
+    COMPOSITE_OPS,
+    decomposed,
+)
+from coreai_torch.importer.graph import find_unsupported, op_histogram
 from coreai_torch.locations import module_path, qualified_name, user_frame
-from coreai_torch.torch_compat import run_decompositions
 
 #: ops kept whole by ``get_decomp_table()`` and converted as composite ops
 COMPOSITE_OP_NAMES = frozenset(qualified_name(op) for op in COMPOSITE_OPS)
@@ -112,23 +114,6 @@ class OpSupportReport:
         return "\n".join(lines)
 
 
-def is_decomposed(ep: ExportedProgram) -> bool:
-    """Whether ``run_decompositions()`` was called on ``ep`` (it is no longer training IR)."""
-    try:
-        check_decomposed(ep)
-    except NotDecomposedError:
-        return False
-    return True
-
-
-def decomposed(ep: ExportedProgram) -> tuple[ExportedProgram, bool]:
-    """``ep`` decomposed with ``get_decomp_table()`` unless it already is; and whether it had
-    to be."""
-    if is_decomposed(ep):
-        return ep, False
-    return run_decompositions(ep, get_decomp_table()), True
-
-
 def _missing(nodes_by_op: dict[str, list[torch.fx.Node]]) -> list[MissingOp]:
     found = []
     for op, nodes in sorted(nodes_by_op.items(), key=lambda kv: (-len(kv[1]), kv[0])):
@@ -152,8 +137,6 @@ def analyze(ep: ExportedProgram, converter: Any = None) -> OpSupportReport:
             f"analyze() expects a torch.export.ExportedProgram, got {type(ep).__name__}"
         )
     if converter is None:
-        from coreai_torch.converter import TorchConverter
-
         converter = TorchConverter()
     ep, decomposed_here = decomposed(ep)
     return OpSupportReport(

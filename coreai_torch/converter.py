@@ -16,26 +16,39 @@ from torch.export import ExportedProgram
 
 from coreai_torch import _mlir
 from coreai_torch._mlir import ir
-from coreai_torch.composite import set_aten_composites
-from coreai_torch.decomp import check_decomposed
-from coreai_torch.dtype_checks import check_complex
 from coreai_torch.errors import ConversionError, InvalidSignatureError
-from coreai_torch.hazards import check_runtime_hazards
-from coreai_torch.importer import Diagnostics, GraphImporter, ProgramBuilder, lowering_key
-from coreai_torch.lowerings import BUILTIN_LOWERINGS
-from coreai_torch.lowerings.accumulation import set_fp32_accumulation
-from coreai_torch.lowerings.registry import LoweringFn, LoweringTable, check_user_lowering_name
-from coreai_torch.metal import (
+from coreai_torch.frontend.checks import check_complex
+from coreai_torch.frontend.export import check_decomposed
+from coreai_torch.frontend.externalize import prepare_externalization
+from coreai_torch.frontend.fusions import fuse_patterns
+from coreai_torch.frontend.half_precision import to_half
+from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
+from coreai_torch.importer.externalized import import_externalized
+from coreai_torch.importer.graph import (
+    Diagnostics,
+    GraphImporter,
+    ProgramBuilder,
+)
+from coreai_torch.importer.metal import (
     METAL_KERNEL_OP,
     TorchMetalKernel,
     check_kernels_registered,
     register_kernels,
 )
-from coreai_torch.passes.safe_rewrite import protect_from_runtime_misfolds
-from coreai_torch.precision.policy import ModuleSelector, NodePredicate, Precision
-from coreai_torch.program import AIProgram, _verify
+from coreai_torch.ir.checks import check_runtime_hazards, verify_module
+from coreai_torch.locations import describe, names_in_location
+from coreai_torch.lowerings import BUILTIN_LOWERINGS
+from coreai_torch.lowerings.registry import (
+    LoweringFn,
+    LoweringOptions,
+    LoweringTable,
+    check_user_lowering_name,
+    lowering_key,
+)
+from coreai_torch.passes import pipeline
+from coreai_torch.precision.policy import ModuleSelector, NodePredicate, Precision, from_spec
+from coreai_torch.program import AIProgram
 from coreai_torch.progress import resolve as resolve_progress
-from coreai_torch.signature import ProgramSignature, analyze_signature
 
 
 @dataclass
@@ -79,7 +92,7 @@ class TorchConverter:
     measure what they buy or to hand a compiler the plainest IR:
 
     - ``fold_constants``: evaluate input-independent nodes (masks, rotary tables, position
-      ids, ...) with PyTorch at conversion time (:mod:`coreai_torch.folding`).
+      ids, ...) with PyTorch at conversion time (:mod:`coreai_torch.frontend.folding`).
     - ``aten_composites``: emit ``layer_norm``, ``rms_norm``, ``group_norm``,
       ``instance_norm``, ``pixel_shuffle`` and ``scaled_dot_product_attention`` as composite
       ops; ``False`` inlines their reference implementation.
@@ -178,7 +191,6 @@ class TorchConverter:
             )
         _check_entrypoint_name(entrypoint_name)
         self._check_unique(entrypoint_name)
-        from coreai_torch.externalize import prepare_externalization
 
         with prepare_externalization(module, externalize_modules) as plan:
             try:
@@ -384,18 +396,27 @@ class TorchConverter:
                     progress=progress,
                     fold_constants=self.fold_constants,
                     precision=self.precision,
+                    options=LoweringOptions(
+                        aten_composites=self.aten_composites,
+                        fp32_accumulation=self.precision.fp32_accumulation,
+                    ),
                 )
-                set_aten_composites(self.aten_composites)
-                set_fp32_accumulation(self.precision.fp32_accumulation)
                 imported = {}
                 for name in names:
                     staged = self._staged[name]
                     start = time.perf_counter()
-                    check_complex(staged.exported_program, self._lowerings, name)
+                    check_complex(
+                        staged.exported_program, name, user_lowered=self._lowerings.is_own_node
+                    )
                     imported[name] = self._import(builder, staged)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()
-                protect_from_runtime_misfolds(module)
+                pipeline.run(
+                    pipeline.POST_IMPORT,
+                    module,
+                    pipeline.PassContext(builder.weights),
+                    when="after conversion",
+                )
                 _verify_with_sources(module, builder, self._lowerings)
                 check_runtime_hazards(module, builder.nodes)
                 stats.verify_seconds = time.perf_counter() - start
@@ -421,36 +442,28 @@ class TorchConverter:
         """Import one staged program; returns it as converted (in half precision: the
         rewritten program and its signature)."""
         if self.precision.is_half:
-            from coreai_torch.importer import user_lowering_free
-            from coreai_torch.precision.rewrite import to_half
-
             ep, signature = to_half(
                 staged.exported_program,
                 staged.signature,
                 self.precision,
                 builder.half_weights,
-                usable=user_lowering_free(self._lowerings),
+                usable=self._lowerings.is_free_of_own_rules,
             )
             staged = dataclasses.replace(staged, exported_program=ep, signature=signature)
+        fused = fuse_patterns(staged.exported_program, self._lowerings.is_free_of_own_rules)
+        importer = GraphImporter(
+            builder, fused, staged.signature, self._lowerings, staged.entrypoint
+        )
         if staged.externalize:
-            from coreai_torch.externalize import import_externalized
-
-            import_externalized(builder, staged, self._lowerings)
+            import_externalized(staged.externalize, importer)
         else:
-            GraphImporter(
-                builder,
-                staged.exported_program,
-                staged.signature,
-                self._lowerings,
-                staged.entrypoint,
-            ).run()
+            importer.run()
         return staged
 
 
 def _precision(compute: torch.dtype | Precision | str, **options: Any) -> Precision:
     """The converter's precision policy from its keyword arguments (given options add to /
     override those of a ``Precision`` passed as ``compute_precision``)."""
-    from coreai_torch.precision.policy import from_spec
 
     policy = from_spec(compute)
     given = Precision(policy.compute, **options)  # validates the options
@@ -468,11 +481,8 @@ def _verify_with_sources(
 ) -> None:
     """Verify; on failure name the FX node and the user's source line of each bad op."""
     try:
-        _verify(module, "after conversion")
+        verify_module(module, "after conversion")
     except ConversionError as error:
-        from coreai_torch.importer import lowering_key
-        from coreai_torch.locations import describe, names_in_location
-
         text = str(error)
         nodes, own, kernels = [], [], []
         for name in names_in_location(text):

@@ -52,10 +52,10 @@ def module_path(node: torch.fx.Node) -> str:
     if not stack:
         return ""
     path, _cls = list(stack.values())[-1]
-    return _clean_module_path(str(path))
+    return clean_module_path(str(path))
 
 
-def _clean_module_path(path: str) -> str:
+def clean_module_path(path: str) -> str:
     # torch.export writes paths like "L['self'].layers[0].attn" or "layers.0.attn".
     path = re.sub(r"^L\['self'\]\.?", "", path)
     path = re.sub(r"\[(\d+)\]", r".\1", path)

@@ -2,7 +2,7 @@
 
 It *is* coreai-core's ``AIProgram`` (``save_asset``, ``set_static_shape_config``, ... work as
 documented there) with an ``optimize()`` method and a readable ``str()``.  ``save_asset``
-writes the same asset as coreai-core, through :mod:`coreai_torch.saving` (streamed, hashed on
+writes the same asset as coreai-core, through :mod:`coreai_torch.ir.saving` (streamed, hashed on
 the way, weights stored transposed made as they are written).
 """
 
@@ -11,48 +11,20 @@ from __future__ import annotations
 import os
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 from torch.export import ExportedProgram
 
 from coreai_torch import progress as progress_events
-from coreai_torch._mlir import ca, clone_module, ir, run_pre_compilation_rewrite
-from coreai_torch.errors import VerificationError
-from coreai_torch.passes import weight_casts  # noqa: F401  (registers its fold guard)
-from coreai_torch.passes.compress import (
-    decompress_to_float32,
-    lookups_before_decompression,
-    scales_after_matmul,
-)
-from coreai_torch.passes.pretranspose import is_dynamic_gather, pretranspose_weights
-from coreai_torch.passes.safe_rewrite import protect_from_misfolds
+from coreai_torch._mlir import ca, clone_module, ir
+from coreai_torch.compression.apply import CompressionReport, compress
+from coreai_torch.compression.config import CompressionConfig
+from coreai_torch.frontend.signature import ProgramSignature
+from coreai_torch.ir.checks import verify_module
+from coreai_torch.ir.saving import save_program
+from coreai_torch.ir.weights import WeightStore, referenced_resources
+from coreai_torch.passes import pipeline
 from coreai_torch.precision.policy import FP32, Precision
-from coreai_torch.saving import save_program
-from coreai_torch.signature import ProgramSignature
-from coreai_torch.weights import WeightStore, referenced_resources
-
-if TYPE_CHECKING:
-    from coreai_torch.compression import CompressionConfig
-    from coreai_torch.passes.compress import CompressionReport
-
-
-def _verify(module: ir.Module, when: str) -> None:
-    diagnostics: list[str] = []
-
-    def collect(diagnostic: object) -> bool:
-        diagnostics.append(f"{diagnostic.location}: {diagnostic.message}")  # type: ignore[attr-defined]
-        return True
-
-    handler = module.context.attach_diagnostic_handler(collect)
-    try:
-        module.operation.verify()
-    except ir.MLIRError as error:
-        found = [f"{d.location}: {d.message}" for d in error.error_diagnostics] or diagnostics
-        raise VerificationError(
-            f"the program failed MLIR verification {when}:\n  " + "\n  ".join(found)
-        ) from error
-    finally:
-        handler.detach()
 
 
 class AIProgram(ca.AIProgram):
@@ -150,45 +122,24 @@ class AIProgram(ca.AIProgram):
         """
         module = self.mlir_module  # a second optimize() folds constants: their data is made
         listener = progress_events.resolve(self.progress)
-        with progress_events.phase(listener, "optimize", 3, "steps") as report:
+        context = pipeline.PassContext(self.weights, transpose_weights=transpose_weights)
+        total = len(pipeline.OPTIMIZE)
+        with progress_events.phase(listener, "optimize", total, "steps") as report:
             with module.context:
                 candidate = clone_module(module=module)
-                protect_from_misfolds(candidate)
-                if transpose_weights and self.weights is not None:
-                    # before the rewrite too for weights read by run-time gathers (MoE
-                    # experts): it folds their transposes into anonymous copies otherwise.
-                    # Only those: the rewrite would fold other readers of the new constants
-                    # from their placeholder bytes (pretranspose_weights).
-                    pretranspose_weights(
-                        candidate, self.weights, transposes_read_by=is_dynamic_gather
-                    )
-                try:
-                    run_pre_compilation_rewrite(module=candidate)
-                    report(1, 3)
-                    _verify(candidate, "after optimize()")
-                except (RuntimeError, VerificationError) as error:
-                    reason = str(error).strip().splitlines()[0][:300]
-                    warnings.warn(
-                        "optimize(): Core AI's pre-compilation rewrite failed on this program, "
-                        f"which is kept unoptimized (it is valid and runs as is): {reason}",
-                        RuntimeWarning,
-                        stacklevel=3,
-                    )
-                    return self
-            report(2, 3)
-            if (
-                transpose_weights
-                and self.weights is not None
-                and pretranspose_weights(candidate, self.weights)
-            ):
-                _verify(candidate, "after storing weights transposed")
-            with candidate.context, ir.Location.unknown():
-                if (
-                    scales_after_matmul(candidate)
-                    + decompress_to_float32(candidate)
-                    + lookups_before_decompression(candidate)
-                ):
-                    _verify(candidate, "after placing the decompression of compressed weights")
+            try:
+                pipeline.run(
+                    pipeline.OPTIMIZE, candidate, context, when="after optimize()", progress=report
+                )
+            except pipeline.PassFailure as failure:
+                reason = str(failure.error).strip().splitlines()[0][:300]
+                warnings.warn(
+                    "optimize(): Core AI's pre-compilation rewrite failed on this program, "
+                    f"which is kept unoptimized (it is valid and runs as is): {reason}",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return self
             self._module._mlir_module = candidate
         return self
 
@@ -200,12 +151,15 @@ class AIProgram(ca.AIProgram):
         read transposed are compressed in the transposed layout directly, so ``optimize()``
         makes no transposed float copies of them).  Half-precision programs and the stacked
         expert weights of mixture-of-experts layers are compressed too.  Weights already
-        compressed are left alone; see :mod:`coreai_torch.passes.compress`.  Reports its
+        compressed are left alone; see :mod:`coreai_torch.compression.apply`.  Reports its
         progress like :meth:`optimize` (``"compress"``, bytes of weights fitted).
         """
-        from coreai_torch.passes.compress import compress
-
-        report = compress(self, config)
+        report = compress(
+            self.structural_module,  # weights are read from the store, never constant data
+            self.weights,
+            config,
+            progress=self.progress,
+        )
         if self.weights is not None:
             self.weights.prune()  # the transposes of weights now stored compressed
         return report
@@ -216,7 +170,7 @@ class AIProgram(ca.AIProgram):
         """Save the program as a Core AI asset directory ``path`` (``*.aimodel``).
 
         Writes what coreai-core's ``save_asset`` writes (it also accepts ``str`` paths), at
-        about disk speed and without a second copy of the weights (:mod:`coreai_torch.saving`);
+        about disk speed and without a second copy of the weights (:mod:`coreai_torch.ir.saving`);
         refuses to replace a file or a directory that is not a Core AI asset, and turns
         file-system failures into errors that name the path.
         """
@@ -279,7 +233,7 @@ class AIProgram(ca.AIProgram):
 
     def verify(self) -> None:
         """Raise :class:`VerificationError` if the program is not valid Core AI IR."""
-        _verify(self.structural_module, "")
+        verify_module(self.structural_module, "")
 
     def to_mlir(self, *, weights: bool = False, debug_info: bool = False) -> str:
         """The program as MLIR text; weight blobs are elided unless ``weights=True``."""

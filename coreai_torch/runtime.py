@@ -7,8 +7,9 @@
 The runtime's API is asynchronous; a session drives it on a private event loop.  Before each
 call the session checks the feeds the runtime would abort on (wrong dtype or rank, empty
 tensors, and -- for programs from ``to_coreai()`` -- sizes outside the ranges the program was
-exported for or that would make a consumed value empty, see ``coreai_torch.sizes``); a failed
-``.item()`` range check inside the program becomes a ``ValueError`` naming the ``.item()`` line.
+exported for or that would make a consumed value empty, see :mod:`coreai_torch.frontend.sizes`);
+a failed ``.item()`` range check inside the program becomes a ``ValueError`` naming the
+``.item()`` line.
 """
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ class Session:
         coro = fn(feeds, state=current) if current else fn(feeds)
         try:
             out = self._loop.run_until_complete(coro)
-        except RuntimeError as error:  # e.g. a failed .item() range check (coreai_torch.sizes)
+        except RuntimeError as error:  # e.g. a failed .item() range check (frontend.sizes)
             sizes = self._sizes.get(entrypoint)
             explained = sizes.explain(error, entrypoint) if sizes else None
             if explained is not None:

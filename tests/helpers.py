@@ -8,8 +8,9 @@ from typing import Any
 import torch.nn as nn
 
 from coreai_torch import TorchConverter
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.program import AIProgram
-from coreai_torch.verify import VerifyReport, export_decomposed, verify
+from coreai_torch.verify import VerifyReport, verify
 
 
 def convert(

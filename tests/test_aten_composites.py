@@ -14,8 +14,9 @@ from coreai._compiler.dialects import coreai
 
 from coreai_torch import TorchConverter, UnsupportedOpError, generate_composite_decl
 from coreai_torch._utils import get_operands
-from coreai_torch.composite import emit_composite
-from coreai_torch.verify import export_decomposed, verify
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.ir.composite import emit_composite
+from coreai_torch.verify import verify
 from tests.externalize_support import composites, graphs
 from tests.helpers import check_module, convert
 

@@ -20,10 +20,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coreai_torch import TorchConverter, compression, progress
-from coreai_torch.compressed import unpack_bits
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.ir.compressed import unpack_bits
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import Session
-from coreai_torch.verify import compare, eager_outputs, export_decomposed, run_entrypoint
+from coreai_torch.verify import compare, eager_outputs, run_entrypoint
 from tests.helpers import asset_bytes
 from tests.models.common import Call, redraw_weights
 

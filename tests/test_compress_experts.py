@@ -18,15 +18,10 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import TorchConverter, compression, rewrite_moe
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import Session
-from coreai_torch.verify import (
-    HALF_TOLERANCE,
-    compare,
-    eager_outputs,
-    export_decomposed,
-    run_entrypoint,
-)
+from coreai_torch.verify import HALF_TOLERANCE, compare, eager_outputs, run_entrypoint
 from tests.helpers import asset_bytes, check_half
 from tests.models.common import Call, redraw_weights
 from tests.test_compress import (

@@ -17,8 +17,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coreai_torch import TorchConverter, compression
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.program import AIProgram
-from coreai_torch.verify import HALF_TOLERANCE, export_decomposed
+from coreai_torch.verify import HALF_TOLERANCE
 from tests.helpers import asset_bytes, check_half
 from tests.test_compress import (
     ASSET_OVERHEAD,

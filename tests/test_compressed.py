@@ -1,4 +1,4 @@
-"""The compressed-weight emitters (``coreai_torch.compressed``) on the Core AI runtime: every
+"""The compressed-weight emitters (``coreai_torch.ir.compressed``) on the Core AI runtime: every
 storage width round-trips exactly, operand rules the runtime aborts on are rejected at
 conversion, and casts of compressed constants are not folded back into float weights."""
 
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from coreai_torch import compressed
 from coreai_torch._mlir import cai, ir, new_context
-from coreai_torch.compressed import LinearCodes, PaletteCodes, pack_bits, unpack_bits
 from coreai_torch.errors import RuntimeHazardError
+from coreai_torch.ir import compressed
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes, pack_bits, unpack_bits
+from coreai_torch.ir.weights import WeightStore
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import run_program
-from coreai_torch.weights import WeightStore
 from tests.helpers import asset_bytes
 
 
@@ -218,7 +218,7 @@ def _blockwise(store: WeightStore, scale_type: ir.Type, scale_shape: list[int]) 
 def test_runtime_aborts_are_rejected_at_conversion(scale_type, scale_shape, message) -> None:
     """Both verify cleanly and kill the runtime (SIGILL): the hazard scan run by
     ``to_coreai()`` names them."""
-    from coreai_torch.hazards import find_runtime_hazards
+    from coreai_torch.ir.checks import find_runtime_hazards
 
     program = build(lambda store: _blockwise(store, scale_type(), scale_shape))
     hazards = find_runtime_hazards(program.mlir_module)
@@ -238,7 +238,7 @@ def test_a_user_lowering_building_a_hazard_is_rejected_by_to_coreai(
     scale_type, scale_shape, message
 ) -> None:
     from coreai_torch import TorchConverter
-    from coreai_torch.verify import export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
 
     @torch.library.custom_op("quant_test::unpack", mutates_args=())
     def unpack(x: torch.Tensor) -> torch.Tensor:

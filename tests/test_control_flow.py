@@ -14,8 +14,8 @@ from torch._higher_order_ops.while_loop import while_loop
 
 from coreai_torch import TorchConverter
 from coreai_torch.errors import UnsupportedOpError
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.program import AIProgram
-from coreai_torch.verify import export_decomposed
 from tests.helpers import check_runs
 
 

@@ -17,8 +17,8 @@ from coreai_torch import (
     UnsupportedOpError,
     get_decomp_table,
 )
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
 
 
 class Linear(nn.Module):
@@ -241,7 +241,7 @@ def test_unsupported_ops_are_all_listed_at_once_with_source_lines() -> None:
     # the converter stays usable: register the missing lowerings and convert again
     from coreai_torch._mlir import cai
     from coreai_torch._utils import get_operand
-    from coreai_torch.lowerings.common import constant
+    from coreai_torch.ir.values import constant
 
     @converter.register_torch_lowering("coreai_torch_test::mystery.default")
     def lower_mystery(values_map, node, loc):

@@ -19,9 +19,10 @@ from coreai._compiler.dialects import coreai
 import coreai_torch
 from coreai_torch import LoweringError, TorchConverter, UnsupportedOpError
 from coreai_torch._utils import get_operand, get_operands
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
 from coreai_torch.program import AIProgram
-from coreai_torch.verify import export_decomposed, verify
+from coreai_torch.verify import verify
 
 SEED_EXAMPLES = Path(__file__).parent / "seed_examples"
 

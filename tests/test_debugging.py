@@ -8,8 +8,9 @@ import torch.nn as nn
 from coreai_torch import TorchConverter
 from coreai_torch._mlir import cai
 from coreai_torch._utils import get_operand
-from coreai_torch.debugging import Divergence, prefix_program
-from coreai_torch.verify import export_decomposed, find_divergence
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.verify import find_divergence
+from coreai_torch.verify.bisect import Divergence, prefix_program
 
 
 class TwoBranches(nn.Module):

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 from coreai_torch import TorchConverter
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.program import AIProgram
-from coreai_torch.verify import export_decomposed
 from tests.helpers import check_runs
 
 

@@ -10,8 +10,9 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import TorchConverter
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import run_program
-from coreai_torch.verify import export_decomposed, verify
+from coreai_torch.verify import verify
 
 
 class MaskedScores(nn.Module):

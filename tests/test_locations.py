@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import TorchConverter
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 
 _OP_LINE = re.compile(r"^\s*(?:%\S+ = )?(coreai\.\S+).* loc\((.*)\)$")
 

@@ -20,10 +20,10 @@ from coreai_torch import (
     UnsupportedPlatformError,
 )
 from coreai_torch._mlir import ca, ir
-from coreai_torch.metal import METAL_KERNEL_OP
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.importer.metal import METAL_KERNEL_OP
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import run_program
-from coreai_torch.verify import export_decomposed
 
 ID = MetalParameter("id", "uint", "thread_position_in_grid")
 
@@ -414,7 +414,7 @@ def test_metal_element_types_are_the_ones_the_verifier_accepts() -> None:
     coreai-core's Metal type table maps."""
     from coreai_torch import dtypes
     from coreai_torch._mlir import cai, new_context
-    from coreai_torch.metal import METAL_ELEMENT_TYPES
+    from coreai_torch.importer.metal import METAL_ELEMENT_TYPES
 
     identity = TorchMetalKernel("ident", ["x"], ["y"], "y[id] = x[id];", lambda x: x, [ID])
     accepted = []

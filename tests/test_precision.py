@@ -20,8 +20,9 @@ import torch.nn.functional as F
 
 from coreai_torch import TorchConverter, precision
 from coreai_torch.cli import main
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.precision import Precision
-from coreai_torch.verify import export_decomposed, verify
+from coreai_torch.verify import verify
 from tests.helpers import check_half, run_program
 
 HALF = [torch.float16, torch.bfloat16]

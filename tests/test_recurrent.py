@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import UnsupportedModelError, rewrite_recurrent
-from coreai_torch.recurrent import ScanRecurrent
+from coreai_torch.rewrites.recurrent import ScanRecurrent
 from tests.models.common import check_model_dynamic
 
 VARIANTS = [

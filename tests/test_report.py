@@ -11,8 +11,8 @@ import torch.nn as nn
 
 import coreai_torch
 from coreai_torch import TorchConverter, get_decomp_table, progress
-from coreai_torch.report import ConversionReport, timed
-from coreai_torch.verify import export_decomposed
+from coreai_torch.cli.report import ConversionReport, timed
+from coreai_torch.frontend.export import export_decomposed
 
 
 class Counter(nn.Module):

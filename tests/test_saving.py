@@ -23,12 +23,15 @@ import pytest
 import torch
 import torch.nn as nn
 
-from coreai_torch import TorchConverter, progress, saving
+from coreai_torch import TorchConverter, progress
 from coreai_torch._mlir import ca
-from coreai_torch.bytecode import BytecodeFormatError, rewrite_blobs
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.ir import saving
+from coreai_torch.ir.bytecode import BytecodeFormatError, rewrite_blobs
+from coreai_torch.passes import pipeline
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import Session
-from coreai_torch.verify import eager_outputs, export_decomposed, run_entrypoint
+from coreai_torch.verify import eager_outputs, run_entrypoint
 
 
 @pytest.fixture(autouse=True)
@@ -279,7 +282,8 @@ def test_progress_of_optimize_and_save(tmp_path: Path) -> None:
         program.optimize().save_asset(tmp_path / "m.aimodel")
     optimize = [e for e in events if e[0] == "optimize"]
     save = [e for e in events if e[0] == "save"]
-    assert optimize[0] == ("optimize", 0, 3) and optimize[-1] == ("optimize", 3, 3)
+    steps = len(pipeline.OPTIMIZE)  # one step per pass
+    assert optimize[0] == ("optimize", 0, steps) and optimize[-1] == ("optimize", steps, steps)
     size = (tmp_path / "m.aimodel" / "main.mlirb").stat().st_size
     assert save[-1] == ("save", size, size)
 

@@ -148,8 +148,8 @@ def test_bfloat16_outputs_and_states_read_back_with_every_numpy(
     import numpy as np
 
     from coreai_torch import TorchConverter
+    from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.runtime import Session
-    from coreai_torch.verify import export_decomposed
 
     if dlpack_error is not None:
         original = np.from_dlpack

@@ -19,6 +19,7 @@ from coreai_torch.composite_ops.moe import (
 )
 from coreai_torch.composite_ops.norm import RMSNorm, RMSNormImpl
 from coreai_torch.composite_ops.rope import RoPE, rope_cos_sin
+from coreai_torch.frontend.externalize import ExternalizeSpec
 
 __all__ = [
     "SDPA",
@@ -36,7 +37,6 @@ __all__ = [
 
 def default_specs() -> list:
     """An ``ExternalizeSpec`` for every composite op module of this package."""
-    from coreai_torch.externalize import ExternalizeSpec
 
     return [
         ExternalizeSpec(RMSNormImpl, "rms_norm", ["axes", "eps", "version"]),

@@ -17,7 +17,7 @@ See ``docs/llm.md`` and ``docs/frontier_models.md``.
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.llm.export import ARCHITECTURES, MOE_ARCHITECTURES, export
 from coreai_torch.llm.generate import GenerationStats, Generator
-from coreai_torch.llm.moe import rewrite_moe
+from coreai_torch.rewrites.moe import rewrite_moe
 
 __all__ = [
     "ARCHITECTURES",

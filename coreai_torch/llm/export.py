@@ -17,7 +17,7 @@ scores, such as Gemma 2, attend with plain ops).
 ``precision`` converts with ``TorchConverter(compute_precision=...)`` (half weights and KV
 cache, float32 islands; the logits stay float32) and ``compress`` runs ``program.compress()``
 before ``optimize()``.  Mixture-of-experts models (:data:`MOE_ARCHITECTURES`) are traced with
-their sparse-MoE blocks replaced by static ones (:func:`~coreai_torch.llm.moe.rewrite_moe`):
+their sparse-MoE blocks replaced by static ones (:func:`~coreai_torch.rewrites.moe.rewrite_moe`):
 the prefill runs every expert on its tokens and combines them with the routing weights (its
 token count is dynamic), the decode step gathers its token's experts only; both read the
 same stacked expert weights, stored once.
@@ -52,7 +52,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
+from coreai_torch import compression
+from coreai_torch.composite_ops.moe import GatedExperts
+from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.precision import Precision, from_spec
+from coreai_torch.rewrites.moe import SparseMoE, rewrite_moe
 
 if TYPE_CHECKING:
     from coreai_torch.compression import CompressionConfig
@@ -60,7 +66,7 @@ if TYPE_CHECKING:
     from coreai_torch.program import AIProgram
 
 #: ``config.model_type`` of the mixture-of-experts architectures :func:`export` supports
-#: (their sparse-MoE blocks are made static with :func:`~coreai_torch.llm.moe.rewrite_moe`).
+#: (their sparse-MoE blocks are made static with :func:`~coreai_torch.rewrites.moe.rewrite_moe`).
 MOE_ARCHITECTURES = ("deepseek_v3", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 
 #: ``config.model_type`` of the architectures :func:`export` supports (SmolLM models are
@@ -113,7 +119,6 @@ def export(
     compression = compression_config(compress)
     model = load_causal_lm(model_or_dir)
     check_max_context(model, max_context)
-    from coreai_torch.converter import TorchConverter
 
     restore = isinstance(model_or_dir, nn.Module)
     with _traceable_attention(model), _static_moe(model, restore=restore) as experts:
@@ -140,7 +145,6 @@ def export(
 
 def precision_policy(precision: torch.dtype | str | Precision | None) -> Precision:
     """The :class:`~coreai_torch.precision.Precision` ``precision=`` asks for."""
-    from coreai_torch.precision import Precision, from_spec
 
     if precision is not None and not isinstance(precision, (str, torch.dtype, Precision)):
         raise TypeError(
@@ -155,7 +159,6 @@ def precision_policy(precision: torch.dtype | str | Precision | None) -> Precisi
 
 def compression_config(compress: CompressionConfig | str | None) -> CompressionConfig | None:
     """The compression configuration ``compress=`` asks for (None: no compression)."""
-    from coreai_torch import compression
 
     if compress is None or isinstance(
         compress, (compression.LinearQuantization, compression.Palettization)
@@ -316,8 +319,6 @@ def cache_state_names(ep: torch.export.ExportedProgram) -> list[str]:
 
 
 def _export(wrapper: CachedCausalLM, tokens: int, token_dims: Any) -> torch.export.ExportedProgram:
-    from coreai_torch.verify import export_decomposed
-
     args = (torch.zeros(1, tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
     try:
         with warnings.catch_warnings():
@@ -336,8 +337,6 @@ def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], Non
     token count), ``"gather"`` for the decode step (only its token's experts are read).
     ``strategy="auto"`` cannot choose for a strict (dynamo) export: it sees the example's
     token count as an int, so the prefill would be traced for that count only."""
-    from coreai_torch.composite_ops.moe import GatedExperts
-    from coreai_torch.llm.moe import SparseMoE, rewrite_moe
 
     before = dict(model.named_modules()) if restore else {}
     rewrite_moe(model, strategy="dense")

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from coreai_torch.llm.export import INPUT_NAMES, OUTPUT_NAME
+from coreai_torch.runtime import Session
 
 
 @dataclass
@@ -50,8 +51,6 @@ class Generator:
     """
 
     def __init__(self, program_or_asset_path: Any, tokenizer: Any = None) -> None:
-        from coreai_torch.runtime import Session
-
         if isinstance(program_or_asset_path, (str, os.PathLike)):
             path = Path(program_or_asset_path)
             if not path.is_dir():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import Scalar, cast, dtype_of
+from coreai_torch.ir.values import Scalar, cast, dtype_of
 from coreai_torch.lowerings.elementwise import (
     clamp_values,
     const_like,

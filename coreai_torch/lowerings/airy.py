@@ -13,13 +13,12 @@ import math
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     add,
     all_of,
     cast,
     div,
     dtype_of,
-    elementwise_loop,
     greater,
     less,
     mul,
@@ -27,6 +26,7 @@ from coreai_torch.lowerings.common import (
     pick,
     sub,
 )
+from coreai_torch.lowerings.common import elementwise_loop
 from coreai_torch.lowerings.elementwise import isinf_values, opmath
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 from coreai_torch.lowerings.unary import polynomial

@@ -13,9 +13,7 @@ import torch
 import torch.fx
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.composite import aten_composite
-from coreai_torch.lowerings.accumulation import accumulation_dtype
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     broadcast_dynamic,
     cast,
     constant,
@@ -29,6 +27,8 @@ from coreai_torch.lowerings.common import (
     transpose,
     unsqueeze,
 )
+from coreai_torch.lowerings.accumulation import accumulation_dtype
+from coreai_torch.lowerings.common import aten_composite
 from coreai_torch.lowerings.elementwise import neg_values
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
@@ -76,6 +76,7 @@ def _causal_bias(q: ir.Value, k: ir.Value, dtype: torch.dtype) -> ir.Value:
 
 
 def attention_values(
+    cx: LoweringContext,
     q: ir.Value,
     k: ir.Value,
     v: ir.Value,
@@ -92,7 +93,7 @@ def attention_values(
     asks for 16-bit products: :mod:`coreai_torch.lowerings.accumulation`).
     """
     result_dtype = dtype_of(q)
-    dtype = accumulation_dtype(result_dtype)
+    dtype = accumulation_dtype(cx, result_dtype)
     if dtype != result_dtype:
         q, k, v = cast(q, dtype), cast(k, dtype), cast(v, dtype)
         if mask is not None and dtype_of(mask) != torch.bool:
@@ -148,19 +149,20 @@ def scaled_dot_product_attention(
     if enable_gqa and len(q_shape) >= 3 and None in (q_shape[-3], k_shape[-3]):
         raise cx.unsupported("grouped-query attention with a dynamic number of heads")
     return aten_composite(
-        cx.node,
+        cx,
         "scaled_dot_product_attention",
         {"query": query, "key": key, "value": value, "attn_mask": attn_mask},
         {"is_causal": bool(is_causal), "scale": scale, "enable_gqa": bool(enable_gqa)},
         lambda query, key, value, attn_mask: attention_values(
-            query, key, value, attn_mask, is_causal, scale, enable_gqa
+            cx, query, key, value, attn_mask, is_causal, scale, enable_gqa
         ),
     )
 
 
-def rope_composite(node: torch.fx.Node, input: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
-    """The ``rope`` composite op (attribute ``interleaved = false``) computing ``node``'s
-    result, for the hand-written rotary embeddings :mod:`coreai_torch.patterns` finds:
+@lowering("coreai_torch::rope.default")
+def rope(cx: LoweringContext, input: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
+    """The ``rope`` composite op (attribute ``interleaved = false``), for the hand-written
+    rotary embeddings :func:`~coreai_torch.frontend.fusions.fuse_patterns` finds:
     ``input * cos + cat(-input[..., h:], input[..., :h]) * sin``, the same ops in the same
     order as Hugging Face's ``apply_rotary_pos_emb``."""
 
@@ -175,5 +177,5 @@ def rope_composite(node: torch.fx.Node, input: ir.Value, cos: ir.Value, sin: ir.
         )
 
     return aten_composite(
-        node, "rope", {"input": input, "cos": cos, "sin": sin}, {"interleaved": False}, body
+        cx, "rope", {"input": input, "cos": cos, "sin": sin}, {"interleaved": False}, body
     )

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     cast,
     constant,
     dtype_of,
@@ -24,8 +24,8 @@ from coreai_torch.lowerings.common import (
     reshape,
     shape_of,
     transpose,
-    uint64_bits,
 )
+from coreai_torch.lowerings.common import uint64_bits
 from coreai_torch.lowerings.elementwise import (
     Operand,
     const_like,

@@ -1,4 +1,6 @@
-"""Helpers shared by the lowering rules: constants, casts, promotion, shapes and axes.
+"""Helpers shared by the lowering rules beyond the IR value helpers of
+:mod:`coreai_torch.ir.values`: PyTorch's type promotion for mixed operands, and per-element
+loops (series, continued fractions) for special functions.
 
 Rules run with the node's location active (the importer enters it), so the ops built here
 carry the user's source line without passing ``loc=`` around.
@@ -6,82 +8,18 @@ carry the user's source line without passing ``loc=`` around.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 import torch._prims_common as prims
 
-from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
-
-Scalar = bool | int | float
-
-
-# ---------------------------------------------------------------------------------- types ---
-
-
-def tensor_type(value: ir.Value) -> ir.RankedTensorType:
-    return ir.RankedTensorType(value.type)
-
-
-def shape_of(value: ir.Value) -> list[int | None]:
-    """Static shape with ``None`` for dynamic dimensions."""
-    t = tensor_type(value)
-    return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
-
-
-def rank_of(value: ir.Value) -> int:
-    return tensor_type(value).rank
-
-
-def dtype_of(value: ir.Value) -> torch.dtype:
-    return dtypes.dtype_of(value)
-
-
-def is_static(value: ir.Value) -> bool:
-    return tensor_type(value).has_static_shape
-
-
-def numel(value: ir.Value) -> int | None:
-    shape = shape_of(value)
-    return None if None in shape else int(np.prod(shape, dtype=np.int64))
-
-
-# ------------------------------------------------------------------------------ constants ---
-
-
-def constant(value: Any, dtype: torch.dtype) -> ir.Value:
-    """A constant tensor of a torch dtype from a Python scalar / list / numpy array."""
-    array = np.asarray(value)
-    if dtype == torch.bfloat16:
-        return cai.constant(array.astype(np.float32), dtype=ir.BF16Type.get())
-    return cai.constant(np.array(array, dtype=dtypes.to_numpy(dtype)))
-
-
-def index_constant(values: Sequence[int] | int, *, unsigned: bool = False) -> ir.Value:
-    """A 32-bit index constant (``si32``, or ``ui32`` for permutations, pads, tiles...)."""
-    return cai.constant(np.array(values, dtype=np.uint32 if unsigned else np.int32))
-
-
-def u32(values: Sequence[int] | int) -> np.ndarray:
-    return np.array(values, dtype=np.uint32)
-
-
-def i32(values: Sequence[int] | int) -> np.ndarray:
-    return np.array(values, dtype=np.int32)
-
-
-# ---------------------------------------------------------------------------------- casts ---
-
-
-def cast(value: ir.Value, dtype: torch.dtype) -> ir.Value:
-    """``value`` converted to ``dtype`` (no op when it already has it)."""
-    if dtype_of(value) == dtype:
-        return value
-    target = ir.RankedTensorType.get(tensor_type(value).shape, dtypes.to_mlir(dtype))
-    return cai.cast(value, target)
+from coreai_torch.ir.composite import emit_composite
+from coreai_torch.ir.values import Scalar, as_value, cast, constant, dtype_of, i32, rank_of, squeeze
+from coreai_torch.locations import module_path
+from coreai_torch.lowerings.registry import LoweringContext
 
 
 def uint64_bits(x: ir.Value) -> ir.Value:
@@ -95,13 +33,6 @@ def uint64_bits(x: ir.Value) -> ir.Value:
     return cai.broadcasting_where(
         negative, cai.broadcasting_add(u, constant(2**63, torch.uint64)), u
     )
-
-
-def as_value(x: ir.Value | Scalar, dtype: torch.dtype) -> ir.Value:
-    """A Python scalar as a 0-d constant of ``dtype``, or a value cast to ``dtype``."""
-    if isinstance(x, ir.Value):
-        return cast(x, dtype)
-    return constant(x, dtype)
 
 
 def _fake(x: ir.Value | Scalar) -> Any:
@@ -132,303 +63,6 @@ def to_float(value: ir.Value, dtype: torch.dtype | None = None) -> ir.Value:
     if current.is_floating_point and dtype is None:
         return value
     return cast(value, dtype or torch.float32)
-
-
-# ----------------------------------------------------------------------------------- axes ---
-
-
-def normalize_dim(dim: int, rank: int) -> int:
-    """A non-negative axis; rank-0 tensors accept dims 0 and -1 like PyTorch."""
-    r = max(rank, 1)
-    if not -r <= dim < r:
-        raise IndexError(f"dimension {dim} is out of range for a tensor of rank {rank}")
-    return dim % r
-
-
-def normalize_dims(dims: Sequence[int] | int | None, rank: int) -> list[int]:
-    """Sorted unique non-negative axes; ``None``/empty means every axis."""
-    if dims is None:
-        return list(range(rank))
-    if isinstance(dims, int):
-        dims = [dims]
-    if len(dims) == 0:
-        return list(range(rank))
-    return sorted({normalize_dim(d, rank) for d in dims})
-
-
-# ---------------------------------------------------------------------------------- shape ---
-
-
-def reshape(value: ir.Value, shape: Sequence[int]) -> ir.Value:
-    """Reshape to a static shape (no op when the shape is already right)."""
-    shape = [int(d) for d in shape]
-    if shape_of(value) == shape:
-        return value
-    return cai.reshape(value, i32(shape))
-
-
-def transpose(value: ir.Value, perm: Sequence[int]) -> ir.Value:
-    if list(perm) == list(range(len(perm))):
-        return value
-    return cai.transpose(value, u32(perm))
-
-
-def swap_last_axes(value: ir.Value) -> ir.Value:
-    """The matrix transpose of a (..., m, n) value: its last two axes swapped."""
-    rank = rank_of(value)
-    return transpose(value, [*range(rank - 2), rank - 1, rank - 2])
-
-
-def squeeze(value: ir.Value, axes: Sequence[int]) -> ir.Value:
-    if not axes:
-        return value
-    return cai.shrink_dims(value, i32(list(axes)))
-
-
-def unsqueeze(value: ir.Value, axes: Sequence[int]) -> ir.Value:
-    if not axes:
-        return value
-    return cai.expand_dims(value, i32(list(axes)))
-
-
-def broadcast_to(value: ir.Value, shape: Sequence[int]) -> ir.Value:
-    if shape_of(value) == list(shape):
-        return value
-    return cai.broadcast_to(value, u32(list(shape)))
-
-
-def move_axis(value: ir.Value, source: int, destination: int) -> ir.Value:
-    rank = rank_of(value)
-    perm = [d for d in range(rank) if d != source]
-    perm.insert(destination, source)
-    return transpose(value, perm)
-
-
-# ------------------------------------------------------------------------- dynamic shapes ---
-#
-# With ``torch.export.Dim`` a size can be a runtime value.  Symbolic sizes (SymInt nodes such
-# as ``aten.sym_size.int`` and the arithmetic on them) are 0-d ``si32`` values; size lists
-# of tensor ops then mix Python ints with such values.
-
-#: Slice bound meaning "to the end" (Core AI clamps slice bounds like Python does).
-INT32_MAX = 2**31 - 1
-
-Size = int | ir.Value
-
-
-def is_symbolic(sizes: Sequence[Any] | Any) -> bool:
-    """Whether a size (or a list of sizes) contains a runtime value."""
-    if isinstance(sizes, (list, tuple)):
-        return any(isinstance(s, ir.Value) for s in sizes)
-    return isinstance(sizes, ir.Value)
-
-
-def index_value(size: Size) -> ir.Value:
-    """A size or index as a 0-d ``si32`` value (int constants, or a value cast to si32)."""
-    if isinstance(size, ir.Value):
-        value = cast(size, torch.int32)
-        return squeeze(value, list(range(rank_of(value))))
-    return cai.constant(np.int32(clamp_int32(size)))
-
-
-def clamp_int32(v: int) -> int:
-    """An int bound clamped to the si32 range (``sys.maxsize`` ends become INT32_MAX)."""
-    return max(-(2**31), min(INT32_MAX, int(v)))
-
-
-def dim_size(value: ir.Value, axis: int) -> Size:
-    """Size of ``value`` along ``axis``: an int when static, else a 0-d ``si32`` value."""
-    shape = shape_of(value)
-    axis = normalize_dim(axis, len(shape))
-    if shape[axis] is not None:
-        return shape[axis]
-    sizes = cai.cast(cai.get_shape(value), np.int32)
-    one = cai.slice_(sizes, i32([axis]), i32([axis + 1]), i32([1]))
-    return cai.shrink_dims(one, i32([0]))
-
-
-def shape_vector(sizes: Sequence[Size]) -> ir.Value | np.ndarray:
-    """A 1-D ``si32`` shape operand from ints and 0-d values (a numpy array when all static).
-
-    Consecutive ints are grouped into one constant; values are reshaped to one element.
-    """
-    if not is_symbolic(sizes):
-        return i32([clamp_int32(s) for s in sizes])
-    pieces: list[ir.Value] = []
-    run: list[int] = []
-    for s in sizes:
-        if isinstance(s, ir.Value):
-            if run:
-                pieces.append(index_constant(run))
-                run = []
-            pieces.append(cai.reshape(index_value(s), i32([1])))
-        else:
-            run.append(clamp_int32(s))
-    if run:
-        pieces.append(index_constant(run))
-    return pieces[0] if len(pieces) == 1 else cai.concat(i32(0), pieces)
-
-
-def shape_value(value: ir.Value) -> ir.Value | np.ndarray:
-    """The shape of ``value`` as a shape operand (static dims stay constants)."""
-    return shape_vector([dim_size(value, d) for d in range(rank_of(value))])
-
-
-def refine(value: ir.Value, shape: Sequence[int | None]) -> ir.Value:
-    """``value`` with the static dims of ``shape`` put back into its type (after an op whose
-    runtime shape operands made every dim dynamic)."""
-    current = shape_of(value)
-    if len(current) != len(shape):
-        return value
-    merged = [c if c is not None else s for c, s in zip(current, shape, strict=True)]
-    if merged == current:
-        return value
-    target = dtypes.tensor_type(merged, dtype_of(value))
-    return cai.cast(value, target)
-
-
-def reshape_dynamic(
-    value: ir.Value, sizes: Sequence[Size], out_shape: Sequence[int | None]
-) -> ir.Value:
-    """Reshape to ``sizes`` (ints, ``-1`` and runtime values) whose result is ``out_shape``.
-
-    With at most one unknown dim the static ``out_shape`` with ``-1`` is enough; otherwise the
-    shape operand is built from ``sizes``.
-    """
-    if None not in out_shape:
-        return reshape(value, [int(d) for d in out_shape])
-    if list(out_shape).count(None) == 1:
-        target = cai.reshape(value, i32([-1 if d is None else d for d in out_shape]))
-    else:
-        target = cai.reshape(value, shape_vector(sizes))
-    return refine(target, out_shape)
-
-
-def broadcast_dynamic(
-    value: ir.Value, sizes: Sequence[Size], out_shape: Sequence[int | None]
-) -> ir.Value:
-    """``value`` broadcast to ``sizes`` (ints, ``-1`` = keep the input dim, runtime values)."""
-    if None not in out_shape:
-        return broadcast_to(value, [int(d) for d in out_shape])
-    lead = len(sizes) - rank_of(value)
-    dims: list[Size] = []
-    for i, s in enumerate(sizes):
-        if isinstance(s, int) and s == -1:
-            s = dim_size(value, i - lead)
-        elif out_shape[i] is not None:
-            s = out_shape[i]
-        dims.append(s)
-    target = shape_vector(dims)
-    if isinstance(target, np.ndarray):
-        target = index_constant(target.tolist())
-    return refine(cai.broadcast_to(value, cai.cast(target, np.uint32)), out_shape)
-
-
-def filled_dynamic(sizes: Sequence[Size], fill: Scalar | ir.Value, dtype: torch.dtype) -> ir.Value:
-    """A tensor of runtime shape ``sizes`` filled with ``fill``."""
-    scalar = as_value(fill, dtype)
-    scalar = squeeze(scalar, list(range(rank_of(scalar))))
-    target = shape_vector(sizes)
-    if isinstance(target, np.ndarray):
-        return broadcast_to(scalar, target.tolist())
-    out = cai.broadcast_to(scalar, cai.cast(target, np.uint32))
-    return refine(out, [s if isinstance(s, int) else None for s in sizes])
-
-
-def size_product(sizes: Sequence[Size]) -> Size:
-    """The product of sizes (an int when all are static, else a 0-d ``si32`` value)."""
-    static = 1
-    for s in sizes:
-        if isinstance(s, int):
-            static *= s
-    dynamic = [s for s in sizes if isinstance(s, ir.Value)]
-    if not dynamic:
-        return static
-    result = index_value(dynamic[0])
-    for s in dynamic[1:]:
-        result = cai.mul(result, index_value(s))
-    return result if static == 1 else cai.mul(result, index_value(static))
-
-
-def slice_dynamic(
-    value: ir.Value, axis: int, start: Size | None, end: Size | None, step: int = 1
-) -> ir.Value:
-    """``value[..., start:end:step, ...]`` with Python semantics (negative / clamped bounds),
-    for dynamic dims and runtime bounds.  The result dims are refined where they stay static."""
-    shape = shape_of(value)
-    rank = len(shape)
-    starts: list[Size] = [0] * rank
-    ends: list[Size] = [INT32_MAX if d is None else d for d in shape]
-    starts[axis] = 0 if start is None else start
-    ends[axis] = INT32_MAX if end is None else end
-    strides = [step if a == axis else 1 for a in range(rank)]
-    out = cai.slice_(value, shape_vector(starts), shape_vector(ends), i32(strides))
-    out_shape: list[int | None] = list(shape)
-    out_shape[axis] = None
-    return refine(out, out_shape)
-
-
-# ------------------------------------------------- arithmetic on values and Python numbers ---
-#
-# For multi-step float formulas (special functions, series): operands are Core AI values or
-# Python numbers; a number becomes a 0-d constant of the other operand's element type.
-
-Number = ir.Value | float
-
-
-def like(a: Number, other: Number) -> ir.Value:
-    """``a`` as a value: itself, or a 0-d constant of ``other``'s dtype."""
-    if isinstance(a, ir.Value):
-        return a
-    assert isinstance(other, ir.Value), "one operand must be a value"
-    return constant(a, dtype_of(other))
-
-
-def add(a: Number, b: Number) -> ir.Value:
-    return cai.broadcasting_add(like(a, b), like(b, a))
-
-
-def sub(a: Number, b: Number) -> ir.Value:
-    return cai.broadcasting_sub(like(a, b), like(b, a))
-
-
-def mul(a: Number, b: Number) -> ir.Value:
-    return cai.broadcasting_mul(like(a, b), like(b, a))
-
-
-def div(a: Number, b: Number) -> ir.Value:
-    return cai.broadcasting_divide(like(a, b), like(b, a))
-
-
-def less(a: Number, b: Number) -> ir.Value:
-    return cai.broadcasting_greater(like(b, a), like(a, b))
-
-
-def greater(a: Number, b: Number) -> ir.Value:
-    return cai.broadcasting_greater(like(a, b), like(b, a))
-
-
-def equal(a: Number, b: Number) -> ir.Value:
-    return cai.broadcasting_equal(like(a, b), like(b, a))
-
-
-def not_nan(a: ir.Value) -> ir.Value:
-    return cai.broadcasting_equal(a, a)
-
-
-def all_of(*conditions: ir.Value) -> ir.Value:
-    out = conditions[0]
-    for c in conditions[1:]:
-        out = cai.broadcasting_and(out, c)
-    return out
-
-
-def pick(condition: ir.Value, a: Number, b: Number, dtype_from: ir.Value) -> ir.Value:
-    """``where(condition, a, b)``; numbers take ``dtype_from``'s dtype."""
-    return cai.broadcasting_where(condition, like(a, dtype_from), like(b, dtype_from))
-
-
-# ------------------------------------------------------------------- elementwise loops ---
 
 
 def any_element(mask: ir.Value) -> ir.Value:
@@ -476,3 +110,40 @@ def elementwise_loop(
             ]
         )
     return list(loop)[2:]
+
+
+def aten_composite(
+    cx: LoweringContext,
+    op_name: str,
+    inputs: Mapping[str, ir.Value | None],
+    op_attrs: Mapping[str, Any],
+    body: Callable[..., ir.Value],
+) -> ir.Value:
+    """Emit an ATen op as composite op ``op_name`` (named after the op it preserves).
+
+    ``inputs`` are the op's tensor arguments by schema name (``None`` ones are left out of
+    the composite); ``body(**inputs)`` emits the reference implementation from the graph
+    arguments.  The graph is named after the node's module path and ``op_name``.  With
+    ATen composites switched off (``TorchConverter(aten_composites=False)``, read from
+    ``cx.options``) the body is emitted inline.
+    """
+    if not cx.options.aten_composites:
+        return body(**inputs)
+
+    present = [(name, value) for name, value in inputs.items() if value is not None]
+
+    def build(*args: ir.Value) -> ir.Value:
+        values: dict[str, ir.Value | None] = dict.fromkeys(inputs)
+        values.update(zip((name for name, _ in present), args, strict=True))
+        return body(**values)
+
+    path = module_path(cx.node)
+    (result,) = emit_composite(
+        op_name,
+        [value for _, value in present],
+        build,
+        input_names=[name for name, _ in present],
+        op_attrs=op_attrs,
+        name=f"{path}.{op_name}" if path else op_name,
+    )
+    return result

@@ -11,7 +11,7 @@ import torch
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     cast,
     constant,
     dtype_of,

@@ -11,14 +11,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
-    cast,
-    dim_size,
-    dtype_of,
-    i32,
-    normalize_dim,
-    rank_of,
-)
+from coreai_torch.ir.values import cast, dim_size, dtype_of, i32, normalize_dim, rank_of
 from coreai_torch.lowerings.elementwise import const_like, isnan_values, opmath
 from coreai_torch.lowerings.reduction import reduce
 from coreai_torch.lowerings.registry import LoweringContext, lowering

@@ -29,16 +29,10 @@ import torch
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
-    Scalar,
-    cast,
-    constant,
-    dtype_of,
-    numel,
-    result_dtype,
-)
+from coreai_torch.ir.values import Scalar, cast, constant, dtype_of, numel
+from coreai_torch.lowerings.common import result_dtype
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.lowerings.shape import _wrap_integer as wrap_integer
+from coreai_torch.lowerings.shape import wrap_integer as wrap_integer
 
 Operand = ir.Value | Scalar
 

@@ -21,14 +21,13 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     add,
     all_of,
     cast,
     constant,
     div,
     dtype_of,
-    elementwise_loop,
     equal,
     greater,
     i32,
@@ -40,10 +39,11 @@ from coreai_torch.lowerings.common import (
     sub,
     unsqueeze,
 )
+from coreai_torch.lowerings.common import elementwise_loop
 from coreai_torch.lowerings.cumulative import scan
 from coreai_torch.lowerings.elementwise import Operand, isinf_values, operand, opmath
 from coreai_torch.lowerings.layout import slice_axis
-from coreai_torch.lowerings.linalg import matmul_values
+from coreai_torch.lowerings.linalg import batched_matmul
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 from coreai_torch.lowerings.special import lgamma_values
 from coreai_torch.lowerings.unary import erfc_values, expm1_values, log1p_values
@@ -390,7 +390,7 @@ def _asymptotic(a: ir.Value, x: ir.Value, lower: bool) -> ir.Value:
     rank = rank_of(eta)
     powers = scan(pick(first, 1.0, mul(unsqueeze(eta, [rank]), ones), a), rank, "product")
     table = constant(np.ascontiguousarray(_TEMME.T), dtype)
-    ck = matmul_values(powers, table)  # (..., 25): c_k
+    ck = batched_matmul(powers, table)  # (..., 25): c_k
     inverse = mul(unsqueeze(div(1.0, a), [rank]), ones)
     afac = scan(pick(first, 1.0, inverse, a), rank, "product")
     terms = mul(ck, afac)

@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.frontend.sizes import flows_only_to_outputs
+from coreai_torch.ir.values import (
     Scalar,
     Size,
     as_value,
@@ -30,7 +31,6 @@ from coreai_torch.lowerings.common import (
 )
 from coreai_torch.lowerings.layout import slice_region, static_shape, take_values
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.sizes import flows_only_to_outputs
 
 
 def index_layout(

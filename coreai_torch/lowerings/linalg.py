@@ -18,8 +18,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.accumulation import accumulating, accumulation_dtype
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     INT32_MAX,
     broadcast_to,
     cast,
@@ -33,16 +32,19 @@ from coreai_torch.lowerings.common import (
     transpose,
     unsqueeze,
 )
+from coreai_torch.lowerings.accumulation import accumulating, accumulation_dtype
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
-def matmul_values(a: ir.Value, b: ir.Value) -> ir.Value:
+def matmul_values(cx: LoweringContext, a: ir.Value, b: ir.Value) -> ir.Value:
     """``torch.matmul`` semantics (vector promotion, batch broadcasting); 16-bit operands
     accumulate in float32 (:mod:`coreai_torch.lowerings.accumulation`)."""
-    return accumulating(_matmul, a, b)
+    return accumulating(cx, batched_matmul, a, b)
 
 
-def _matmul(a: ir.Value, b: ir.Value) -> ir.Value:
+def batched_matmul(a: ir.Value, b: ir.Value) -> ir.Value:
+    """``torch.matmul`` semantics (vector promotion, batch broadcasting) in the operands'
+    dtype."""
     ra, rb = rank_of(a), rank_of(b)
     if ra == 1 and rb == 1:
         return squeeze(cai.batch_matmul(unsqueeze(a, [0]), unsqueeze(b, [1])), [0, 1])
@@ -94,7 +96,7 @@ def mm(
 ) -> ir.Value:
     dtype = cx.out_dtype
     b = mat2 if mat2 is not None else other
-    return matmul_values(cast(self, dtype), cast(b, dtype))
+    return matmul_values(cx, cast(self, dtype), cast(b, dtype))
 
 
 @lowering("aten::addmm.default", "aten::baddbmm.default")
@@ -110,7 +112,9 @@ def addmm(
 ) -> ir.Value:
     a = mat1 if mat1 is not None else batch1
     b = mat2 if mat2 is not None else batch2
-    return _accumulate(cx, self, lambda dtype: _matmul(cast(a, dtype), cast(b, dtype)), beta, alpha)
+    return _accumulate(
+        cx, self, lambda dtype: batched_matmul(cast(a, dtype), cast(b, dtype)), beta, alpha
+    )
 
 
 def _accumulate(
@@ -124,7 +128,7 @@ def _accumulate(
     (rounded once, like ATen); ``self`` is ignored when ``beta`` is 0 (so NaN in it does not
     propagate), as in PyTorch."""
     dtype = cx.out_dtype
-    compute = accumulation_dtype(dtype)
+    compute = accumulation_dtype(cx, dtype)
     product = _scaled(product(compute), alpha, compute)
     if beta == 0:
         return cast(broadcast_to(product, cx.out_shape), dtype)
@@ -141,7 +145,7 @@ def addmv(
     alpha: float = 1,
 ) -> ir.Value:
     return _accumulate(
-        cx, self, lambda dtype: _matmul(cast(mat, dtype), cast(vec, dtype)), beta, alpha
+        cx, self, lambda dtype: batched_matmul(cast(mat, dtype), cast(vec, dtype)), beta, alpha
     )
 
 
@@ -154,7 +158,6 @@ def addbmm(
     beta: float = 1,
     alpha: float = 1,
 ) -> ir.Value:
-
     def product(dtype: torch.dtype) -> ir.Value:
         products = cai.batch_matmul(cast(batch1, dtype), cast(batch2, dtype))
         return squeeze(cai.reduce_sum(products, i32([0])), [0])
@@ -191,7 +194,7 @@ def trilinear(
 def linear(
     cx: LoweringContext, input: ir.Value, weight: ir.Value, bias: ir.Value | None = None
 ) -> ir.Value:
-    out = matmul_values(input, transpose(weight, [1, 0]) if rank_of(weight) == 2 else weight)
+    out = matmul_values(cx, input, transpose(weight, [1, 0]) if rank_of(weight) == 2 else weight)
     return out if bias is None else cai.broadcasting_add(out, bias)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     cast,
     constant,
     div,

@@ -21,14 +21,13 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     add,
     all_of,
     cast,
     constant,
     div,
     dtype_of,
-    elementwise_loop,
     greater,
     i32,
     less,
@@ -38,6 +37,7 @@ from coreai_torch.lowerings.common import (
     reshape,
     shape_of,
 )
+from coreai_torch.lowerings.common import elementwise_loop
 from coreai_torch.lowerings.elementwise import ceil_values
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 

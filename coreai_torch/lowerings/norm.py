@@ -18,8 +18,7 @@ import torch
 import torch.fx
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.composite import aten_composite
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     cast,
     constant,
     dim_size,
@@ -31,6 +30,7 @@ from coreai_torch.lowerings.common import (
     reshape_dynamic,
     shape_of,
 )
+from coreai_torch.lowerings.common import aten_composite
 from coreai_torch.lowerings.elementwise import opmath
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
@@ -290,7 +290,7 @@ def layer_norm(
     """The ``layer_norm`` composite op (attributes ``normalized_shape``, ``eps``)."""
     normalized_shape = [int(d) for d in normalized_shape]
     return aten_composite(
-        cx.node,
+        cx,
         "layer_norm",
         {"input": input, "weight": weight, "bias": bias},
         {"normalized_shape": normalized_shape, "eps": float(eps)},
@@ -329,29 +329,18 @@ def rms_norm(
     eps: float | None = None,
 ) -> ir.Value:
     """The ``rms_norm`` composite op (attributes ``normalized_shape``, ``eps``; an ``eps`` of
-    None is resolved to PyTorch's default, the machine epsilon of the compute dtype)."""
+    None is resolved to PyTorch's default, the machine epsilon of the compute dtype).  The
+    hand-written RMSNorms :func:`~coreai_torch.frontend.fusions.fuse_patterns` finds become
+    this op too."""
     if eps is None:
         eps = torch.finfo(opmath(dtype_of(input))).eps
-    return rms_norm_composite(cx.node, input, weight, normalized_shape, eps)
-
-
-def rms_norm_composite(
-    node: torch.fx.Node,
-    input: ir.Value,
-    weight: ir.Value | None,
-    normalized_shape: Sequence[int],
-    eps: float,
-) -> ir.Value:
-    """The ``rms_norm`` composite op computing ``node``'s result (also used for the
-    hand-written RMSNorm that :mod:`coreai_torch.patterns` recognises)."""
     normalized_shape = [int(d) for d in normalized_shape]
-    out_dtype = node.meta["val"].dtype
     return aten_composite(
-        node,
+        cx,
         "rms_norm",
         {"input": input, "weight": weight},
         {"normalized_shape": normalized_shape, "eps": float(eps)},
-        lambda input, weight: _rms_norm(input, weight, normalized_shape, eps, out_dtype),
+        lambda input, weight: _rms_norm(input, weight, normalized_shape, eps, cx.out_dtype),
     )
 
 
@@ -438,7 +427,7 @@ def group_norm(
 ) -> ir.Value:
     """The ``group_norm`` composite op (attributes ``num_groups``, ``eps``)."""
     return aten_composite(
-        cx.node,
+        cx,
         "group_norm",
         {"input": input, "weight": weight, "bias": bias},
         {"num_groups": int(num_groups), "eps": float(eps)},
@@ -488,7 +477,7 @@ def instance_norm(
     if use_input_stats:  # running stats are only updated in training: not inputs then
         running_mean = running_var = None
     return aten_composite(
-        cx.node,
+        cx,
         "instance_norm",
         {
             "input": input,

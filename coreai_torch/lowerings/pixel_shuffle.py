@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from coreai_torch._mlir import ir
-from coreai_torch.composite import aten_composite
-from coreai_torch.lowerings.common import reshape, shape_of, transpose
+from coreai_torch.ir.values import reshape, shape_of, transpose
+from coreai_torch.lowerings.common import aten_composite
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
@@ -35,7 +35,7 @@ def pixel_shuffle(cx: LoweringContext, self: ir.Value, upscale_factor: int) -> i
             f"{factor * factor}"
         )
     return aten_composite(
-        cx.node,
+        cx,
         "pixel_shuffle",
         {"input": self},
         {"upscale_factor": factor},

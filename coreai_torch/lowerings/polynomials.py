@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     Number,
     add,
     all_of,
@@ -33,7 +33,6 @@ from coreai_torch.lowerings.common import (
     constant,
     div,
     dtype_of,
-    elementwise_loop,
     equal,
     greater,
     less,
@@ -42,6 +41,7 @@ from coreai_torch.lowerings.common import (
     pick,
     sub,
 )
+from coreai_torch.lowerings.common import elementwise_loop
 from coreai_torch.lowerings.elementwise import (
     Operand,
     const_like,

@@ -8,7 +8,7 @@
 
 When the quantized data and its parameters are weights, the rule reads their tensors at
 conversion time and emits the native decompression op over bit-packed constants
-(:mod:`coreai_torch.compressed`); the constants of the original tensors are then unused and
+(:mod:`coreai_torch.ir.compressed`); the constants of the original tensors are then unused and
 dropped.  A weight whose every reader transposes it (``nn.Linear``: ``permute`` before the
 matmul) is stored transposed, so that after ``optimize()`` the matmul reads the decompressed
 weight directly (the transpose pair cancels).  Anything else (quantized activations) is
@@ -25,17 +25,12 @@ import numpy as np
 import torch
 import torch.fx
 
-from coreai_torch import compressed
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
-    cast,
-    constant,
-    reshape,
-    shape_of,
-    transpose,
-)
+from coreai_torch.frontend.schema import bind_arguments
+from coreai_torch.ir import compressed
+from coreai_torch.ir.values import cast, constant, reshape, shape_of, transpose
 from coreai_torch.lowerings.elementwise import clamp_values
-from coreai_torch.lowerings.registry import LoweringContext, bind_arguments, lowering
+from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 aten = torch.ops.aten
 
@@ -148,8 +143,8 @@ def linear_codes(
     quant_max: int | None = None,
 ) -> compressed.LinearCodes | None:
     """``data`` quantized with one ``scale`` / ``zero_point`` per block of shape ``blocks``
-    as :class:`LinearCodes` (None when the parameters do not fit that form: a zero point that
-    is not an integer, a block that does not divide the data)."""
+    as :class:`~coreai_torch.ir.compressed.LinearCodes` (None when the parameters do not fit
+    that form: a zero point that is not an integer, a block that does not divide the data)."""
     shape = list(data.shape)
     if len(blocks) != len(shape) or any(
         b <= 0 or s % b for s, b in zip(shape, blocks, strict=True)

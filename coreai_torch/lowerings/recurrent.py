@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,

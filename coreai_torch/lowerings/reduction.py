@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     Scalar,
     cast,
     constant,

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import inspect
 import keyword
+import operator
 import re
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +29,9 @@ import torch.fx
 
 from coreai_torch._mlir import ir
 from coreai_torch.errors import UnsupportedOpError
+from coreai_torch.frontend.schema import bind_arguments
+from coreai_torch.ir.weights import WeightStore
+from coreai_torch.locations import describe, qualified_name
 
 LoweringFn = Callable[[dict[str, ir.Value], torch.fx.Node, ir.Location], Any]
 
@@ -70,6 +75,16 @@ class LoweringTable:
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.get(name) is not None
+
+    def is_own_node(self, node: torch.fx.Node) -> bool:
+        """Whether one of this table's own rules (not the fallback's) lowers ``node``."""
+        key = lowering_key(node)
+        return key is not None and self.is_own(key)
+
+    def is_free_of_own_rules(self, node: torch.fx.Node) -> bool:
+        """Whether no rule of this table's own lowers ``node`` (only such nodes may be
+        absorbed into composite ops or fused)."""
+        return not self.is_own_node(node)
 
     def is_own(self, name: str) -> bool:
         """Whether ``name`` is lowered by a rule registered in this table (not the fallback)."""
@@ -158,13 +173,34 @@ _HARMLESS_ARGS = frozenset(
 )
 
 
+@dataclass(frozen=True)
+class LoweringOptions:
+    """The conversion options lowerings follow (from ``TorchConverter``'s arguments)."""
+
+    #: emit ``layer_norm``, ``rms_norm``, attention, ... as composite ops (else inline them)
+    aten_composites: bool = True
+    #: products and sums of 16-bit floats accumulate in float32, like ATen's
+    #: (:mod:`coreai_torch.lowerings.accumulation`)
+    fp32_accumulation: bool = True
+
+
 class LoweringContext:
-    """What a schema-bound rule gets besides its arguments: the node, its location, helpers."""
+    """What a rule gets besides its arguments: the node, its location, the conversion's
+    options and weight store, and the importer (constants, sub-graphs).
+
+    Built-in rules written with :func:`lowering` receive it as ``cx``; a rule with the
+    documented ``fn(values_map, node, loc)`` form can build one the same way.
+    """
 
     def __init__(self, values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location):
         self.values_map = values_map
         self.node = node
         self.loc = loc
+        builder = getattr(self.importer, "builder", None)
+        #: the conversion's options (defaults outside a conversion)
+        self.options: LoweringOptions = getattr(builder, "options", None) or LoweringOptions()
+        #: the program's weights (None outside a ``TorchConverter`` conversion)
+        self.weights: WeightStore | None = getattr(builder, "weights", None)
 
     @property
     def importer(self) -> Any:
@@ -193,7 +229,6 @@ class LoweringContext:
 
     def unsupported(self, why: str) -> UnsupportedOpError:
         """An error to raise when the rule cannot lower this particular use of the op."""
-        from coreai_torch.locations import describe
 
         return UnsupportedOpError(f"{describe(self.node)}: {why}")
 
@@ -208,23 +243,6 @@ def _resolve(values_map: dict[str, ir.Value], arg: Any) -> Any:
     if isinstance(arg, (list, tuple)):
         return type(arg)(_resolve(values_map, a) for a in arg)
     return arg
-
-
-def bind_arguments(node: torch.fx.Node) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in (FX nodes left as nodes)."""
-    schema = node.target._schema  # type: ignore[union-attr]
-    bound: dict[str, Any] = {}
-    positional = list(node.args)
-    for i, arg in enumerate(schema.arguments):
-        if i < len(positional) and not arg.kwarg_only:
-            bound[arg.name] = positional[i]
-        elif arg.name in node.kwargs:
-            bound[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            bound[arg.name] = arg.default_value
-        else:
-            bound[arg.name] = None
-    return bound
 
 
 def _defaults(schema: torch.FunctionSchema) -> dict[str, Any]:
@@ -286,6 +304,16 @@ def raw_lowering(
 
 def op_names(ops: Sequence[Any]) -> list[str]:
     """Qualified names for a list of OpOverloads (helper for registering op families)."""
-    from coreai_torch.locations import qualified_name
 
     return [qualified_name(op) for op in ops]
+
+
+#: Node targets the importer handles itself (no lowering needed).
+STRUCTURAL = {operator.getitem}
+
+
+def lowering_key(node: torch.fx.Node) -> str | None:
+    """The registry key of a ``call_function`` node, or None for nodes handled structurally."""
+    if node.op != "call_function" or node.target in STRUCTURAL:
+        return None
+    return qualified_name(node.target)

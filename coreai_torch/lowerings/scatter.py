@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     Scalar,
     Size,
     as_value,
@@ -47,7 +47,7 @@ from coreai_torch.lowerings.registry import (
     LoweringContext,
     lowering,
 )
-from coreai_torch.lowerings.shape import _diagonal_table
+from coreai_torch.lowerings.shape import diagonal_table
 
 
 def _mode(name: str) -> ir.Attribute:
@@ -385,7 +385,7 @@ def diagonal_scatter(
     perm = [*rest, a, b]
     lead = [shape[d] for d in rest]
     flat = reshape(transpose(self, perm), [*lead, shape[a] * shape[b]])
-    table = _diagonal_table(shape[a], shape[b], offset)
+    table = diagonal_table(shape[a], shape[b], offset)
     if table.size == 0:
         return self
     index = broadcast_to(cai.constant(table.astype(np.int32)), [*lead, table.size])

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     Size,
     broadcast_dynamic,
     broadcast_to,
@@ -29,9 +29,9 @@ from coreai_torch.lowerings.common import (
     slice_dynamic,
     squeeze,
     transpose,
-    uint64_bits,
     unsqueeze,
 )
+from coreai_torch.lowerings.common import uint64_bits
 from coreai_torch.lowerings.layout import (
     slice_axis,
     static_out_shape,
@@ -367,7 +367,7 @@ def unfold(cx: LoweringContext, self: ir.Value, dimension: int, size: int, step:
     return transpose(windows, [a for a in range(rank) if a != d + 1] + [d + 1])
 
 
-def _diagonal_table(rows: int, cols: int, offset: int) -> np.ndarray:
+def diagonal_table(rows: int, cols: int, offset: int) -> np.ndarray:
     r = np.arange(rows)
     c = r + offset
     keep = (c >= 0) & (c < cols)
@@ -384,7 +384,7 @@ def diagonal(
     rest = [d for d in range(rank) if d not in (a, b)]
     x = transpose(self, [*rest, a, b])
     flat = reshape(x, [shape[d] for d in rest] + [shape[a] * shape[b]])
-    return take(flat, len(rest), _diagonal_table(shape[a], shape[b], offset))
+    return take(flat, len(rest), diagonal_table(shape[a], shape[b], offset))
 
 
 @lowering("aten::as_strided.default", "aten::as_strided_copy.default")
@@ -428,7 +428,7 @@ def assert_tensor_metadata(cx: LoweringContext, **_: object) -> None:
     return None
 
 
-def _wrap_integer(value: ir.Value, dtype: torch.dtype) -> ir.Value:
+def wrap_integer(value: ir.Value, dtype: torch.dtype) -> ir.Value:
     """Integer conversion that wraps around like PyTorch (Core AI's cast saturates)."""
     src = dtype_of(value)
     if src.is_floating_point or src == torch.bool or dtype.is_floating_point:
@@ -458,14 +458,14 @@ def _wrap_integer(value: ir.Value, dtype: torch.dtype) -> ir.Value:
 )
 def to_copy(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value:
     dtype = cx.out_dtype
-    return cast(_wrap_integer(self, dtype), dtype)
+    return cast(wrap_integer(self, dtype), dtype)
 
 
 @lowering("aten::copy.default", "aten::copy_.default")
 def copy(cx: LoweringContext, self: ir.Value, src: ir.Value, non_blocking: bool = False):
     """``self`` overwritten with ``src`` (broadcast and converted to ``self``'s dtype)."""
     dtype = dtype_of(self)
-    value = cast(_wrap_integer(src, dtype), dtype)
+    value = cast(wrap_integer(src, dtype), dtype)
     if None in shape_of(self):
         sizes = [dim_size(self, d) for d in range(rank_of(self))]
         return broadcast_dynamic(value, sizes, shape_of(self))

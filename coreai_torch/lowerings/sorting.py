@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     INT32_MAX,
     Scalar,
     Size,
@@ -25,12 +25,12 @@ from coreai_torch.lowerings.common import (
     normalize_dim,
     rank_of,
     refine,
-    result_dtype,
     shape_of,
     shape_vector,
     squeeze,
     unsqueeze,
 )
+from coreai_torch.lowerings.common import result_dtype
 from coreai_torch.lowerings.cumulative import positions
 from coreai_torch.lowerings.elementwise import (
     Operand,

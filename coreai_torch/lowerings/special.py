@@ -14,7 +14,7 @@ import math
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import cast, dtype_of, i32, rank_of, squeeze
+from coreai_torch.ir.values import cast, dtype_of, i32, rank_of, squeeze
 from coreai_torch.lowerings.elementwise import (
     Operand,
     const_like,

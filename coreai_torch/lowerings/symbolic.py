@@ -19,7 +19,8 @@ import torch
 import torch.fx
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.frontend.sizes import ItemGuard
+from coreai_torch.ir.values import (
     cast,
     constant,
     dim_size,
@@ -31,8 +32,8 @@ from coreai_torch.lowerings.common import (
     size_product,
     squeeze,
 )
+from coreai_torch.locations import qualified_name
 from coreai_torch.lowerings.registry import LoweringContext, lowering, raw_lowering
-from coreai_torch.sizes import ItemGuard
 
 SymOperand = ir.Value | bool | int | float
 
@@ -57,7 +58,6 @@ def _numeric(*operands: SymOperand) -> list[ir.Value]:
 
 def _sym_rule(*targets: Callable[..., Any]) -> Callable[[Callable], Callable]:
     """Register ``fn(*operands)`` for Python-level SymInt ops (operands resolved to values)."""
-    from coreai_torch.locations import qualified_name
 
     def decorate(fn: Callable[..., ir.Value]) -> Callable[..., ir.Value]:
         def callback(values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location):

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import cast, dtype_of
+from coreai_torch.ir.values import cast, dtype_of
 from coreai_torch.lowerings.elementwise import (
     Operand,
     const_like,

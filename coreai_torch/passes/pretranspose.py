@@ -24,27 +24,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.lowerings.common import (
+from coreai_torch.ir.values import (
     Size,
     broadcast_dynamic,
     dim_size,
     i32,
+    permutation,
     reshape_dynamic,
     shape_of,
     transpose,
 )
-from coreai_torch.weights import WeightStore, resource_name
-
-
-def _permutation(op: ir.Operation) -> tuple[int, ...] | None:
-    """The constant permutation of a ``coreai.transpose``, else None."""
-    source = op.operands[1].owner
-    if isinstance(source, ir.Block) or source.operation.name != "coreai.constant":
-        return None
-    value = source.operation.attributes["value"]
-    if not ir.DenseIntElementsAttr.isinstance(value):
-        return None
-    return tuple(int(v) for v in ir.DenseIntElementsAttr(value))
+from coreai_torch.ir.weights import WeightStore, resource_name
 
 
 def is_row_lookup(op: ir.Operation, rank: int = 2) -> bool:
@@ -102,7 +92,7 @@ def _classify(
                     transposes_read_by(u.owner.operation) for u in user.result.uses
                 ):
                     return None
-                perms.add(_permutation(user))
+                perms.add(permutation(user))
                 transposes.append(user)
             elif use.operand_number == 0 and is_row_lookup(user) and transposes_read_by is None:
                 lookups.append(user)

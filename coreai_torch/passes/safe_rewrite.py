@@ -18,6 +18,7 @@ import numpy as np
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
+from coreai_torch.ir.values import constant, greater
 
 _SUB_OPS = frozenset({"coreai.decomposable.broadcasting_sub", "coreai.sub"})
 _SCALING_OPS = frozenset(
@@ -82,8 +83,6 @@ def _feeds_scaling(op: ir.Operation) -> bool:
 
 
 def _minus_one(like: ir.Value) -> ir.Value:
-    from coreai_torch.lowerings.common import constant
-
     element = ir.ShapedType(like.type).element_type
     return constant(-1.0, dtypes.to_torch(element))
 
@@ -222,8 +221,6 @@ def _move_breaks_users(matmul: ir.Operation, reshape: ir.Operation, index: int) 
 
 
 def _protect_reshaped_matmul_operands(module: ir.Module, ops: list[ir.Operation]) -> int:
-    from coreai_torch.lowerings.common import constant
-
     protected = 0
     with module.context:
         for op in ops:
@@ -273,7 +270,6 @@ def _wide_int_type(t: ir.Type) -> bool:
 
 def _trunc(x: ir.Value) -> ir.Value:
     """``x`` rounded toward zero: ``where(x < 0, -floor(-x), floor(x))``."""
-    from coreai_torch.lowerings.common import constant
 
     dtype = dtypes.to_torch(ir.ShapedType(x.type).element_type)
     one, zero, minus_one = (constant(v, dtype) for v in (1.0, 0.0, -1.0))
@@ -293,7 +289,6 @@ _EQUALITY_OPS = {
 
 def _ordered(x: ir.Value) -> ir.Value:
     """``not isnan(x)`` from ordered comparisons only: ``x > -inf or inf > x``."""
-    from coreai_torch.lowerings.common import greater
 
     return cai.broadcasting_or(greater(x, float("-inf")), greater(float("inf"), x))
 

@@ -25,11 +25,10 @@ plan is then the reason why.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from coreai_torch._mlir import ir
-from coreai_torch.hazards import _constant_values
-from coreai_torch.lowerings.common import shape_of
+from coreai_torch.ir.checks import constant_values
+from coreai_torch.ir.values import operation, permutation, shape_of, splat_value
 from coreai_torch.passes.pretranspose import is_row_lookup
 
 MATMULS = frozenset({"coreai.decomposable.broadcasting_batch_matmul", "coreai.batch_matmul"})
@@ -48,11 +47,6 @@ _TO_OUTPUT = frozenset(
     }
 )
 _ONLY = "only matmuls, convolutions, embedding lookups and expert gathers read compressed weights"
-
-
-def operation(owner: Any) -> ir.Operation:
-    """The ``ir.Operation`` behind a value's owner or a use's owner."""
-    return owner.operation if isinstance(owner, ir.OpView) else owner
 
 
 @dataclass(frozen=True)
@@ -100,26 +94,9 @@ def reaches_output(value: ir.Value, depth: int = 8) -> bool:
     return False
 
 
-def _permutation(op: ir.Operation) -> tuple[int, ...] | None:
-    perm = _constant_values(op.operands[1])
-    return None if perm is None else tuple(int(p) for p in perm.tolist())
-
-
 def _is_float(value: ir.Value) -> bool:
     element = ir.RankedTensorType(value.type).element_type
     return not ir.IntegerType.isinstance(element)
-
-
-def splat_value(value: ir.Value) -> ir.Attribute | None:
-    """The element of a splat constant (one value repeated), else None."""
-    if isinstance(value.owner, ir.Block):
-        return None
-    op = operation(value.owner)
-    attr = op.attributes["value"] if op.name == "coreai.constant" else None
-    if attr is None or not ir.DenseElementsAttr.isinstance(attr):
-        return None
-    dense = ir.DenseElementsAttr(attr)
-    return dense.get_splat_value() if dense.is_splat else None
 
 
 def _times_one(user: ir.Operation, value: ir.Value) -> bool:
@@ -159,7 +136,7 @@ def _read(
     ):
         return _reads(user.result, axes, gathered)
     if position == 0 and name == "coreai.transpose":
-        perm = _permutation(user)
+        perm = permutation(user)
         if perm is None:
             return "read by a transpose whose permutation is not constant"
         return _reads(user.result, tuple(axes[p] for p in perm), gathered)
@@ -178,7 +155,7 @@ def _read(
     if position == 0 and rank == 2 and not gathered and is_row_lookup(user):
         return [Read("embedding", axes[0], axes[1], (), False)]
     if name == "coreai.gather_along_axis" and position == 0 and rank == 2 and not gathered:
-        axis = _constant_values(user.operands[2])
+        axis = constant_values(user.operands[2])
         if axis is not None and axis.size == 1 and int(axis[0]) % 2 == 1:
             return [Read("embedding", axes[1], axes[0], (), False)]
     if (
@@ -203,7 +180,7 @@ def _absorbed_transposes(constants: list[ir.Operation]) -> tuple[list[ir.Operati
             if user.name != "coreai.transpose" or use.operand_number != 0:
                 return [], ()
             transposes.append(user)
-            perms.add(_permutation(user))
+            perms.add(permutation(user))
     if len(perms) != 1 or None in perms:
         return [], ()
     return transposes, perms.pop()

@@ -5,7 +5,7 @@
                                keep_fp32_modules=["lm_head"])
 
 :mod:`~coreai_torch.precision.policy` holds the policy (:class:`Precision`, :func:`from_spec`,
-the default fp32 islands); :mod:`~coreai_torch.precision.rewrite` applies it to a decomposed
+the default fp32 islands); :mod:`~coreai_torch.frontend.half_precision` applies it to a decomposed
 ``ExportedProgram`` before import.  See ``docs/precision.md``.
 """
 

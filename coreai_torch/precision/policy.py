@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.fx
 
-from coreai_torch.locations import _clean_module_path, qualified_name
+from coreai_torch.locations import clean_module_path, qualified_name
 
 aten = torch.ops.aten
 
@@ -72,7 +72,7 @@ DEFAULT_FP32_OPS: frozenset[str] = frozenset(
 #: (bfloat16 keeps 8 significant bits), and a tie picks another expert than float32 would:
 #: a different expert's output, not a rounding error.  The router is a small matmul.
 DEFAULT_FP32_MODULES: tuple[str, ...] = tuple(
-    f"coreai_torch.llm.moe.{name}"
+    f"coreai_torch.rewrites.moe.{name}"
     for name in ("SoftmaxTopKRouter", "TopKSoftmaxRouter", "GroupLimitedRouter")
 )
 
@@ -225,7 +225,7 @@ class Precision:
 def _in_modules(node: torch.fx.Node, selectors: tuple[ModuleSelector, ...]) -> bool:
     """Whether ``node`` was traced inside a module that one of ``selectors`` names."""
     for path, cls in (node.meta.get("nn_module_stack") or {}).values():
-        path = _clean_module_path(str(path))
+        path = clean_module_path(str(path))
         cls_name = cls if isinstance(cls, str) else f"{cls.__module__}.{cls.__qualname__}"
         short = cls_name.rsplit(".", 1)[-1]
         for selector in selectors:

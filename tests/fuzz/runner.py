@@ -22,7 +22,8 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from coreai_torch import TorchConverter
-from coreai_torch.verify import export_decomposed, verify
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.verify import verify
 from tests.fuzz.graphs import BatchModule, FuzzModule, Program, programs
 
 ATOL = RTOL = 1e-3

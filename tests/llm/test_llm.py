@@ -209,7 +209,7 @@ def test_export_rejects_what_it_cannot_export(tmp_path: Path) -> None:
 
 
 def test_a_generator_needs_a_program_from_llm_export() -> None:
-    from coreai_torch.verify import export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
 
     ep = export_decomposed(torch.nn.Linear(2, 2).eval(), (torch.randn(1, 2),))
     program = TorchConverter().add_exported_program(ep).to_coreai()

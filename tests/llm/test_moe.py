@@ -19,8 +19,8 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import compression, llm, rewrite_moe
-from coreai_torch.llm.moe import SparseMoE
 from coreai_torch.program import AIProgram
+from coreai_torch.rewrites.moe import SparseMoE
 from tests.helpers import asset_bytes
 from tests.llm.support import MAX_CONTEXT, MOE_ARCHITECTURES, causal_lm, check_generation
 from tests.llm.test_precision import FP16_TOLERANCE, compressed_weights, fake_quantized

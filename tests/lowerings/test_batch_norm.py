@@ -10,8 +10,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from coreai_torch import TorchConverter
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
 from tests.helpers import check_module
 from tests.lowerings.support import check_fn
 

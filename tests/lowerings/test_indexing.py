@@ -275,7 +275,7 @@ def test_advanced_indexing_dynamic_dims() -> None:
     from torch.export import Dim
 
     from coreai_torch import TorchConverter
-    from coreai_torch.verify import export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
     from tests.helpers import check_runs
 
     model = DynamicIndexing()
@@ -304,7 +304,7 @@ def test_index_put_dynamic_index() -> None:
     from torch.export import Dim
 
     from coreai_torch import TorchConverter
-    from coreai_torch.verify import export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
     from tests.helpers import check_runs
 
     model = CacheWrite()

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from coreai_torch.decomp import RECURRENT_OPS, get_decomp_table
 from coreai_torch.errors import ConversionError
+from coreai_torch.frontend.export import RECURRENT_OPS, get_decomp_table
 from tests.helpers import check_module, convert
 
 

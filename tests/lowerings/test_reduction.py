@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from coreai_torch import TorchConverter
 from coreai_torch.errors import ConversionError
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 from tests.helpers import check_runs
 from tests.lowerings.support import Fn, check_fn, convert_fn
 from tests.lowerings.values import NAN, Case, bools, check_cases, floats, grouped, ints

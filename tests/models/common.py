@@ -17,7 +17,8 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 
 from coreai_torch import TorchConverter
-from coreai_torch.verify import VerifyReport, eager_outputs, export_decomposed, verify
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.verify import VerifyReport, eager_outputs, verify
 from tests.helpers import check_module
 
 # Model classes are built from configs only; make any attempt to reach the hub fail loudly.

@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import rewrite_moe
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 from tests.models.common import (
     Call,
     check_model,

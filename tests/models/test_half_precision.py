@@ -24,8 +24,9 @@ import torch.nn as nn
 
 from coreai_torch import TorchConverter, rewrite_moe
 from coreai_torch.composite_ops import GatherMatmul, default_specs
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import Session, _ndarray
-from coreai_torch.verify import eager_outputs, export_decomposed, run_entrypoint
+from coreai_torch.verify import eager_outputs, run_entrypoint
 from tests.helpers import check_half
 from tests.models.common import Call, record_errors, redraw_weights
 from tests.models.test_gpt2 import two_layer_gpt2

@@ -14,9 +14,9 @@ import torch
 from coreai_torch import ExternalizeSpec, TorchConverter
 from coreai_torch.composite_ops import default_specs
 from coreai_torch.examples.llama import LlamaConfig, LlamaKV, init_weights
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
 from tests.externalize_support import graphs
 from tests.models.common import model_tolerance, record_errors
 

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 from coreai_torch import UnsupportedMoEError, UnsupportedOpError, rewrite_moe
 from coreai_torch.composite_ops import GatherMatmul, default_specs
-from coreai_torch.llm.moe import SparseMoE
+from coreai_torch.rewrites.moe import SparseMoE
 from tests.externalize_support import check_externalized, composites, graphs
 from tests.helpers import check_module
 from tests.models.common import Call, check_model, model_tolerance, redraw_weights
@@ -457,7 +457,7 @@ def test_mixtral_model_dynamic_sequence_length_with_every_token_gathering_its_ex
 
 def test_hf_moe_models_do_not_export_without_the_rewrite() -> None:
     """What rewrite_moe is for: the HF block's data-dependent expert loop."""
-    from coreai_torch.verify import export_decomposed
+    from coreai_torch.frontend.export import export_decomposed
 
     model = moe_causal_lm("mixtral")
     wrapped = Call(model, lambda m, ids: m(input_ids=ids, use_cache=False, return_dict=False)[0])

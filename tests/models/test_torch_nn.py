@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from coreai_torch.recurrent import ScanRecurrent, rewrite_recurrent
+from coreai_torch.rewrites.recurrent import ScanRecurrent, rewrite_recurrent
 from tests.models.common import check_model, check_model_dynamic, redraw_weights
 
 

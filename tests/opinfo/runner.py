@@ -35,7 +35,7 @@ import torch.utils._pytree as pytree
 
 from coreai_torch import TorchConverter, get_decomp_table
 from coreai_torch.errors import RuntimeHazardError, UnsupportedOpError
-from coreai_torch.importer import lowering_key
+from coreai_torch.lowerings.registry import lowering_key
 from tests.opinfo import catalog
 from tests.opinfo.expected_failures import TOLERANCES
 from tests.opinfo.pool import log_tail

@@ -4,7 +4,8 @@
 keeps, the ops real programs carry (asserts, sizes, views...) and ops without a PyTorch
 decomposition (those the OpInfo sweep met are read from its results file).  Each must be
 lowered, decomposed by the table, left out (backward / random / dropout), or listed in
-``coreai_torch.coverage.KNOWN_GAPS`` with a reason — a strict xfail, so lowering it shows up.
+``coreai_torch.lowerings.coverage.KNOWN_GAPS`` with a reason — a strict xfail, so lowering it
+shows up.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from coreai_torch import coverage, get_decomp_table
-from coreai_torch.decomp import COMPOSITE_OPS
-from coreai_torch.lowerings import BUILTIN_LOWERINGS
+from coreai_torch import get_decomp_table
+from coreai_torch.frontend.export import COMPOSITE_OPS
+from coreai_torch.lowerings import BUILTIN_LOWERINGS, coverage
 from tests.opinfo import results
 
 
@@ -48,7 +49,7 @@ def test_op_is_lowered(name: str) -> None:
     assert status.supported, (
         f"{name} can appear in a decomposed program but has no lowering and "
         "get_decomp_table() does not decompose it: lower it, or list it in "
-        "coreai_torch.coverage.KNOWN_GAPS with the reason"
+        "coreai_torch.lowerings.coverage.KNOWN_GAPS with the reason"
     )
 
 

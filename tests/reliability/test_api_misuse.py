@@ -21,7 +21,7 @@ from coreai_torch import (
     NotDecomposedError,
     TorchConverter,
 )
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 
 
 class Scale(nn.Module):

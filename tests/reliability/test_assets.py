@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import AIProgram, TorchConverter
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
 
 
 class Scale(nn.Module):

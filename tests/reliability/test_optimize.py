@@ -17,8 +17,9 @@ import torch.nn.functional as F
 
 from coreai_torch import TorchConverter
 from coreai_torch._mlir import run_pre_compilation_rewrite
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.passes.safe_rewrite import protect_from_misfolds
-from coreai_torch.verify import export_decomposed, verify
+from coreai_torch.verify import verify
 from tests.helpers import check_module
 from tests.reliability.support import run_isolated
 

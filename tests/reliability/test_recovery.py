@@ -26,9 +26,9 @@ from coreai_torch import (
 )
 from coreai_torch._mlir import cai
 from coreai_torch._utils import get_operand
-from coreai_torch.lowerings.common import u32
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.ir.values import u32
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
 from tests.reliability.support import run_isolated
 
 
@@ -214,7 +214,7 @@ from coreai_torch import LoweringError, TorchConverter
 from coreai_torch._mlir import cai
 from coreai_torch._utils import get_operand
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 from tests.reliability.support import run_isolated
 
 @torch.library.custom_op("rel_kept::plus_one", mutates_args=())

@@ -3,7 +3,7 @@
 The runtime kills the process (no Python exception) on integer division by zero, on
 ``INT_MIN / -1``, on zero-element tensors, on 16-bit index operands, on huge pads and when a
 rank-0 input is fed an array of shape (1,).  The converter prevents these at conversion time
-(``coreai_torch.hazards``, the lowerings' guards) and ``coreai_torch.runtime.Session`` checks
+(``coreai_torch.ir.checks``, the lowerings' guards) and ``coreai_torch.runtime.Session`` checks
 inputs before calling the runtime.  Everything that runs a program here runs in a child
 process that must survive.
 """
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from coreai_torch import RuntimeHazardError, TorchConverter
 from coreai_torch._mlir import cai
 from coreai_torch._utils import get_operand
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 from tests.reliability.support import run_isolated
 
 CHILD = """
@@ -31,7 +31,7 @@ warnings.simplefilter("ignore")
 import numpy as np, torch, torch.nn as nn, torch.nn.functional as F
 from coreai_torch import TorchConverter
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 
 def program(model, args, **kw):
     return TorchConverter().add_exported_program(export_decomposed(model, args, **kw)).to_coreai()
@@ -630,7 +630,7 @@ def test_ops_the_runtime_cannot_compile_are_reported() -> None:
     from coreai._compiler.dialects import _coreai_ops_gen as ops
 
     from coreai_torch._mlir import ir, new_context
-    from coreai_torch.hazards import find_runtime_hazards
+    from coreai_torch.ir.checks import find_runtime_hazards
 
     with new_context(), ir.Location.unknown():
         module = ir.Module.create()

@@ -16,7 +16,7 @@ warnings.simplefilter("ignore")
 import numpy as np, torch, torch.nn as nn
 from coreai_torch import TorchConverter
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed
+from coreai_torch.frontend.export import export_decomposed
 
 class Cache(nn.Module):
     def __init__(self):

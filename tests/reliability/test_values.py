@@ -20,8 +20,9 @@ import torch.nn.functional as F
 from coreai_torch import TorchConverter, UnsupportedOpError
 from coreai_torch._mlir import cai
 from coreai_torch._utils import get_operand
+from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import Session
-from coreai_torch.verify import export_decomposed, verify
+from coreai_torch.verify import verify
 from tests.helpers import check_module
 
 

@@ -1,0 +1,158 @@
+"""``coreai-torch llm export|generate``: export a Hugging Face causal LM, generate text with it.
+
+    coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N] [--precision fp16] \\
+        [--compress int4 [--block-size N]]
+    coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --prompt "..." \\
+        [--max-new-tokens N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from coreai_torch.cli.options import (
+    EXIT_OK,
+    CliError,
+    add_compression_arguments,
+    add_precision_arguments,
+    compression_config,
+    emit,
+    precision_options,
+)
+from coreai_torch.llm.export import export
+from coreai_torch.llm.generate import Generator, decode
+
+
+def cmd_export(opts: argparse.Namespace) -> int:
+    output = Path(opts.output)
+    if output.suffix != ".aimodel":
+        raise CliError(f"the output path must end in .aimodel, got {output}")
+    precision, compression = _precision(opts), compression_config(opts)
+    start = time.perf_counter()
+    program = export(
+        opts.model_dir,
+        max_context=opts.max_context,
+        precision=precision,
+        compress=compression,
+        all_logits=opts.all_logits,
+    )
+    converted = time.perf_counter() - start
+    program.save_asset(output)
+    size = sum(f.stat().st_size for f in output.rglob("*") if f.is_file())
+    data = {
+        "model": str(opts.model_dir),
+        "asset": str(output),
+        "asset_bytes": size,
+        "max_context": opts.max_context,
+        "entry_points": program.function_names,
+        "states": [s.name for s in program.signatures["decode"].states],
+        "precision": program.precision.name,
+        "compression": compression.describe() if compression is not None else None,
+        "seconds": {"export": round(converted, 3), "total": round(time.perf_counter() - start, 3)},
+    }
+    form = ", ".join([program.precision.name, *([data["compression"]] if compression else [])])
+    text = (
+        f"{opts.model_dir} -> {output} ({size / 2**20:.1f} MiB, {form}): entry points "
+        f"{', '.join(data['entry_points'])}, {len(data['states'])} cache states of "
+        f"{opts.max_context} positions; exported and converted in {converted:.1f} s"
+    )
+    emit(opts, data, text)
+    return EXIT_OK
+
+
+def cmd_generate(opts: argparse.Namespace) -> int:
+    if opts.tokenizer is None and not _is_ids(opts.prompt):
+        raise CliError("--prompt is text: pass --tokenizer MODEL_DIR (or give token ids: 1,2,3)")
+    prompt: Any = [int(t) for t in opts.prompt.split(",")] if _is_ids(opts.prompt) else opts.prompt
+    with Generator(opts.asset, tokenizer=opts.tokenizer) as generator:
+        tokens: list[int] = []
+        shown = ""
+        stream = sys.stdout if not opts.json else None
+        for token in generator.generate(
+            prompt,
+            max_new_tokens=opts.max_new_tokens,
+            do_sample=opts.do_sample,
+            temperature=opts.temperature,
+            top_k=opts.top_k,
+            top_p=opts.top_p,
+            seed=opts.seed,
+        ):
+            tokens.append(token)
+            if stream is None:
+                continue
+            if generator.tokenizer is None:
+                stream.write(f"{token} ")
+            else:
+                text = decode(generator.tokenizer, tokens)
+                stream.write(text[len(shown) :])
+                shown = text
+            stream.flush()
+        stats = generator.stats
+        text = decode(generator.tokenizer, tokens) if generator.tokenizer is not None else None
+    if stream is not None:
+        stream.write("\n")
+    data = {
+        "tokens": tokens,
+        "text": text,
+        "prompt_tokens": stats.prompt_tokens,
+        "prefill_tokens_per_second": round(stats.prefill_tokens_per_second, 2),
+        "decode_tokens_per_second": round(stats.decode_tokens_per_second, 2),
+    }
+    emit(opts, data, str(stats))
+    return EXIT_OK
+
+
+def _precision(opts: argparse.Namespace) -> Any:
+    """The ``Precision`` ``--precision`` / ``--keep-fp32`` ask for, or None."""
+    options = precision_options(opts)
+    policy = options.pop("compute_precision", None)
+    return None if policy is None else dataclasses.replace(policy, **options)
+
+
+def _is_ids(prompt: str) -> bool:
+    return all(part.strip().isdigit() for part in prompt.split(","))
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The ``llm`` command and its sub-commands, on the top-level sub-parsers."""
+
+    llm = commands.add_parser(
+        "llm", parents=[common], help="export a Hugging Face causal LM, generate text with it"
+    )
+    sub = llm.add_subparsers(dest="llm_command", required=True, metavar="COMMAND")
+
+    export = sub.add_parser(
+        "export",
+        parents=[common],
+        help="a model directory (save_pretrained) -> an .aimodel with prefill and decode",
+    )
+    export.add_argument("model_dir", metavar="MODEL_DIR", help="written by save_pretrained")
+    export.add_argument("-o", "--output", required=True, help="the .aimodel to write")
+    export.add_argument(
+        "--max-context", type=int, default=2048, help="KV-cache positions (default 2048)"
+    )
+    add_precision_arguments(export)
+    add_compression_arguments(export)
+    export.add_argument("--all-logits", action="store_true", help="return every position's logits")
+    export.set_defaults(func=cmd_export)
+
+    generate = sub.add_parser(
+        "generate", parents=[common], help="generate tokens with an exported .aimodel"
+    )
+    generate.add_argument("asset", metavar="MODEL.aimodel")
+    generate.add_argument("--tokenizer", metavar="MODEL_DIR", help="directory of the tokenizer")
+    generate.add_argument(
+        "--prompt", required=True, help="text (with --tokenizer) or token ids: 1,2,3"
+    )
+    generate.add_argument("--max-new-tokens", type=int, default=32)
+    generate.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
+    generate.add_argument("--temperature", type=float, default=1.0)
+    generate.add_argument("--top-k", type=int)
+    generate.add_argument("--top-p", type=float)
+    generate.add_argument("--seed", type=int, help="seed of the sampling")
+    generate.set_defaults(func=cmd_generate)

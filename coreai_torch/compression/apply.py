@@ -1,0 +1,365 @@
+"""``AIProgram.compress(config)``: store a converted program's weights compressed.
+
+Each float weight the configuration selects is fitted (:mod:`coreai_torch.compression.fitting`)
+and its constant replaced by compressed constants and the op that decompresses them
+(:mod:`coreai_torch.ir.compressed`), in the weight's own precision: a float16 / bfloat16 program
+gets half-precision scales and palettes and decompresses to the half type, which the casts
+already in the program take to float32 where it accumulates in float32.  What a weight can be
+compressed as depends on what reads it (:mod:`coreai_torch.passes.weight_reads`): matmuls,
+convolution kernels, embedding lookups and the stacked expert weights of mixture-of-experts
+layers (batched, or gathered per token), possibly through casts and transposes; anything else
+keeps the weight as it is, and the report says why.
+
+Weights already compressed (by an earlier ``compress()`` or because the model was
+quantized with torchao) are listed as such and left alone: compressing twice would compound
+the error.  The decompressions are then placed where the runtime runs them fastest
+(:mod:`coreai_torch.passes.placement`: ``cast -> matmul -> scale`` for 8-bit weights read by
+float32 matmuls, lookups of compressed tables before their decompression); ``optimize()`` runs
+the same passes (for models quantized with torchao).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from coreai_torch import dtypes
+from coreai_torch import progress as progress_events
+from coreai_torch._mlir import ir
+from coreai_torch.compression.config import CompressionConfig, LinearQuantization, Palettization
+from coreai_torch.compression.fitting import palettize, quantize_linear
+from coreai_torch.ir import compressed
+from coreai_torch.ir.checks import verify_module
+from coreai_torch.ir.weights import WeightStore, resource_name
+from coreai_torch.passes import pipeline
+from coreai_torch.passes.pretranspose import weight_constants
+from coreai_torch.passes.weight_reads import (
+    Plan,
+    operation,
+    read_plan,
+)
+
+#: derived constants holding a compressed weight's codes (see compressed.Decompression)
+_CODES = re.compile(r"^(.*)\.(?:codes|indices)(?:_\d+)?$")
+
+# -------------------------------------------------------------------------------- report ---
+
+
+@dataclass
+class CompressedWeight:
+    """One weight as ``compress()`` stored it."""
+
+    name: str
+    form: str
+    bits: int
+    shape: tuple[int, ...]
+    bytes_before: int
+    bytes_after: int
+    #: reconstruction signal-to-noise ratio, 10·log10(Σw² / Σ(w - ŵ)²), in dB
+    snr_db: float
+    #: what reads it: "matmul", "convolution" or "embedding"
+    reader: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.__dict__, "shape": list(self.shape)}
+
+
+@dataclass
+class CompressionReport:
+    """What ``AIProgram.compress()`` did: the compressed weights, the weights it left alone
+    (with the reason), and the bytes before and after."""
+
+    config: str
+    weights: list[CompressedWeight] = field(default_factory=list)
+    #: (weight name, why it was not compressed)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def bytes_before(self) -> int:
+        return sum(w.bytes_before for w in self.weights)
+
+    @property
+    def bytes_after(self) -> int:
+        return sum(w.bytes_after for w in self.weights)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "weights": [w.to_dict() for w in self.weights],
+            "skipped": [{"name": n, "reason": r} for n, r in self.skipped],
+            "bytes_before": self.bytes_before,
+            "bytes_after": self.bytes_after,
+            "seconds": self.seconds,
+        }
+
+    def summary(self) -> str:
+        """One line: how many weights, bytes before -> after."""
+        ratio = self.bytes_after / self.bytes_before if self.bytes_before else 1.0
+        return (
+            f"{len(self.weights)} weight(s) ({self.config}): "
+            f"{_mb(self.bytes_before)} -> {_mb(self.bytes_after)} ({ratio:.3f}x)"
+            + (f", {len(self.skipped)} left as they were" if self.skipped else "")
+        )
+
+    def __str__(self) -> str:
+        lines = [f"compressed {self.summary()} in {self.seconds:.2f} s"]
+        if self.weights:
+            width = max(len(w.name) for w in self.weights)
+            form = max(len(w.form) for w in self.weights)
+            lines.append(
+                f"  {'weight':<{width}}  {'shape':<12} {'form':<{form}} {'before':>10} "
+                f"{'after':>10}  {'SNR':>8}"
+            )
+            for w in self.weights:
+                shape = "x".join(map(str, w.shape))
+                lines.append(
+                    f"  {w.name:<{width}}  {shape:<12} {w.form:<{form}} "
+                    f"{_mb(w.bytes_before):>10} {_mb(w.bytes_after):>10}  {w.snr_db:5.1f} dB"
+                )
+        if self.skipped:
+            lines.append("  left as they were:")
+            lines += [f"    {name}: {reason}" for name, reason in self.skipped]
+        return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.2f} MB" if n >= 2**20 else f"{n / 2**10:.1f} KB"
+
+
+def _selected(config: CompressionConfig, plan: Plan) -> str | None:
+    """Why the configuration leaves a compressible weight alone (None: it compresses it)."""
+    if plan.reader == "embedding" and not config.embeddings:
+        return "an embedding table (embeddings=False)"
+    if plan.head and not config.output_head:
+        return "the output head (output_head=False)"
+    return None
+
+
+# ---------------------------------------------------------------------------- fitting ---
+
+
+def _fit(
+    config: CompressionConfig, weight: np.ndarray, plan: Plan, dtype: torch.dtype
+) -> tuple[Any, str] | str:
+    """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
+    configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
+    parameters of its own."""
+    shape = weight.shape
+    channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
+    if isinstance(config, LinearQuantization):
+        params = [1] * weight.ndim
+        for axis in (*plan.batch_axes, plan.channel_axis):
+            params[axis] = shape[axis]
+        block = config.block_size
+        if block is not None and block < reduced:
+            if reduced % block:
+                return f"its input size {reduced} is not a multiple of block_size={block}"
+            params[plan.reduction_axis] = reduced // block
+        return quantize_linear(
+            weight,
+            params,
+            config.bits,
+            symmetric=config.symmetric,
+            scale_dtype=config.scale_dtype or dtype,
+        )
+    group = config.group_size
+    if group is not None and group < channels and channels % group:
+        return f"its {channels} output channels are not a multiple of group_size={group}"
+    group = None if group is None or group >= channels else group
+    return palettize(
+        weight, plan.channel_axis, group, config.bits, config.iterations, plan.batch_axes
+    )
+
+
+def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
+    """The weight as float32 numpy in the stored layout: a (strided) view of a float32
+    weight, a converted copy of a float16 / bfloat16 one."""
+    t = tensor.detach()
+    if t.dtype != torch.float32:
+        t = t.float()
+    return t.permute(perm).numpy()
+
+
+# ------------------------------------------------------------------------------- rewrite ---
+
+
+def _replace(plan: Plan, decompression: compressed.Decompression) -> None:
+    """Replace the weight's constants (and the transposes absorbed into the stored layout)
+    by the decompression, built once per constant (per graph)."""
+    for const in plan.constants:
+        with ir.InsertionPoint(const), const.location:
+            value = decompression.build()
+        if plan.transposes:
+            for transpose in [operation(u.owner) for u in const.result.uses]:
+                perm = operation(transpose.operands[1].owner)
+                transpose.result.replace_all_uses_with(value)
+                transpose.erase()
+                if not list(perm.result.uses):
+                    perm.erase()
+        else:
+            const.result.replace_all_uses_with(value)
+        const.erase()
+
+
+def _already_compressed(module: ir.Module, store: WeightStore) -> list[str]:
+    """Names of the weights the module reads compressed: the derived constants holding
+    their codes (``<weight>.codes``) or palette indices (``<weight>.indices``)."""
+    names: dict[str, None] = {}
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = resource_name(op)
+        if name is not None and name in store.derived_by_name:
+            match = _CODES.match(name)
+            if match:
+                names[match[1]] = None
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return list(names)
+
+
+def display_name(resource: str) -> str:
+    """A weight's name as users know it (``fc.weight``, not ``fc.weight.T``, the resource
+    ``optimize()`` stores it transposed in)."""
+    return resource.removesuffix(".T")
+
+
+def _candidates(
+    read: dict[str, list[ir.Operation]], store: WeightStore, config: CompressionConfig
+) -> list[tuple[str, str, list[ir.Operation], torch.dtype]]:
+    """``(name, resource, constants, dtype)`` of the weights ``config`` selects: floating,
+    of rank 2 or more (not biases, norms, integer tables), at least ``min_elements``."""
+    found = []
+    for resource, constants in read.items():
+        name = display_name(resource)
+        tensor = store.by_name[resource]
+        element = ir.RankedTensorType(constants[0].result.type).element_type
+        dtype = dtypes.to_torch(element) if not ir.IntegerType.isinstance(element) else None
+        if dtype not in compressed.FLOAT_DTYPES or tensor.dim() < 2:
+            continue
+        if tensor.numel() >= config.min_elements and config.selects(name):
+            found.append((name, resource, constants, dtype))
+    return found
+
+
+def _gone(
+    store: WeightStore, config: CompressionConfig, present: set[str], compressed_: set[str]
+) -> list[str]:
+    """Weights ``config`` would select that the program no longer reads as weights: a
+    rewrite (``optimize()``) removed them or computed another constant from them."""
+    gone = []
+    for resource, tensor in store.by_name.items():
+        name = display_name(resource)
+        if (
+            resource.endswith(".T")
+            or name in present
+            or name in compressed_
+            or not tensor.is_floating_point()
+            or tensor.dim() < 2
+            or tensor.numel() < config.min_elements
+            or not config.selects(name)
+        ):
+            continue
+        gone.append(name)
+    return gone
+
+
+def compress(
+    module: ir.Module,
+    store: WeightStore | None,
+    config: CompressionConfig,
+    *,
+    progress: Any = None,
+) -> CompressionReport:
+    """Compress the weights of a converted program (its ``module`` and weight ``store``) that
+    ``config`` selects; returns the report.  Modifies the module in place, then places the
+    decompressions (:data:`coreai_torch.passes.pipeline.PLACEMENT`).  Reports its progress
+    (``"compress"``, bytes of weights done) to ``progress`` like ``optimize()``."""
+    if not isinstance(config, (LinearQuantization, Palettization)):
+        raise TypeError(
+            "compress() takes a coreai_torch.compression.LinearQuantization or Palettization, "
+            f"got {type(config).__name__}"
+        )
+    if store is None:
+        raise ValueError(
+            "compress() needs a program converted by TorchConverter (its weights are not known)"
+        )
+    start = time.perf_counter()
+    report = CompressionReport(config.describe())
+    listener = progress_events.resolve(progress)
+    with module.context, ir.Location.unknown():
+        done = _already_compressed(module, store)
+        report.skipped += [(display_name(name), "already compressed") for name in done]
+        read = weight_constants(module, store)
+        candidates = _candidates(read, store, config)
+        present = {display_name(r) for r in read}
+        report.skipped += [
+            (
+                name,
+                "no longer read by the program as a weight (optimize() computed a new "
+                "constant from it or removed it): compress() before optimize() to compress it",
+            )
+            for name in _gone(store, config, present, {display_name(n) for n in done})
+        ]
+        total = sum(
+            store.by_name[r].numel() * store.by_name[r].element_size() for _, r, _, _ in candidates
+        )
+        with progress_events.phase(listener, "compress", total, "bytes") as advance:
+            finished = 0
+            for name, resource, constants, dtype in candidates:
+                tensor = store.by_name[resource]
+                entry = _compress_one(store, config, name, tensor, constants, dtype)
+                if isinstance(entry, str):
+                    report.skipped.append((name, entry))
+                else:
+                    report.weights.append(entry)
+                finished += tensor.numel() * tensor.element_size()
+                advance(finished, total)
+    pipeline.run(pipeline.PLACEMENT, module, pipeline.PassContext(store), when="after compress()")
+    verify_module(module, "after compress()")
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _compress_one(
+    store: WeightStore,
+    config: CompressionConfig,
+    name: str,
+    tensor: torch.Tensor,
+    constants: list[ir.Operation],
+    dtype: torch.dtype,
+) -> CompressedWeight | str:
+    """Compress one weight (its constants in every graph), or say why not."""
+    plan = read_plan(name, constants, tensor.dim())
+    reason = plan if isinstance(plan, str) else _selected(config, plan)
+    if reason is not None:
+        return reason
+    fitted = _fit(config, _as_float32(tensor, plan.perm), plan, dtype)
+    if isinstance(fitted, str):
+        return fitted
+    codes, snr = fitted
+    decompression = (
+        compressed.linear_decompression(
+            store, name, codes, dtype, getattr(config, "scale_dtype", None)
+        )
+        if isinstance(codes, compressed.LinearCodes)
+        else compressed.palette_decompression(store, name, codes, dtype)
+    )
+    _replace(plan, decompression)
+    original = store.by_name.get(name, tensor)  # the weight as the model holds it
+    return CompressedWeight(
+        name,
+        config.describe(),
+        config.bits,
+        tuple(original.shape),
+        tensor.numel() * tensor.element_size(),
+        decompression.stored_bytes,
+        snr,
+        plan.reader,
+    )

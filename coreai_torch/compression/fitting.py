@@ -1,0 +1,283 @@
+"""Fitting compressed codes to float weights: linear quantization per block (torch kernels
+over numpy views) and palettes by weighted k-means (numpy).  ``AIProgram.compress()``
+(``passes/compress.py``) calls these and emits the results with :mod:`coreai_torch.ir.compressed`.
+
+Parameters are given by their shape: ``params[d]`` blocks along axis ``d`` of the weight (a
+``[N, K]`` weight with ``params == [N, K // 32]`` has one scale per row and block of 32).
+
+Palettes: Lloyd's algorithm on each palette's values, vectorised over all palettes of a
+weight at once.  Large groups are first reduced to a histogram of ``HISTOGRAM_BINS`` bins
+(each bin's mean, weighted by its count: the *weighted* k-means), which makes a fit cost a
+few passes over the weight whatever its size; centroids start at the weighted quantiles.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
+
+#: values per palette above which k-means runs on a histogram of this many bins
+HISTOGRAM_BINS = 4096
+#: weight elements processed per step (bounds the temporary memory)
+CHUNK = 1 << 22
+
+
+def _blocked(shape: Sequence[int], params: Sequence[int]) -> tuple[list[int], tuple[int, ...]]:
+    """The shape that splits each axis into (blocks, elements per block), and the axes of
+    the elements within a block."""
+    split: list[int] = []
+    for size, blocks in zip(shape, params, strict=True):
+        split += [blocks, size // blocks]
+    return split, tuple(range(1, 2 * len(shape), 2))
+
+
+def _chunks(
+    shape: Sequence[int], params: Sequence[int]
+) -> Iterator[tuple[tuple[slice, ...], list[int]]]:
+    """``(index, params of the chunk)`` for slices of the weight along an axis whose every
+    index has its own parameters (so that no block spans two chunks); the same index
+    selects the chunk's parameters."""
+    axis = next((a for a, (s, p) in enumerate(zip(shape, params, strict=True)) if s == p), None)
+    total = int(np.prod(shape))
+    if axis is None or total <= CHUNK:
+        yield tuple(slice(None) for _ in shape), list(params)
+        return
+    step = max(1, CHUNK * shape[axis] // total)
+    for start in range(0, shape[axis], step):
+        index = [slice(None)] * len(shape)
+        index[axis] = slice(start, start + step)
+        chunk = list(params)
+        chunk[axis] = min(step, shape[axis] - start)
+        yield tuple(index), chunk
+
+
+class _Noise:
+    """Σw² and Σ(w - ŵ)² accumulated over chunks, for the fit's signal-to-noise ratio."""
+
+    def __init__(self) -> None:
+        self.signal = 0.0
+        self.noise = 0.0
+
+    def add(self, weight: np.ndarray | torch.Tensor, error: np.ndarray | torch.Tensor) -> None:
+        """Add a chunk of the weight and the error of its approximation (same shape)."""
+        dot = torch.dot if isinstance(weight, torch.Tensor) else np.dot
+        flat, wrong = weight.reshape(-1), error.reshape(-1)
+        self.signal += float(dot(flat, flat))
+        self.noise += float(dot(wrong, wrong))
+
+    @property
+    def snr_db(self) -> float:
+        """10·log10(Σw² / Σ(w - ŵ)²) in dB."""
+        if self.noise == 0:
+            return math.inf
+        return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
+
+
+def _return_freed_memory() -> None:
+    """Give the heap memory freed by a fit back to the system (glibc's ``malloc_trim``):
+    the chunk-sized temporaries of one weight after another, between the compressed results
+    that stay, otherwise fragment the heap and the process keeps a fifth of the weights'
+    size it no longer uses.  Nothing to do elsewhere."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):
+        return None
+
+
+def quantize_linear(
+    weight: np.ndarray,
+    params: Sequence[int],
+    bits: int,
+    *,
+    symmetric: bool = True,
+    scale_dtype: torch.dtype = torch.float32,
+) -> tuple[LinearCodes, float]:
+    """``weight`` as ``bits``-bit codes with one scale (and zero point) per block, and the
+    fit's SNR in dB.  ``weight`` may be any strided view: it is read chunk by chunk (with
+    torch's multi-threaded kernels).
+
+    Symmetric: ``scale = max|w| / (2**(bits-1) - 1)``, codes in ``[-2**(bits-1), 2**(bits-1)-1]``.
+    Asymmetric: ``scale = (max - min) / (2**bits - 1)`` over the block's range widened to
+    include 0, ``zero_point = round(-min / scale)``, unsigned codes.  Scales are rounded to
+    ``scale_dtype`` before the codes are computed, so codes and stored scales agree.
+    """
+    params = list(params)
+    shape = list(weight.shape)
+    scale = np.empty(params, np.float32)
+    zero_point = None if symmetric else np.empty(params, np.int32)
+    codes = np.empty(shape, np.int8 if symmetric else np.uint8)
+    high = (1 << (bits - 1)) - 1 if symmetric else (1 << bits) - 1
+    noise = _Noise()
+    # chunk-sized scratch tensors, reused by every chunk: no allocation per step (which
+    # fragments the heap: the process would keep a third of the weights' size more)
+    scratch = torch.empty(3, min(CHUNK, max(1, math.prod(shape))))
+    for index, p in _chunks(shape, params):
+        w = torch.from_numpy(np.asarray(weight[index], dtype=np.float32))
+        split, inner = _blocked(w.shape, p)
+        size = w.numel()
+        if w.is_contiguous():
+            blocks = w.view(split)
+        else:  # a strided view of the weight (read transposed): gathered into the scratch
+            blocks = scratch[0, :size].view(w.shape).copy_(w).view(split)
+        q, error = scratch[1, :size].view(split), scratch[2, :size].view(split)
+        if symmetric:
+            s = blocks.abs().amax(dim=inner, keepdim=True) / high
+        else:
+            lo = blocks.amin(dim=inner, keepdim=True).clamp_(max=0)
+            hi = blocks.amax(dim=inner, keepdim=True).clamp_(min=0)
+            s = (hi - lo) / high
+        s = s.to(scale_dtype).float()
+        s[s == 0] = 1.0  # an all-zero block (or a scale below the storage precision)
+        torch.round(torch.div(blocks, s, out=q), out=q)
+        scale[index] = s.reshape(p).numpy()
+        if symmetric:
+            q.clamp_(-high - 1, high)
+            torch.addcmul(blocks, q, s, value=-1, out=error)
+        else:
+            zp = torch.round(-lo / s).clamp_(0, high)
+            zero_point[index] = zp.reshape(p).numpy()  # type: ignore[index]
+            q.add_(zp).clamp_(0, high)
+            torch.addcmul(blocks, torch.sub(q, zp, out=error), s, value=-1, out=error)
+        noise.add(blocks, error)
+        torch.from_numpy(codes[index]).copy_(q.view(w.shape))
+    del scratch
+    _return_freed_memory()
+    return LinearCodes(codes, bits, scale, zero_point, signed=symmetric), noise.snr_db
+
+
+# ------------------------------------------------------------------------------ palettes ---
+
+
+def _rows_searchsorted(rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(rows[g], queries[g])`` for every row ``g`` at once (``rows`` sorted
+    per row): each row and its queries are mapped into an interval of their own."""
+    low = np.minimum(rows.min(1, initial=np.inf), queries.min(1)).astype(np.float64)[:, None]
+    high = np.maximum(rows.max(1, initial=-np.inf), queries.max(1)).astype(np.float64)[:, None]
+    span = np.where(high > low, high - low, 1.0)
+    offset = 2.0 * np.arange(rows.shape[0], dtype=np.float64)[:, None]
+    line = ((rows - low) / span + offset).ravel()
+    found = np.searchsorted(line, ((queries - low) / span + offset).ravel(), side="left")
+    return found.reshape(queries.shape) - (np.arange(rows.shape[0]) * rows.shape[1])[:, None]
+
+
+def _histogram(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the mean value in each of ``bins`` equal bins and the bin counts (read in
+    chunks of columns, so the temporaries stay small)."""
+    groups, count = values.shape
+    low = values.min(1, keepdims=True).astype(np.float64)
+    width = (values.max(1, keepdims=True).astype(np.float64) - low) / bins
+    width[width == 0] = 1.0
+    offsets = (np.arange(groups) * bins)[:, None]
+    counts = np.zeros(groups * bins)
+    sums = np.zeros(groups * bins)
+    step = max(1, CHUNK // groups)
+    for start in range(0, count, step):
+        part = values[:, start : start + step]
+        which = np.clip(((part - low) / width).astype(np.int64), 0, bins - 1) + offsets
+        counts += np.bincount(which.ravel(), minlength=groups * bins)
+        sums += np.bincount(which.ravel(), part.ravel().astype(np.float64), groups * bins)
+    counts, sums = counts.reshape(groups, bins), sums.reshape(groups, bins)
+    centers = low + (np.arange(bins) + 0.5) * width
+    means = np.where(counts > 0, sums / np.maximum(counts, 1), centers)
+    return means, counts
+
+
+def kmeans_1d(values: np.ndarray, k: int, iterations: int = 100) -> np.ndarray:
+    """Sorted centroids ``[groups, k]`` of weighted 1-D k-means on each row of ``values``.
+
+    With the points of a row sorted, each cluster is a run of points between two
+    boundaries: an iteration finds the runs by binary search and their weighted means from
+    prefix sums, ``O(groups * k * log points)``.
+    """
+    groups, count = values.shape
+    if count > HISTOGRAM_BINS:  # bin means, in order, weighted by their counts
+        points, weights = _histogram(values, HISTOGRAM_BINS)
+    else:
+        points = np.sort(np.asarray(values, dtype=np.float64), 1)
+        weights = np.ones_like(points)
+    zero = np.zeros((groups, 1))
+    mass_before = np.concatenate([zero, np.cumsum(weights, 1)], 1)
+    total_before = np.concatenate([zero, np.cumsum(weights * points, 1)], 1)
+    targets = (np.arange(k) + 0.5) / k * mass_before[:, -1:]
+    start = np.clip(_rows_searchsorted(mass_before[:, 1:], targets), 0, points.shape[1] - 1)
+    centroids = np.take_along_axis(points, start, 1)
+    ends = np.full((groups, 1), points.shape[1])
+    split = None
+    for _ in range(iterations):
+        centroids = np.sort(centroids, 1)
+        boundaries = (centroids[:, 1:] + centroids[:, :-1]) / 2
+        new = _rows_searchsorted(points, boundaries)
+        if split is not None and np.array_equal(new, split):
+            break
+        split = new
+        edges = np.concatenate([np.zeros_like(ends), split, ends], 1)
+        mass = np.diff(np.take_along_axis(mass_before, edges, 1), axis=1)
+        total = np.diff(np.take_along_axis(total_before, edges, 1), axis=1)
+        centroids = np.where(mass > 0, total / np.maximum(mass, 1e-300), centroids)
+    return np.sort(centroids, 1)
+
+
+def palettize(
+    weight: np.ndarray,
+    channel_axis: int,
+    group_size: int | None,
+    bits: int,
+    iterations: int = 100,
+    batch_axes: Sequence[int] = (),
+) -> tuple[PaletteCodes, float]:
+    """``weight`` as ``bits``-bit indices into palettes fitted by :func:`kmeans_1d` (one
+    palette per ``group_size`` indices along ``channel_axis``; None: one for the weight, and
+    separate palettes for each index of the ``batch_axes``, e.g. each expert of a stack),
+    and the fit's SNR in dB."""
+    shape = list(weight.shape)
+    channels = shape[channel_axis]
+    size = channels if group_size is None else group_size
+    groups = channels // size
+    lead = [*batch_axes, channel_axis]
+    batches = [shape[a] for a in batch_axes]
+    moved = np.moveaxis(np.asarray(weight, dtype=np.float32), lead, list(range(len(lead))))
+    moved_shape = moved.shape
+    rows = moved.reshape(math.prod(batches) * groups, -1)
+    k = 1 << bits
+    palettes = kmeans_1d(rows, k, iterations).astype(np.float32)
+    boundaries = (palettes[:, 1:] + palettes[:, :-1]) / 2
+    indices = np.empty(rows.shape, np.uint8)
+    noise = _Noise()
+    single = rows.shape[0] == 1
+    rows_per_step = max(1, CHUNK // rows.shape[1])
+    columns_per_step = CHUNK if single else rows.shape[1]
+    for start in range(0, rows.shape[0], rows_per_step):
+        for column in range(0, rows.shape[1], columns_per_step):
+            part = (slice(start, start + rows_per_step), slice(column, column + columns_per_step))
+            chunk = rows[part]
+            found = (
+                np.searchsorted(boundaries[0], chunk[0])[None]
+                if single
+                else _rows_searchsorted(boundaries[part[0]], chunk)
+            )
+            indices[part] = found
+            noise.add(chunk, chunk - np.take_along_axis(palettes[part[0]], found, 1))
+    indices = np.moveaxis(indices.reshape(moved_shape), list(range(len(lead))), lead)
+    # [*batches, groups, k] -> [*lut groups (the weight's rank), k, 1]
+    lut = palettes.reshape(*batches, groups, *[1] * (len(shape) - len(lead)), k, 1)
+    lut = np.moveaxis(lut, list(range(len(lead))), lead)
+    _return_freed_memory()
+    return PaletteCodes(np.ascontiguousarray(indices), bits, np.ascontiguousarray(lut)), (
+        noise.snr_db
+    )

@@ -1,0 +1,329 @@
+"""Weights as zero-copy resource constants.
+
+A parameter, buffer or lifted constant becomes a ``coreai.constant dense_resource<name>``
+whose blob *is* the tensor's memory (``DenseResourceElementsAttr.get_from_buffer``): nothing is
+copied at conversion time.  The tensors must stay alive and unmodified until the program is
+saved; the MLIR context keeps a reference to each buffer.
+
+One :class:`WeightStore` serves every graph of a program, so a tensor used by several entry
+points (e.g. prefill and decode) is stored once.  It stays with the program, so that
+``AIProgram.optimize()`` can store a weight transposed (:meth:`WeightStore.transposed`).
+
+A transposed weight is not copied when it is created either: its resource is a *placeholder*
+of the right size (untouched anonymous memory, which costs no RAM) that starts with a unique
+tag, and the transposed data is produced while the asset is written
+(:mod:`coreai_torch.ir.saving` replaces each tagged blob in the byte stream).  So saving a large
+model needs no second copy of its weights.  Whatever else reads constants' data through MLIR
+must see the real data: :meth:`WeightStore.materialize` fills the placeholders in place (one
+copy, as an eager transpose would make), and ``AIProgram.mlir_module`` calls it.  A transposed
+weight whose constants a later pass replaced (``compress()``) is dropped instead
+(:meth:`WeightStore.prune`), never made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import re
+import weakref
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from coreai_torch import dtypes
+from coreai_torch._mlir import cai, ir
+
+#: Tensors with fewer elements than this are emitted inline (``dense<...>``) so the compiler
+#: can fold them; larger ones are zero-copy resources.
+INLINE_LIMIT = 64
+
+#: A placeholder's first bytes: this process's random prefix, then a serial number and the size.
+_TAG_PREFIX = os.urandom(16)
+TAG_BYTES = len(_TAG_PREFIX) + 16
+_serials = itertools.count()
+
+_HUGE_PAGE = 2 << 20
+
+#: Columns transposed per block: a block of ``rows x 64`` elements is gathered contiguously,
+#: then transposed by torch's cache-blocked 2-D transpose.
+_BLOCK = 64
+
+
+_RESOURCE = re.compile(r'^dense_resource<"?([^">]+)"?>')
+
+
+def resource_name(op: ir.Operation) -> str | None:
+    """The resource name of a ``coreai.constant dense_resource<name>``, else None."""
+    if op.name != "coreai.constant":
+        return None
+    value = op.attributes["value"]
+    if not ir.DenseResourceElementsAttr.isinstance(value):
+        return None
+    match = _RESOURCE.match(str(value))
+    return match[1] if match else None
+
+
+def referenced_resources(module: ir.Module) -> set[str]:
+    """The names of the resources the constants of ``module`` hold."""
+    names: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = resource_name(op)
+        if name is not None:
+            names.add(name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return names
+
+
+class ModuleHolder(Protocol):
+    """What holds a module with constants of a :class:`WeightStore` (an ``AIProgram``)."""
+
+    @property
+    def structural_module(self) -> ir.Module: ...
+
+
+def _buffer(tensor: torch.Tensor) -> np.ndarray:
+    """A C-contiguous numpy view of the tensor's memory (a copy only if it is strided)."""
+    t = tensor.detach()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy()
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        return t.view(torch.uint8).numpy()
+    return t.numpy()
+
+
+def transpose_rows(source: torch.Tensor, first: int, out: torch.Tensor) -> None:
+    """``out[:] = source.T[first : first + len(out)]`` for a 2-D ``source``, at close to memory
+    speed: columns are gathered in blocks that fit the cache, then transposed."""
+    rows = out.shape[0]
+    for start in range(0, rows, _BLOCK):
+        width = min(_BLOCK, rows - start)
+        block = source[:, first + start : first + start + width].contiguous()
+        out[start : start + width].copy_(block.t())
+
+
+@dataclass
+class PendingTranspose:
+    """A weight stored transposed whose data is made when it is needed (saved or read)."""
+
+    name: str
+    tag: bytes
+    #: the weight's content, permuted: a view of the original tensor (no copy)
+    view: torch.Tensor
+    #: the original tensor and the permutation
+    source: torch.Tensor
+    perm: tuple[int, ...]
+    #: the placeholder the resource holds (anonymous memory; filled by ``materialize``)
+    placeholder: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.placeholder.numel() * self.placeholder.element_size()
+
+    @property
+    def rows(self) -> int:
+        """Slices along the first dimension of the transposed weight."""
+        return self.placeholder.shape[0]
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one such slice."""
+        return self.nbytes // max(1, self.rows)
+
+    def fill(self, first: int, out: torch.Tensor) -> None:
+        """Slices ``first .. first + len(out)`` (first dimension) of the transposed weight into
+        ``out`` (contiguous, shaped like those slices)."""
+        if self.perm == (1, 0):
+            transpose_rows(self.source.detach(), first, out)
+        else:
+            out.copy_(self.view[first : first + out.shape[0]])
+
+    def materialize(self) -> None:
+        """Write the transposed data into the placeholder (in place: the IR is unchanged), with
+        torch's cache-blocked transpose."""
+        self.placeholder.copy_(self.view)
+
+
+def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, tag: bytes) -> torch.Tensor:
+    """An uninitialised tensor over fresh anonymous memory, starting with ``tag``: pages the
+    program never writes stay shared with the kernel's zero page and cost no RAM."""
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize
+    memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    memory[: len(tag)] = tag
+    if nbytes > 2 * _HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
+        # reads then map the kernel's huge zero page: 512x fewer page faults when saving
+        with contextlib.suppress(OSError):
+            memory.madvise(mmap.MADV_HUGEPAGE, _HUGE_PAGE, nbytes - _HUGE_PAGE)
+    return torch.frombuffer(memory, dtype=dtype, count=count).view(shape)
+
+
+class WeightStore:
+    """Creates (and shares) the resource attributes of a program's weights."""
+
+    def __init__(self) -> None:
+        self._attrs: dict[tuple, ir.Attribute] = {}
+        self._names: set[str] = set()
+        #: every tensor handed in stays alive while the store lives: keys are addresses
+        self._tensors: list[torch.Tensor] = []
+        #: resource name -> the tensor it holds (for a pending transpose: a view of the data)
+        self.by_name: dict[str, torch.Tensor] = {}
+        #: placeholder tag -> the transpose it stands for, until materialized
+        self.pending: dict[bytes, PendingTranspose] = {}
+        self.total_bytes = 0
+        #: resource name -> the buffer of a derived constant (see :meth:`derived`)
+        self.derived_by_name: dict[str, np.ndarray] = {}
+        self.derived_bytes = 0
+        #: programs holding constants of this store (see :meth:`share_with`)
+        self._users: weakref.WeakSet[ModuleHolder] = weakref.WeakSet()
+
+    @staticmethod
+    def _key(tensor: torch.Tensor) -> tuple:
+        return (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tuple(tensor.stride()),
+            tensor.dtype,
+        )
+
+    def _unique_name(self, name: str) -> str:
+        name = re.sub(r"[^A-Za-z0-9_.]", "_", name) or "weight"
+        candidate, k = name, 1
+        while candidate in self._names:
+            candidate = f"{name}_{k}"
+            k += 1
+        self._names.add(candidate)
+        return candidate
+
+    def constant(self, tensor: torch.Tensor, name: str) -> ir.Value:
+        """A ``coreai.constant`` holding ``tensor`` (inline when tiny, zero-copy otherwise)."""
+        if tensor.is_sparse or tensor.device.type != "cpu":
+            tensor = tensor.to_dense().cpu() if tensor.is_sparse else tensor.cpu()
+        ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
+        if tensor.numel() < INLINE_LIMIT:
+            if tensor.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+                return cai.constant(tensor.detach().float().numpy(), dtype=ttype.element_type)
+            return cai.constant(tensor.detach().numpy().copy(), dtype=ttype.element_type)
+        key = self._key(tensor)
+        attr = self._attrs.get(key)
+        if attr is None:
+            self._tensors.append(tensor)
+            attr = self._resource(tensor, name)
+            self._attrs[key] = attr
+            self.total_bytes += tensor.numel() * tensor.element_size()
+        return cai.ConstantOp(value=attr).result
+
+    def _resource(
+        self, tensor: torch.Tensor, name: str, buffer: torch.Tensor | None = None
+    ) -> ir.Attribute:
+        """A resource named after ``name`` holding ``tensor``, over the memory of ``buffer``
+        (default: the tensor's own)."""
+        return self._named_resource(tensor, self._unique_name(name), buffer)
+
+    def _named_resource(
+        self, tensor: torch.Tensor, unique: str, buffer: torch.Tensor | None = None
+    ) -> ir.Attribute:
+        ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
+        self.by_name[unique] = tensor
+        data = _buffer(tensor if buffer is None else buffer)
+        return ir.DenseResourceElementsAttr.get_from_buffer(data, unique, ttype)
+
+    def tensor(self, name: str) -> torch.Tensor | None:
+        """The data of resource ``name`` (a strided view for a pending transpose), or None."""
+        return self.by_name.get(name)
+
+    def transposed(self, name: str, perm: tuple[int, ...]) -> ir.Attribute | None:
+        """A new resource holding weight ``name`` permuted by ``perm``, named ``<name>.T``;
+        None if ``name`` is not a weight of this store.
+
+        No copy is made now: the resource holds a placeholder until the asset is written (or
+        :meth:`materialize` is called)."""
+        tensor = self.by_name.get(name)
+        if tensor is None or len(perm) != tensor.dim():
+            return None
+        view = tensor.detach().permute(perm)
+        nbytes = view.numel() * view.element_size()
+        if nbytes < TAG_BYTES:
+            copy = view.contiguous()
+            self._tensors.append(copy)
+            return self._resource(copy, f"{name}.T")
+        tag = _TAG_PREFIX + next(_serials).to_bytes(8, "little") + nbytes.to_bytes(8, "little")
+        placeholder = _placeholder(tuple(view.shape), view.dtype, tag)
+        unique = self._unique_name(f"{name}.T")
+        self.pending[tag] = PendingTranspose(unique, tag, view, tensor, perm, placeholder)
+        self._tensors.append(placeholder)
+        return self._named_resource(view, unique, buffer=placeholder)
+
+    def share_with(self, user: ModuleHolder) -> None:
+        """Record that ``user`` (a program) holds constants of this store, so that
+        :meth:`prune` keeps what it references.  Users are held weakly."""
+        self._users.add(user)
+
+    def prune(self) -> list[str]:
+        """Drop the pending transposes whose resource no user of the store references any more
+        (their constants were replaced, e.g. by compressed ones): they are never made, and the
+        store lets go of their placeholders (:attr:`by_name` still describes their data, as a
+        view).  Does nothing for a store without users.  Returns the resource names dropped."""
+        if not self.pending or not self._users:
+            return []
+        live: set[str] = set()
+        for user in list(self._users):
+            live |= referenced_resources(user.structural_module)
+        dropped = [entry for entry in self.pending.values() if entry.name not in live]
+        for entry in dropped:
+            del self.pending[entry.tag]
+            self._tensors = [t for t in self._tensors if t is not entry.placeholder]
+        return [entry.name for entry in dropped]
+
+    def materialize(self, referenced: Collection[str] | None = None) -> None:
+        """Make the pending transposed weights now (in place, so the IR is unchanged): for
+        anything that reads the constants' data through MLIR rather than by saving.
+
+        ``referenced``: only those of these resources (a module's
+        :func:`referenced_resources`); the others stay pending.  Transposes no user of the
+        store references are dropped first (:meth:`prune`)."""
+        self.prune()
+        for entry in list(self.pending.values()):
+            if referenced is None or entry.name in referenced:
+                del self.pending[entry.tag]
+                entry.materialize()
+
+    def derived(
+        self, data: np.ndarray, name: str, tensor_type: ir.RankedTensorType
+    ) -> ir.Attribute:
+        """A resource of ``tensor_type`` over the bytes of ``data``, a buffer computed from
+        weights at conversion time (bit-packed codes, scales, palettes), for
+        ``coreai.constant`` ops (any number of them, in any graph of the program).
+
+        ``data`` is kept alive (not copied) and must hold exactly the bytes the type needs:
+        ``ceil(elements * bits / 8)``, sub-byte types bit-packed.  Derived constants are not
+        :attr:`by_name` weights: passes that re-lay weights (``pretranspose``) leave them alone.
+        """
+        element = tensor_type.element_type
+        bits = (
+            ir.IntegerType(element).width
+            if ir.IntegerType.isinstance(element)
+            else ir.FloatType(element).width
+        )
+        numel = int(np.prod(tensor_type.shape, dtype=np.int64))
+        expected = -(-numel * bits // 8)
+        buffer = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if buffer.size != expected:
+            raise ValueError(
+                f"derived constant '{name}' of type {tensor_type} needs {expected} bytes, got "
+                f"{buffer.size}"
+            )
+        unique = self._unique_name(name)
+        self.derived_by_name[unique] = buffer
+        self.derived_bytes += buffer.size
+        return ir.DenseResourceElementsAttr.get_from_buffer(buffer, unique, tensor_type)

@@ -1,0 +1,259 @@
+"""The package layout stays readable: checked from the source with ``ast``.
+
+Counts, over every ``import`` in ``coreai_torch`` (imports inside functions included):
+
+* top-level modules of the package (at most ``MAX_TOP_LEVEL``);
+* import cycles between modules (none allowed);
+* private names imported across modules (``from a import _b`` where ``a`` is another module;
+  none allowed), and imports of private modules from outside their own package;
+* upward imports between layers (``LAYERS``: a module never imports a layer above it).
+
+``python -m tools.check_layout`` prints what it finds and exits 1 on any violation
+(``make lint`` runs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGE = "coreai_torch"
+MAX_TOP_LEVEL = 12
+
+# Layers from bottom to top: a module may import its own layer and those below it.
+# A module not listed belongs to the layer of its nearest listed parent.
+LAYERS: list[tuple[str, ...]] = [
+    (  # leaves
+        "coreai_torch.errors",
+        "coreai_torch._mlir",
+        "coreai_torch.dtypes",
+        "coreai_torch.locations",
+        "coreai_torch.progress",
+        "coreai_torch.torch_compat",
+    ),
+    ("coreai_torch.precision",),  # the precision policy (a public configuration)
+    ("coreai_torch.ir",),  # building, checking and saving Core AI IR
+    ("coreai_torch.frontend",),  # torch / FX only
+    ("coreai_torch.composite_ops", "coreai_torch.rewrites"),  # nn.Modules
+    ("coreai_torch.lowerings",),
+    ("coreai_torch.importer",),
+    ("coreai_torch.passes",),
+    ("coreai_torch.compression",),
+    (
+        "coreai_torch.converter",
+        "coreai_torch.program",
+        "coreai_torch.runtime",
+        "coreai_torch.analysis",
+        "coreai_torch._utils",
+    ),
+    ("coreai_torch.verify",),
+    ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
+    ("coreai_torch.cli", "coreai_torch"),
+]
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    is_package: bool
+    imports: list[tuple[str, int]] = field(default_factory=list)  # (module, line)
+    private_names: list[tuple[str, str, int]] = field(default_factory=list)  # (module, name, line)
+
+
+def discover(root: Path) -> dict[str, Module]:
+    """Every module of the package under ``root`` (the directory holding the package)."""
+    modules: dict[str, Module] = {}
+    for path in sorted((root / PACKAGE).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts = parts[:-1]
+        modules[".".join(parts)] = Module(".".join(parts), path, is_package)
+    return modules
+
+
+def _resolve(module: Module, level: int, target: str | None) -> str:
+    if level == 0:
+        return target or ""
+    base = module.name.split(".")
+    if not module.is_package:
+        base = base[:-1]
+    base = base[: len(base) - (level - 1)]
+    return ".".join([*base, target] if target else base)
+
+
+def _owner(name: str, modules: dict[str, Module]) -> str | None:
+    """The package module ``name`` refers to (itself, or its nearest parent that exists)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def parse(modules: dict[str, Module]) -> None:
+    """Fill in every module's imports (inside functions too) and private-name imports."""
+    for module in modules.values():
+        tree = ast.parse(module.path.read_text(), str(module.path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    owner = _owner(alias.name, modules)
+                    if owner:
+                        module.imports.append((owner, node.lineno))
+            elif isinstance(node, ast.ImportFrom):
+                source = _resolve(module, node.level, node.module)
+                if not source.startswith(PACKAGE):
+                    continue
+                for alias in node.names:
+                    submodule = f"{source}.{alias.name}"
+                    if submodule in modules:
+                        module.imports.append((submodule, node.lineno))
+                        continue
+                    owner = _owner(source, modules)
+                    if owner is None:
+                        continue
+                    module.imports.append((owner, node.lineno))
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        module.private_names.append((owner, alias.name, node.lineno))
+
+
+def _private_module(name: str) -> str | None:
+    """The package whose own a private module ``name`` is (``a.b._c`` -> ``a.b``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def layer_of(name: str) -> int | None:
+    best: tuple[int, int] | None = None  # (prefix length, layer)
+    for index, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if (name == prefix or name.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[0]
+            ):
+                best = (len(prefix), index)
+    return None if best is None else best[1]
+
+
+def cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    graph = {
+        name: sorted({target for target, _ in m.imports if target != name and target in modules})
+        for name, m in modules.items()
+    }
+    # A package's __init__ importing its own submodules is not a cycle through the submodule.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work: list[tuple[str, Iterator[str]]] = [(start, iter(graph[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(graph[nxt])))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def _is_package_init_edge(source: str, target: str) -> bool:
+    """``pkg/__init__`` re-exporting ``pkg.sub`` (or ``pkg.sub`` importing its ``pkg``)."""
+    return target.startswith(source + ".") or source.startswith(target + ".")
+
+
+def check(root: Path) -> list[str]:
+    modules = discover(root)
+    parse(modules)
+    problems: list[str] = []
+
+    top = sorted(name for name, m in modules.items() if name.count(".") == 1 and not m.is_package)
+    if len(top) > MAX_TOP_LEVEL:
+        problems.append(f"{len(top)} top-level modules (at most {MAX_TOP_LEVEL}): {top}")
+
+    # Cycles, ignoring the edges between a package's __init__ and its own submodules.
+    pruned = {
+        name: Module(
+            m.name,
+            m.path,
+            m.is_package,
+            [(t, line) for t, line in m.imports if not _is_package_init_edge(name, t)],
+        )
+        for name, m in modules.items()
+    }
+    for component in cycles(pruned):
+        problems.append("import cycle: " + " <-> ".join(component))
+
+    for name, m in modules.items():
+        for owner, private, line in m.private_names:
+            if owner != name:
+                problems.append(f"{m.path}:{line}: imports private {owner}.{private}")
+        for target, line in m.imports:
+            home = _private_module(target)
+            if home is not None and not (name == home or name.startswith(home + ".")):
+                problems.append(f"{m.path}:{line}: imports private module {target}")
+            source_layer, target_layer = layer_of(name), layer_of(target)
+            if (
+                source_layer is not None
+                and target_layer is not None
+                and target_layer > source_layer
+                and not _is_package_init_edge(name, target)
+            ):
+                problems.append(
+                    f"{m.path}:{line}: {name} (layer {source_layer}) imports "
+                    f"{target} (layer {target_layer}), a layer above it"
+                )
+    return list(dict.fromkeys(problems))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
+    args = parser.parse_args(argv)
+    problems = check(args.root)
+    for problem in problems:
+        print(problem)
+    modules = discover(args.root)
+    top = [n for n, m in modules.items() if n.count(".") == 1 and not m.is_package]
+    print(f"{len(modules)} modules, {len(top)} top-level; {len(problems)} layout problems")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
