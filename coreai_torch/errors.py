@@ -59,3 +59,12 @@ class UnsupportedModelError(ConversionError, ValueError):
 class UnsupportedMoEError(ConversionError, TypeError):
     """``rewrite_moe`` met a mixture-of-experts block whose routing it cannot reproduce
     exactly (the message names the class and lists the supported ones)."""
+
+
+class InvalidAssetError(ValueError):
+    """A saved Core AI asset is incomplete, damaged or malformed (the message names the file
+    and the problem); raised before the Core AI runtime reads it."""
+
+
+class AssetNotFoundError(InvalidAssetError, FileNotFoundError):
+    """The path given as a Core AI asset does not exist."""

@@ -15,6 +15,7 @@ a failed ``.item()`` range check inside the program becomes a ``ValueError`` nam
 from __future__ import annotations
 
 import asyncio
+import os
 import platform
 import tempfile
 from collections.abc import Mapping
@@ -25,7 +26,8 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import ca
-from coreai_torch.errors import UnsupportedPlatformError
+from coreai_torch.errors import InvalidAssetError, UnsupportedPlatformError
+from coreai_torch.ir.assets import check_asset, compile_isolated, isolation_available
 
 
 def _ndarray(value: Any) -> Any:
@@ -106,11 +108,29 @@ def _check_feeds(
 
 
 class Session:
-    """A program saved as an ``.aimodel`` and loaded on the Core AI runtime."""
+    """A program saved as an ``.aimodel`` and loaded on the Core AI runtime.
 
-    def __init__(self, program: ca.AIProgram | str | Path) -> None:
+    A saved asset (a path) is checked before the runtime reads it
+    (:func:`coreai_torch.ir.assets.check_asset`: its files are present and complete, its
+    bytecode matches ``main.hash`` and is laid out as bytecode); ``verify_hash=False`` skips
+    the hash (about a second per GB).  On Linux the program is compiled for the runtime in a child
+    process, so a malformed program raises :class:`~coreai_torch.errors.InvalidAssetError`
+    instead of aborting this process.
+    """
+
+    def __init__(
+        self, program: ca.AIProgram | str | os.PathLike[str], *, verify_hash: bool = True
+    ) -> None:
+        if not isinstance(program, (str, os.PathLike)) and not hasattr(program, "save_asset"):
+            raise TypeError(
+                "Session takes an AIProgram or the path of a saved .aimodel asset, got "
+                f"{type(program).__name__}"
+            )
         self._program = program
+        self._verify_hash = verify_hash
         self._tmp: tempfile.TemporaryDirectory | None = None
+        #: the program compiled for the runtime (Linux), while the session is open
+        self._compiled: tempfile.TemporaryDirectory | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exec_cm: Any = None
         self.model: Any = None
@@ -134,22 +154,60 @@ class Session:
         self.close()
 
     def open(self) -> None:
-        if isinstance(self._program, (str, Path)):
-            asset = ca.AIModelAsset.load(Path(self._program))
+        asset_path: Path | None = None
+        hash_verified = False
+        if isinstance(self._program, (str, os.PathLike)):
+            asset_path = Path(self._program)
+            hash_verified = check_asset(asset_path, verify_hash=self._verify_hash).hash_verified
+            try:
+                asset = ca.AIModelAsset.load(asset_path)
+            except RuntimeError as error:
+                raise InvalidAssetError(
+                    f"{asset_path}: coreai-core cannot read the asset ({error})"
+                ) from error
         else:
             self._tmp = tempfile.TemporaryDirectory(prefix="coreai_torch_")
             asset = self._program.save_asset(Path(self._tmp.name) / "program.aimodel")
-        self._loop = asyncio.new_event_loop()
-        self._exec_cm = asset.executable()
-        self.model = self._loop.run_until_complete(self._exec_cm.__aenter__())
+        try:
+            self._loop = asyncio.new_event_loop()
+            if isolation_available():
+                self.model = self._loop.run_until_complete(
+                    self._load_isolated(asset, asset_path, hash_verified)
+                )
+            else:
+                self._exec_cm = asset.executable()
+                self.model = self._loop.run_until_complete(self._exec_cm.__aenter__())
+        except BaseException:
+            self.close()
+            raise
+
+    async def _load_isolated(self, asset: Any, asset_path: Path | None, hashed: bool) -> Any:
+        """What ``asset.executable()`` does off macOS (compile to ODIX, load that), with the
+        compilation in a child process (:func:`coreai_torch.ir.assets.compile_isolated`)."""
+        from coreai.runtime import AIModel
+
+        self._compiled = tempfile.TemporaryDirectory(suffix=".aimodelx")
+        out = Path(self._compiled.name)
+        what = f"'{asset_path}'" if asset_path is not None else "the program"
+        compile_isolated(
+            lambda: asset._write_odix(out), what=what, asset_path=asset_path, hash_verified=hashed
+        )
+        return await AIModel.load(path=out)
 
     def close(self) -> None:
         if self._loop is not None:
             try:
-                self._loop.run_until_complete(self._exec_cm.__aexit__(None, None, None))
+                if self._exec_cm is not None:
+                    self._loop.run_until_complete(self._exec_cm.__aexit__(None, None, None))
             finally:
+                self._exec_cm = None
                 self._loop.close()
                 self._loop = None
+        self.model = None
+        self._functions.clear()
+        if self._compiled is not None:
+            self._compiled.cleanup()
+            self._compiled = None
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

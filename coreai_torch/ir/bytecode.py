@@ -80,7 +80,7 @@ def _decode_varint(data: bytes, offset: int) -> tuple[int, int]:
     return int.from_bytes(data[offset : offset + length], "little") >> length, offset + length
 
 
-def _resource_entries(section: bytes) -> list[tuple[int, int]]:
+def resource_entries(section: bytes) -> list[tuple[int, int]]:
     """``(kind, size)`` of every resource entry, in the order of the resource section."""
     entries = []
     offset = 0
@@ -132,7 +132,7 @@ def rewrite_blobs(source: Source, replace: BlobReplacer) -> None:
             _align(source, _varint(source))
         section = code & 0x7F
         if section == _RESOURCE_OFFSET:
-            entries = _resource_entries(source.take(length))
+            entries = resource_entries(source.take(length))
         elif section == _RESOURCE:
             if entries is None:
                 raise BytecodeFormatError("resource section before its offsets")
