@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from coreai_torch.ir.assets import check_asset
 from coreai_torch.llm.export import INPUT_NAMES, OUTPUT_NAME
 from coreai_torch.runtime import Session
 
@@ -46,17 +47,19 @@ class Generator:
     """Generates tokens with an exported LLM (an ``AIProgram`` or a saved ``.aimodel``).
 
     ``tokenizer`` (optional) turns text prompts into token ids: a ``transformers`` tokenizer,
-    a ``tokenizers.Tokenizer``, or the path of a directory to load one from.  Use as a context
-    manager (or call :meth:`close`) to release the runtime.
+    a ``tokenizers.Tokenizer``, or the path of a directory to load one from.  A saved asset is
+    checked before it is loaded (files complete, bytecode matching ``main.hash``;
+    ``verify_hash=False`` skips the hash, see :class:`coreai_torch.runtime.Session`).  Use as a
+    context manager (or call :meth:`close`) to release the runtime.
     """
 
-    def __init__(self, program_or_asset_path: Any, tokenizer: Any = None) -> None:
+    def __init__(
+        self, program_or_asset_path: Any, tokenizer: Any = None, *, verify_hash: bool = True
+    ) -> None:
         if isinstance(program_or_asset_path, (str, os.PathLike)):
-            path = Path(program_or_asset_path)
-            if not path.is_dir():
-                raise FileNotFoundError(f"{path}: no such .aimodel asset")
+            check_asset(program_or_asset_path, verify_hash=False)  # cheap checks first
         self.tokenizer = load_tokenizer(tokenizer)
-        self.session = Session(program_or_asset_path)
+        self.session = Session(program_or_asset_path, verify_hash=verify_hash)
         self.session.open()
         try:
             self._check_program()
@@ -81,6 +84,8 @@ class Generator:
                 "(a program from coreai_torch.llm.export)"
             )
         self._states = {name: desc.state_descriptor(name) for name in desc.state_names}
+        #: token ids the program takes: the width of its logits
+        self.vocab_size = int(list(desc.output_descriptor(OUTPUT_NAME).shape)[-1])
         #: cache positions the program holds
         self.max_context = int(next(iter(self._states.values())).shape[2])
 
@@ -137,37 +142,47 @@ class Generator:
                 f"{self.max_context} (export with a larger max_context, or shorten the prompt)"
             )
         stop = _eos_ids(eos_token_id, self.tokenizer)
+        _check_token_ids(sorted(stop), self.vocab_size, "eos_token_id", positions=False)
         rng = np.random.default_rng(seed)
 
-        def pick(logits: np.ndarray) -> int:
+        def pick(logits: np.ndarray, step: int) -> int:
             if on_logits is not None:
                 on_logits(logits)
-            if not do_sample:
-                return int(np.argmax(logits))
-            return sample(logits, rng, temperature, top_k, top_p)
+            _check_logits(logits, step, len(ids))
+            token = (
+                int(np.argmax(logits))
+                if not do_sample
+                else sample(logits, rng, temperature, top_k, top_p)
+            )
+            _check_token_ids([token], self.vocab_size, f"the token generated at step {step}")
+            return token
 
         return self._run(ids, max_new_tokens, pick, stop)
 
     def _run(
-        self, ids: list[int], max_new_tokens: int, pick: Callable[[np.ndarray], int], stop: set
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        pick: Callable[[np.ndarray, int], int],
+        stop: set,
     ) -> Iterator[int]:
         states = self._fresh_states()
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
         start = time.perf_counter()
         logits = self._call("prefill", ids, 0, states)
         stats.prefill_seconds = time.perf_counter() - start
-        token = pick(logits)
+        token = pick(logits, 0)
         stats.generated_tokens = 1
         yield token
         position = len(ids)
-        for _ in range(max_new_tokens - 1):
+        for step in range(1, max_new_tokens):
             if token in stop:
                 return
             start = time.perf_counter()
             logits = self._call("decode", [token], position, states)
             stats.decode_seconds += time.perf_counter() - start
             stats.decode_steps += 1
-            token = pick(logits)
+            token = pick(logits, step)
             stats.generated_tokens += 1
             position += 1
             yield token
@@ -197,12 +212,10 @@ class Generator:
                 )
             ids = encode(self.tokenizer, prompt)
         else:
-            ids = list(prompt)
-            if not all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in ids):
-                raise TypeError("prompt must be text or a sequence of int token ids")
-            ids = [int(i) for i in ids]
+            ids = _token_list(prompt)
         if not ids:
             raise ValueError("the prompt is empty (0 tokens); give at least one token")
+        _check_token_ids(ids, self.vocab_size, "the prompt")
         return ids
 
 
@@ -251,14 +264,70 @@ def _check_sampling(
         raise ValueError(f"top_p must be in (0, 1] (or None), got {top_p!r}")
 
 
+def _token_list(prompt: Any, what: str = "prompt") -> list[int]:
+    """Token ids as Python ints; a ``TypeError`` naming the first non-integer."""
+    if isinstance(prompt, (bytes, bytearray)) or not hasattr(prompt, "__iter__"):
+        kind = "text or a sequence of int token ids" if what == "prompt" else "int token ids"
+        raise TypeError(f"{what} must be {kind}, got {type(prompt).__name__}")
+    if isinstance(prompt, np.ndarray | _torch_tensor_type()):
+        prompt = prompt.tolist()
+        if not isinstance(prompt, list):  # a 0-d array
+            prompt = [prompt]
+    ids = []
+    for position, value in enumerate(prompt):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(
+                f"{what} token ids must be ints; the id at position {position} is {value!r} "
+                f"({type(value).__name__})"
+            )
+        ids.append(int(value))
+    return ids
+
+
+def _torch_tensor_type() -> type:
+    import torch
+
+    return torch.Tensor
+
+
+def _check_token_ids(
+    ids: Sequence[int], vocab_size: int, what: str, *, positions: bool = True
+) -> None:
+    """``ValueError`` naming the first id outside ``[0, vocab_size)`` and its position."""
+    for position, token in enumerate(ids):
+        if not 0 <= token < vocab_size:
+            where = f" at position {position}" if positions and len(ids) > 1 else ""
+            kind = "negative" if token < 0 else f">= the vocabulary size {vocab_size}"
+            raise ValueError(
+                f"{what} holds token id {token}{where}, which is {kind}: the program's "
+                f"vocabulary has ids 0..{vocab_size - 1} (is the tokenizer the model's own?)"
+            )
+
+
+def _check_logits(logits: np.ndarray, step: int, prompt_tokens: int) -> None:
+    """A ``ValueError`` for logits with NaN or +inf (no token can be chosen from them)."""
+    bad = ~np.isfinite(logits) & ~np.isneginf(logits)
+    if not bad.any() and not np.isneginf(logits).all():
+        return
+    where = "after the prompt" if step == 0 else f"at decode step {step}"
+    count = int(bad.sum()) if bad.any() else logits.size
+    kind = "NaN or +inf" if bad.any() else "-inf"
+    raise ValueError(
+        f"the program's logits {where} (position {prompt_tokens + step - 1}) hold {count} "
+        f"{kind} values of {logits.size}: no token can be chosen. A half-precision program "
+        "may overflow: check it with coreai_torch.verify(..., precision=...) or export in "
+        "float32"
+    )
+
+
 def _eos_ids(eos_token_id: int | Sequence[int] | None, tokenizer: Any) -> set[int]:
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
     if eos_token_id is None:
         return set()
-    if isinstance(eos_token_id, int):
-        return {eos_token_id}
-    return {int(i) for i in eos_token_id}
+    if isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, bool):
+        return {int(eos_token_id)}
+    return set(_token_list(eos_token_id, "eos_token_id"))
 
 
 def _numpy_dtype(name: str) -> np.dtype:
