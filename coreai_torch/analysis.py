@@ -19,6 +19,7 @@ import torch.fx
 from torch.export import ExportedProgram
 
 from coreai_torch.converter import TorchConverter
+from coreai_torch.frontend import hints
 from coreai_torch.frontend.export import (
     COMPOSITE_OPS,
     decomposed,
@@ -39,6 +40,8 @@ class MissingOp:
     node: str
     source: str
     module: str
+    #: the project's known fix for it (:mod:`~coreai_torch.frontend.hints`), or ""
+    hint: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -47,6 +50,7 @@ class MissingOp:
             "node": self.node,
             "source": self.source,
             "module": self.module,
+            "hint": self.hint,
         }
 
 
@@ -111,6 +115,8 @@ class OpSupportReport:
                 where = f"first at {m.source}" if m.source else "no source location recorded"
                 module = f" in module '{m.module}'" if m.module else ""
                 lines.append(f"  {m.op}  x{m.count}  ({where}{module}; node '{m.node}')")
+                if m.hint:
+                    lines.append(f"      {m.hint}")
         return "\n".join(lines)
 
 
@@ -119,8 +125,11 @@ def _missing(nodes_by_op: dict[str, list[torch.fx.Node]]) -> list[MissingOp]:
     for op, nodes in sorted(nodes_by_op.items(), key=lambda kv: (-len(kv[1]), kv[0])):
         first = nodes[0]
         frame = user_frame(first)
+        hint = next(iter(hints.for_nodes(nodes)), "")
         found.append(
-            MissingOp(op, len(nodes), first.name, str(frame) if frame else "", module_path(first))
+            MissingOp(
+                op, len(nodes), first.name, str(frame) if frame else "", module_path(first), hint
+            )
         )
     return found
 

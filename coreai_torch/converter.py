@@ -17,6 +17,7 @@ from torch.export import ExportedProgram
 from coreai_torch import _mlir
 from coreai_torch._mlir import ir
 from coreai_torch.errors import ConversionError, InvalidSignatureError
+from coreai_torch.frontend import hints
 from coreai_torch.frontend.checks import check_complex
 from coreai_torch.frontend.export import check_decomposed
 from coreai_torch.frontend.externalize import prepare_externalization
@@ -199,8 +200,11 @@ class TorchConverter:
                 raise
             except Exception as error:
                 raise ConversionError(
-                    f"export_fn raised {type(error).__name__} while exporting "
-                    f"{type(module).__name__}: {error}"
+                    hints.with_hint(
+                        f"export_fn raised {type(error).__name__} while exporting "
+                        f"{type(module).__name__}: {error}",
+                        hints.for_export_failure(module, error),
+                    )
                 ) from error
         if exported is None:
             raise ConversionError(

@@ -18,6 +18,7 @@ from torch.export import ExportedProgram
 from coreai_torch import compression
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import ConversionError, UnsupportedOpError
+from coreai_torch.frontend import hints
 from coreai_torch.frontend.export import decomposed
 from coreai_torch.locations import user_frame
 from coreai_torch.precision import from_spec
@@ -169,8 +170,11 @@ def _load_factory(spec: str) -> Source:
         ep = torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes)
     except Exception as error:
         raise CliError(
-            f"torch.export.export failed on {type(module).__name__}: {type(error).__name__}: "
-            f"{first_line(error)}"
+            hints.with_hint(
+                f"torch.export.export failed on {type(module).__name__}: "
+                f"{type(error).__name__}: {first_line(error)}",
+                hints.for_export_failure(module, error),
+            )
         ) from error
     seconds = time.perf_counter() - start
     label = f"{path}:{function} ({type(module).__name__})"

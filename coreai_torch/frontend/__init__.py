@@ -6,6 +6,7 @@ folding (:mod:`~coreai_torch.frontend.folding`), symbolic sizes
 (:mod:`~coreai_torch.frontend.sizes`), checks before import
 (:mod:`~coreai_torch.frontend.checks`), the half-precision rewrite
 (:mod:`~coreai_torch.frontend.half_precision`), RMSNorm / RoPE fusion
-(:mod:`~coreai_torch.frontend.fusions`) and the torch side of externalization
-(:mod:`~coreai_torch.frontend.externalize`).
+(:mod:`~coreai_torch.frontend.fusions`), the torch side of externalization
+(:mod:`~coreai_torch.frontend.externalize`) and the known fixes errors name
+(:mod:`~coreai_torch.frontend.hints`).
 """

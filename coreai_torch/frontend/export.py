@@ -10,6 +10,7 @@ import torch.nn as nn
 from torch.export import ExportedProgram
 
 from coreai_torch.errors import NotDecomposedError
+from coreai_torch.frontend import hints
 from coreai_torch.torch_compat import NATIVE_OPS_DECOMPOSED_BY_NEWER_TORCH, run_decompositions
 
 aten = torch.ops.aten
@@ -140,10 +141,16 @@ def export_decomposed(
     dynamic_shapes: Any = None,
     strict: bool = False,
 ) -> ExportedProgram:
-    """``torch.export`` + ``run_decompositions(get_decomp_table())`` in one call."""
-    ep = torch.export.export(
-        model, tuple(args), dict(kwargs or {}), dynamic_shapes=dynamic_shapes, strict=strict
-    )
+    """``torch.export`` + ``run_decompositions(get_decomp_table())`` in one call.  A failure
+    with a known fix in the project (:mod:`~coreai_torch.frontend.hints`) carries it as a
+    note."""
+    try:
+        ep = torch.export.export(
+            model, tuple(args), dict(kwargs or {}), dynamic_shapes=dynamic_shapes, strict=strict
+        )
+    except Exception as error:
+        hints.add_note(error, hints.for_export_failure(model, error))
+        raise
     return run_decompositions(ep, get_decomp_table())
 
 

@@ -30,6 +30,7 @@ from coreai_torch.errors import (
     RuntimeHazardError,
     UnsupportedOpError,
 )
+from coreai_torch.frontend import hints
 from coreai_torch.frontend.folding import fold_constants, frontier
 from coreai_torch.frontend.half_precision import HalfWeights
 from coreai_torch.frontend.signature import ProgramSignature
@@ -146,6 +147,7 @@ def unsupported_op_error(
         frame = user_frame(first)
         where = f"first at {frame}" if frame else "no source location recorded"
         lines.append(f"  - {key}  x{len(nodes)}  ({where}; node '{first.name}')")
+    lines += hints.for_nodes(node for nodes in missing.values() for node in nodes)
     example = next(iter(missing))
     override = ", allow_override=True" if example.split("::")[0] in ("aten", "higher_order") else ""
     lines += [
@@ -451,9 +453,11 @@ class GraphImporter:
         except ConversionError as error:
             if own:
                 _drop_foreign_uses(block, start, None)
-            if node.name in str(error):
+            hint = hints.for_node(node)
+            if node.name in str(error) and (hint is None or hint in str(error)):
                 raise
-            raise type(error)(f"{describe(node)}: {error}") from error
+            message = str(error) if node.name in str(error) else f"{describe(node)}: {error}"
+            raise type(error)(hints.with_hint(message, hint)) from error
         except Exception as error:
             if own:
                 _drop_foreign_uses(block, start, None)

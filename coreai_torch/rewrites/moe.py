@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from coreai_torch.composite_ops.moe import STRATEGIES, GatedActivation, GatedExperts
 from coreai_torch.errors import UnsupportedMoEError
+from coreai_torch.frontend import hints
 
 Routing = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
@@ -359,6 +360,7 @@ REWRITES: dict[str, Callable[[nn.Module, str], SparseMoE]] = {
     _HF + "dots1.modeling_dots1.Dots1MoE": _deepseek_v3,  # DeepSeek-V3's code
     _HF + "gpt_oss.modeling_gpt_oss.GptOssMLP": _gpt_oss,
 }
+hints.register_moe_blocks(REWRITES)  # conversion and export errors name rewrite_moe for them
 
 
 def _qualified_name(cls: type) -> str:
