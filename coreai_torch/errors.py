@@ -68,3 +68,8 @@ class InvalidAssetError(ValueError):
 
 class AssetNotFoundError(InvalidAssetError, FileNotFoundError):
     """The path given as a Core AI asset does not exist."""
+
+
+class NonFiniteWeightError(ValueError):
+    """``compress()`` met weights holding NaN or infinite values (the message names each
+    weight, the counts and the first positions)."""

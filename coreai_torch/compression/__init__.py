@@ -6,12 +6,15 @@
 * :mod:`~coreai_torch.compression.config`: the public configurations (``LinearQuantization``,
   ``Palettization``, ``from_spec``);
 * :mod:`~coreai_torch.compression.fitting`: codes, scales and palettes fitted to float weights;
+* :mod:`~coreai_torch.compression.checks`: what ``compress()`` refuses before it changes a
+  weight (NaN/inf values, scales beyond their dtype);
 * :mod:`~coreai_torch.compression.apply`: ``AIProgram.compress()`` itself and its report.
 
 The IR of compressed weights (bit packing, decompression ops) is :mod:`coreai_torch.ir.compressed`.
 """
 
 from coreai_torch.compression.config import (
+    NON_FINITE_POLICIES,
     SCALE_DTYPES,
     SPECS,
     CompressionConfig,
@@ -22,6 +25,7 @@ from coreai_torch.compression.config import (
 )
 
 __all__ = [
+    "NON_FINITE_POLICIES",
     "SCALE_DTYPES",
     "SPECS",
     "CompressionConfig",

@@ -31,6 +31,7 @@ import torch
 from coreai_torch import dtypes
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ir
+from coreai_torch.compression.checks import check_finite, check_scale_range
 from coreai_torch.compression.config import CompressionConfig, LinearQuantization, Palettization
 from coreai_torch.compression.fitting import palettize, quantize_linear
 from coreai_torch.ir import compressed
@@ -79,6 +80,15 @@ class CompressionReport:
     #: (weight name, why it was not compressed)
     skipped: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0
+    #: weights whose SNR is below this many dB are flagged (None: none are)
+    min_snr_db: float | None = 10.0
+
+    @property
+    def low_snr(self) -> list[CompressedWeight]:
+        """The compressed weights whose SNR is below :attr:`min_snr_db`."""
+        if self.min_snr_db is None:
+            return []
+        return [w for w in self.weights if not w.snr_db >= self.min_snr_db]
 
     @property
     def bytes_before(self) -> int:
@@ -96,6 +106,8 @@ class CompressionReport:
             "bytes_before": self.bytes_before,
             "bytes_after": self.bytes_after,
             "seconds": self.seconds,
+            "min_snr_db": self.min_snr_db,
+            "low_snr": [w.name for w in self.low_snr],
         }
 
     def summary(self) -> str:
@@ -116,12 +128,22 @@ class CompressionReport:
                 f"  {'weight':<{width}}  {'shape':<12} {'form':<{form}} {'before':>10} "
                 f"{'after':>10}  {'SNR':>8}"
             )
+            low = {id(w) for w in self.low_snr}
             for w in self.weights:
                 shape = "x".join(map(str, w.shape))
                 lines.append(
                     f"  {w.name:<{width}}  {shape:<12} {w.form:<{form}} "
                     f"{_mb(w.bytes_before):>10} {_mb(w.bytes_after):>10}  {w.snr_db:5.1f} dB"
+                    + ("  LOW" if id(w) in low else "")
                 )
+        if self.low_snr:
+            lines.append(
+                f"  {len(self.low_snr)} weight(s) below {self.min_snr_db:g} dB SNR (LOW): "
+                f"{', '.join(w.name for w in self.low_snr[:8])}"
+                + (", ..." if len(self.low_snr) > 8 else "")
+                + "; check the outputs with coreai_torch.verify, and use more bits, smaller "
+                "blocks/groups, or leave these weights out (weights=...)"
+            )
         if self.skipped:
             lines.append("  left as they were:")
             lines += [f"    {name}: {reason}" for name, reason in self.skipped]
@@ -291,13 +313,23 @@ def compress(
             "compress() needs a program converted by TorchConverter (its weights are not known)"
         )
     start = time.perf_counter()
-    report = CompressionReport(config.describe())
+    report = CompressionReport(config.describe(), min_snr_db=config.min_snr_db)
     listener = progress_events.resolve(progress)
     with module.context, ir.Location.unknown():
         done = _already_compressed(module, store)
         report.skipped += [(display_name(name), "already compressed") for name in done]
         read = weight_constants(module, store)
         candidates = _candidates(read, store, config)
+        kept = check_finite([(n, store.by_name[r]) for n, r, _, _ in candidates], config.non_finite)
+        report.skipped += list(kept.items())
+        candidates = [c for c in candidates if c[0] not in kept]
+        if isinstance(config, LinearQuantization):
+            check_scale_range(
+                [(n, store.by_name[r]) for n, r, _, _ in candidates],
+                config.bits,
+                config.symmetric,
+                config.scale_dtype,
+            )
         present = {display_name(r) for r in read}
         report.skipped += [
             (

@@ -14,6 +14,15 @@ Both forms choose the weights to compress the same way (keyword-only options):
   output projection (a matmul whose result is a program output, e.g. an LLM's logits) are
   compressed too.
 
+And they share two safety options:
+
+* ``non_finite``: a selected weight holding NaN or infinite values makes ``compress()`` raise
+  ``NonFiniteWeightError`` before anything changes (``"error"``, the default; compression
+  would spread the value over a channel, block or palette), or is kept uncompressed
+  (``"keep"``, listed in the report with the count and positions);
+* ``min_snr_db``: the report flags compressed weights whose reconstruction SNR is below this
+  (default 10 dB; None: no flag).
+
 The compression itself lives in :mod:`coreai_torch.compression.apply`.
 """
 
@@ -27,6 +36,8 @@ import torch
 
 WeightFilter = str | Callable[[str], bool] | None
 
+#: what ``non_finite=`` accepts
+NON_FINITE_POLICIES = ("error", "keep")
 #: scale precisions ``LinearQuantization(scale_dtype=...)`` accepts
 SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -37,8 +48,17 @@ class _Selection:
     min_elements: int = 4096
     embeddings: bool = True
     output_head: bool = True
+    non_finite: str = "error"
+    min_snr_db: float | None = 10.0
 
     def __post_init__(self) -> None:
+        if self.non_finite not in NON_FINITE_POLICIES:
+            raise ValueError(
+                f"non_finite= takes 'error' (refuse weights with NaN/inf) or 'keep' (leave "
+                f"them uncompressed), got {self.non_finite!r}"
+            )
+        if self.min_snr_db is not None and not isinstance(self.min_snr_db, (int, float)):
+            raise TypeError(f"min_snr_db= takes a number of dB or None, got {self.min_snr_db!r}")
         if self.weights is not None and not (
             isinstance(self.weights, str) or callable(self.weights)
         ):

@@ -66,10 +66,10 @@ class _Noise:
 
     def add(self, weight: np.ndarray | torch.Tensor, error: np.ndarray | torch.Tensor) -> None:
         """Add a chunk of the weight and the error of its approximation (same shape)."""
-        dot = torch.dot if isinstance(weight, torch.Tensor) else np.dot
-        flat, wrong = weight.reshape(-1), error.reshape(-1)
-        self.signal += float(dot(flat, flat))
-        self.noise += float(dot(wrong, wrong))
+        # float64 sums: squares of weights beyond ~1e19 or below ~1e-19 leave float32's range
+        norm = torch.linalg.vector_norm if isinstance(weight, torch.Tensor) else _norm64
+        self.signal += float(norm(weight.reshape(-1), dtype=torch.float64)) ** 2
+        self.noise += float(norm(error.reshape(-1), dtype=torch.float64)) ** 2
 
     @property
     def snr_db(self) -> float:
@@ -77,6 +77,10 @@ class _Noise:
         if self.noise == 0:
             return math.inf
         return 10 * math.log10(self.signal / self.noise) if self.signal > 0 else -math.inf
+
+
+def _norm64(values: np.ndarray, dtype: torch.dtype) -> float:
+    return float(torch.linalg.vector_norm(torch.from_numpy(values), dtype=dtype))
 
 
 def _return_freed_memory() -> None:
