@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +23,7 @@ from coreai_torch.frontend.export import check_decomposed
 from coreai_torch.frontend.externalize import prepare_externalization
 from coreai_torch.frontend.fusions import fuse_patterns
 from coreai_torch.frontend.half_precision import to_half
+from coreai_torch.frontend.precision_checks import check_selectors, range_policy, sample_args_for
 from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
 from coreai_torch.importer.externalized import import_externalized
 from coreai_torch.importer.graph import (
@@ -104,7 +105,11 @@ class TorchConverter:
     sums and means, cumulative sums, attention scores; ``fp32_islands=False`` drops them) and
     whatever ``keep_fp32_ops`` (``{"aten::mm"}``), ``keep_fp32_modules`` (module paths,
     class names or classes: ``["lm_head", LlamaRMSNorm]``) and ``keep_fp32`` (a predicate on
-    the FX node) select.  Inputs and outputs keep their dtypes unless ``io_dtype`` says
+    the FX node) select; a selector naming no op or module of the program is an error.
+    Weights beyond the half type's range stay in float32 (with a warning), and
+    ``check_range=sample_inputs`` (forward() arguments; a dict per entry point when there are
+    several) runs the float32 program once and keeps the nodes whose values overflow the half
+    type in float32.  Inputs and outputs keep their dtypes unless ``io_dtype`` says
     otherwise.  The default, ``torch.float32``, converts the program as exported.  Products
     of 16-bit operands accumulate in float32 like ATen's (``fp32_accumulation=False``: in
     16 bits).
@@ -122,8 +127,12 @@ class TorchConverter:
         keep_fp32: NodePredicate | None = None,
         fp32_islands: bool = True,
         fp32_accumulation: bool = True,
+        check_range: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
     ) -> None:
         self.fold_constants = fold_constants
+        #: sample inputs a half-precision conversion runs the float32 program on, keeping the
+        #: nodes whose values leave the half type's range in float32 (``docs/precision.md``)
+        self.check_range = check_range
         self.aten_composites = aten_composites
         #: the precision policy (``coreai_torch.precision.Precision``)
         self.precision = _precision(
@@ -135,6 +144,12 @@ class TorchConverter:
             fp32_islands=fp32_islands,
             fp32_accumulation=fp32_accumulation,
         )
+        if check_range is not None and not self.precision.is_half:
+            raise ValueError(
+                "check_range= is for half-precision conversions: it keeps in float32 the "
+                "nodes whose values leave the half type's range; give compute_precision='fp16' "
+                "or 'bf16' too"
+            )
         self._staged: dict[str, StagedProgram] = {}
         self._lowerings = LoweringTable(fallback=BUILTIN_LOWERINGS)
         self._kernels: dict[str, TorchMetalKernel] = {}
@@ -405,6 +420,10 @@ class TorchConverter:
                         fp32_accumulation=self.precision.fp32_accumulation,
                     ),
                 )
+                if self.precision.is_half:
+                    check_selectors(
+                        self.precision, [s.exported_program for s in self._staged.values()]
+                    )
                 imported = {}
                 for name in names:
                     staged = self._staged[name]
@@ -446,10 +465,11 @@ class TorchConverter:
         """Import one staged program; returns it as converted (in half precision: the
         rewritten program and its signature)."""
         if self.precision.is_half:
+            sample = sample_args_for(self.check_range, staged.entrypoint, list(self._staged))
             ep, signature = to_half(
                 staged.exported_program,
                 staged.signature,
-                self.precision,
+                range_policy(staged.exported_program, self.precision, sample),
                 builder.half_weights,
                 usable=self._lowerings.is_free_of_own_rules,
             )

@@ -203,7 +203,7 @@ class Precision:
         key = qualified_name(node.target)
         if key in self.keep_fp32_ops or key.rsplit(".", 1)[0] in self.keep_fp32_ops:
             return True
-        if self.keep_fp32_modules and _in_modules(node, self.keep_fp32_modules):
+        if self.keep_fp32_modules and in_modules(node, self.keep_fp32_modules):
             return True
         return bool(self.keep_fp32 is not None and self.keep_fp32(node))
 
@@ -214,7 +214,7 @@ class Precision:
         everything inside the modules of :data:`DEFAULT_FP32_MODULES`."""
         if not self.fp32_islands:
             return False
-        if _in_modules(node, DEFAULT_FP32_MODULES):
+        if in_modules(node, DEFAULT_FP32_MODULES):
             return True
         key = qualified_name(node.target)
         if key not in DEFAULT_FP32_OPS:
@@ -222,7 +222,7 @@ class Precision:
         return key not in _SUMS or _summed_elements(node) >= LARGE_SUM
 
 
-def _in_modules(node: torch.fx.Node, selectors: tuple[ModuleSelector, ...]) -> bool:
+def in_modules(node: torch.fx.Node, selectors: tuple[ModuleSelector, ...]) -> bool:
     """Whether ``node`` was traced inside a module that one of ``selectors`` names."""
     for path, cls in (node.meta.get("nn_module_stack") or {}).values():
         path = clean_module_path(str(path))

@@ -1,0 +1,154 @@
+"""Half-precision conversions check the program they convert
+(``coreai_torch.frontend.precision_checks``): weights beyond the half type's range stay in
+float32 with a warning, selectors naming nothing the program has are errors with the close
+matches, and ``check_range=sample_inputs`` keeps the nodes that overflow on the samples in
+float32."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from coreai_torch import TorchConverter
+from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.runtime import run_program
+
+
+class Net(nn.Module):
+    def __init__(self, scale: float = 1.0) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 4)
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.fc(x))
+        return self.head(h * self.scale * self.scale) / self.scale**2
+
+
+def _run(converter: TorchConverter, model: nn.Module, x: torch.Tensor) -> np.ndarray:
+    program = converter.add_exported_program(export_decomposed(model, (x,))).to_coreai()
+    name = "x" if isinstance(model, Net) else "input"  # forward()'s argument
+    (out,) = run_program(program, {name: x}).values()
+    return out
+
+
+def _close(out: np.ndarray, expected: np.ndarray) -> None:
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-2 * scale)
+
+
+def test_weights_beyond_float16_stay_float32_with_a_warning() -> None:
+    """They were stored as inf (every output of the layer inf or NaN)."""
+    torch.manual_seed(0)
+    model = nn.Linear(16, 4).eval()
+    with torch.no_grad():
+        model.weight[1, 3] = 1e5
+        model.weight[2, 0] = -7e4
+    x = torch.randn(3, 16) * 0.1
+    with pytest.warns(RuntimeWarning) as record:
+        out = _run(TorchConverter(compute_precision="fp16"), model, x)
+    message = "\n".join(str(w.message) for w in record)
+    assert "1 weight(s) hold values beyond fp16's largest finite value 65504" in message
+    assert "weight (largest magnitude 1e+05)" in message
+    assert "They stay in float32" in message
+    assert "coreai_torch.verify(model, args, precision='fp16')" in message
+    assert "check_range=sample_inputs" in message
+    _close(out, model(x).detach().numpy())
+    # bfloat16 holds them: nothing to say
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _run(TorchConverter(compute_precision="bf16"), model, x)
+    assert not [w for w in record if "largest finite value" in str(w.message)]
+
+
+def test_check_range_keeps_overflowing_nodes_in_float32() -> None:
+    torch.manual_seed(1)
+    model = Net(scale=300.0).eval()
+    x = torch.randn(2, 16)
+    expected = model(x).detach().numpy()
+    out = _run(TorchConverter(compute_precision="fp16"), model, x)
+    assert not np.isfinite(out).all()  # h * 300 * 300 overflows float16
+    with pytest.warns(RuntimeWarning, match="check_range") as record:
+        out = _run(TorchConverter(compute_precision="fp16", check_range=(x,)), model, x)
+    message = str(record[0].message)
+    assert "node(s) computed values beyond fp16's largest finite value 65504" in message
+    assert "node 'mul_1' (op aten::mul.Tensor)" in message
+    assert "test_precision_checks.py" in message and "h * self.scale * self.scale" in message
+    assert "coreai_torch.verify(model, args, precision='fp16')" in message
+    _close(out, expected)
+    # per entry point
+    converter = TorchConverter(compute_precision="fp16", check_range={"main": (x,)})
+    with pytest.warns(RuntimeWarning, match="check_range"):
+        _close(_run(converter, model, x), expected)
+
+
+def test_check_range_on_a_program_that_fits_changes_nothing() -> None:
+    torch.manual_seed(2)
+    model = Net(scale=1.0).eval()
+    x = torch.randn(2, 16)
+    plain = _run(TorchConverter(compute_precision="fp16"), model, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        checked = _run(TorchConverter(compute_precision="fp16", check_range=(x,)), model, x)
+    np.testing.assert_array_equal(plain, checked)
+
+
+def test_check_range_arguments_are_validated() -> None:
+    x = torch.randn(2, 16)
+    with pytest.raises(ValueError, match=r"check_range= is for half-precision conversions"):
+        TorchConverter(check_range=(x,))
+    ep = export_decomposed(Net().eval(), (x,))
+    converter = TorchConverter(compute_precision="fp16", check_range=(x, x))
+    with pytest.raises(
+        ValueError, match=r"takes 1 input value\(s\) \(x\); the sample inputs have 2"
+    ):
+        converter.add_exported_program(ep).to_coreai()
+    converter = TorchConverter(compute_precision="fp16", check_range=(x,))
+    converter.add_exported_program(ep, entrypoint_name="a")
+    converter.add_exported_program(ep, entrypoint_name="b")
+    with pytest.raises(ValueError, match=r"2 entry points \(a, b\); give the sample inputs per"):
+        converter.to_coreai()
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"keep_fp32_modules": ["hed"]}, r"keep_fp32_modules entry 'hed' .*close matches: head"),
+        ({"keep_fp32_modules": ["fc.wieght"]}, r"'fc.wieght' .*its modules include fc, head"),
+        (
+            {"keep_fp32_modules": [nn.Conv2d]},
+            r"'torch.nn.modules.conv.Conv2d' matches no module",
+        ),
+        ({"keep_fp32_modules": ["Linaer"]}, r"'Linaer' .*close matches: Linear"),
+        ({"keep_fp32_ops": {"aten::adm"}}, r"'aten::adm': no such op; close matches: aten::addmm"),
+        (
+            {"keep_fp32_ops": {"aten::linear"}},
+            r"'aten::linear': no node of the program runs it \(after decomposition\)",
+        ),
+    ],
+)
+def test_selectors_that_match_nothing_are_errors(options: dict, expected: str) -> None:
+    ep = export_decomposed(Net().eval(), (torch.randn(2, 16),))
+    converter = TorchConverter(compute_precision="fp16", **options)
+    with pytest.raises(ValueError, match=r"(?s)the float32 islands they ask for would be missing"):
+        converter.add_exported_program(ep).to_coreai()
+    with pytest.raises(ValueError, match=f"(?s){expected}"):
+        converter.to_coreai()
+
+
+def test_selectors_that_match_are_accepted_and_a_predicate_that_selects_nothing_warns() -> None:
+    ep = export_decomposed(Net().eval(), (torch.randn(2, 16),))
+    for options in (
+        {"keep_fp32_modules": ["head", "Linear", nn.Linear, "f*"]},
+        {"keep_fp32_ops": {"aten::addmm", "aten::relu.default"}},
+    ):
+        TorchConverter(compute_precision="fp16", **options).add_exported_program(ep).to_coreai()
+    converter = TorchConverter(compute_precision="fp16", keep_fp32=lambda node: False)
+    with pytest.warns(RuntimeWarning, match=r"keep_fp32 \(the predicate\) selects no node"):
+        converter.add_exported_program(ep).to_coreai()
