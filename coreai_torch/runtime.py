@@ -15,10 +15,11 @@ a failed ``.item()`` range check inside the program becomes a ``ValueError`` nam
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import platform
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import torch
 
 from coreai_torch._mlir import ca
 from coreai_torch.errors import InvalidAssetError, UnsupportedPlatformError
-from coreai_torch.ir.assets import check_asset, compile_isolated, isolation_available
+from coreai_torch.ir.assets import check_asset, check_hash, compile_isolated, isolation_available
 
 
 def _ndarray(value: Any) -> Any:
@@ -156,9 +157,15 @@ class Session:
     def open(self) -> None:
         asset_path: Path | None = None
         hash_verified = False
+        hash_check = None
         if isinstance(self._program, (str, os.PathLike)):
             asset_path = Path(self._program)
-            hash_verified = check_asset(asset_path, verify_hash=self._verify_hash).hash_verified
+            # with a child compiling, the hash is checked while it works (and before use)
+            overlap = self._verify_hash and isolation_available()
+            check_asset(asset_path, verify_hash=self._verify_hash, defer_hash=overlap)
+            hash_verified = self._verify_hash and not overlap
+            if overlap:
+                hash_check = functools.partial(check_hash, asset_path)
             try:
                 asset = ca.AIModelAsset.load(asset_path)
             except RuntimeError as error:
@@ -172,7 +179,7 @@ class Session:
             self._loop = asyncio.new_event_loop()
             if isolation_available():
                 self.model = self._loop.run_until_complete(
-                    self._load_isolated(asset, asset_path, hash_verified)
+                    self._load_isolated(asset, asset_path, hash_verified, hash_check)
                 )
             else:
                 self._exec_cm = asset.executable()
@@ -181,7 +188,13 @@ class Session:
             self.close()
             raise
 
-    async def _load_isolated(self, asset: Any, asset_path: Path | None, hashed: bool) -> Any:
+    async def _load_isolated(
+        self,
+        asset: Any,
+        asset_path: Path | None,
+        hashed: bool,
+        hash_check: Callable[[], Any] | None,
+    ) -> Any:
         """What ``asset.executable()`` does off macOS (compile to ODIX, load that), with the
         compilation in a child process (:func:`coreai_torch.ir.assets.compile_isolated`)."""
         from coreai.runtime import AIModel
@@ -190,7 +203,11 @@ class Session:
         out = Path(self._compiled.name)
         what = f"'{asset_path}'" if asset_path is not None else "the program"
         compile_isolated(
-            lambda: asset._write_odix(out), what=what, asset_path=asset_path, hash_verified=hashed
+            lambda: asset._write_odix(out),
+            what=what,
+            asset_path=asset_path,
+            hash_verified=hashed,
+            meanwhile=hash_check,
         )
         return await AIModel.load(path=out)
 

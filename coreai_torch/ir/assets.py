@@ -84,14 +84,17 @@ class AssetInfo:
     hash_seconds: float = 0.0
 
 
-def check_asset(path: str | os.PathLike[str], *, verify_hash: bool = True) -> AssetInfo:
+def check_asset(
+    path: str | os.PathLike[str], *, verify_hash: bool = True, defer_hash: bool = False
+) -> AssetInfo:
     """Check that ``path`` is a complete, undamaged Core AI asset (see the module docstring).
 
     Raises :class:`~coreai_torch.errors.AssetNotFoundError` (also a ``FileNotFoundError``) for
     a path that does not exist and :class:`~coreai_torch.errors.InvalidAssetError` (also a
     ``ValueError``) naming the file and the problem for anything else.  ``verify_hash=False``
     skips the SHA-256 comparison (damaged weights then go unnoticed); it costs about a second
-    per GB of bytecode.
+    per GB of bytecode.  ``defer_hash``: check ``main.hash`` but leave the hashing to a later
+    :func:`check_hash` (done while the program compiles).
     """
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"an asset path must be a str or os.PathLike, got {type(path).__name__}")
@@ -120,8 +123,10 @@ def check_asset(path: str | os.PathLike[str], *, verify_hash: bool = True) -> As
     check_bytecode_layout(bytecode)  # first: it says where a truncated file ends
     info = AssetInfo(root, size, hash_verified=False)
     if verify_hash:
-        info.hash_seconds = _check_hash(bytecode, digest_file)
-        info.hash_verified = True
+        expected = _expected_digest(digest_file)
+        if not defer_hash:
+            info.hash_seconds = _compare_hash(bytecode, digest_file, expected)
+            info.hash_verified = True
     return info
 
 
@@ -160,13 +165,30 @@ def file_sha256(path: Path, progress: Callable[[int], None] | None = None) -> by
     return digest.digest()
 
 
-def _check_hash(bytecode: Path, digest_file: Path) -> float:
+def check_hash(path: str | os.PathLike[str]) -> float:
+    """Raise :class:`InvalidAssetError` unless the asset's bytecode matches ``main.hash``;
+    returns the seconds spent hashing."""
+    root = Path(path)
+    digest_file = root / HASH_FILE
+    if not digest_file.is_file():
+        raise InvalidAssetError(
+            f"{root} is not a complete Core AI asset: {HASH_FILE} missing; save the program "
+            "again with save_asset(), or load it with verify_hash=False"
+        )
+    return _compare_hash(root / BYTECODE_FILE, digest_file, _expected_digest(digest_file))
+
+
+def _expected_digest(digest_file: Path) -> bytes:
     expected = digest_file.read_bytes()
     if len(expected) != hashlib.sha256().digest_size:
         raise InvalidAssetError(
             f"{digest_file} holds {len(expected)} bytes, not a 32-byte SHA-256 digest: the "
             "asset is damaged; save it again"
         )
+    return expected
+
+
+def _compare_hash(bytecode: Path, digest_file: Path, expected: bytes) -> float:
     start = time.perf_counter()
     actual = file_sha256(bytecode)
     seconds = time.perf_counter() - start
@@ -331,6 +353,7 @@ def compile_isolated(
     what: str,
     asset_path: Path | None = None,
     hash_verified: bool = False,
+    meanwhile: Callable[[], Any] | None = None,
 ) -> None:
     """Run ``compile_fn`` (coreai-core reading and compiling a program) in a forked child.
 
@@ -338,7 +361,9 @@ def compile_isolated(
     :class:`InvalidAssetError` when the program came from ``asset_path``, else ``RuntimeError``.
     A child that raised a Python exception is re-run in process, so that the caller gets the
     original exception.  A child that makes no progress for :data:`STALL_SECONDS` is killed
-    and ``compile_fn`` is run in process.
+    and ``compile_fn`` is run in process.  ``meanwhile`` runs here while the child compiles
+    (the hash check of a large asset: it then costs no time); if it raises, the child is
+    killed and its work dropped.
     """
     with tempfile.TemporaryFile() as log:
         try:
@@ -346,6 +371,8 @@ def compile_isolated(
                 warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads
                 pid = os.fork()
         except OSError:
+            if meanwhile is not None:
+                meanwhile()
             compile_fn()
             return
         if pid == 0:  # the child: its stderr (coreai-core's diagnostics) into the log
@@ -359,6 +386,14 @@ def compile_isolated(
                 pass
             finally:
                 os._exit(code)
+        try:
+            if meanwhile is not None:
+                meanwhile()
+                hash_verified = True
+        except BaseException:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
         status = _wait(pid)
         log.seek(0)
         diagnostics = log.read().decode(errors="replace")
