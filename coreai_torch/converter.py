@@ -150,6 +150,9 @@ class TorchConverter:
                 "nodes whose values leave the half type's range; give compute_precision='fp16' "
                 "or 'bf16' too"
             )
+        #: whether to_coreai() checks that the precision selectors match the staged programs
+        #: (not for the partial programs ``find_divergence`` converts)
+        self._check_selectors = True
         self._staged: dict[str, StagedProgram] = {}
         self._lowerings = LoweringTable(fallback=BUILTIN_LOWERINGS)
         self._kernels: dict[str, TorchMetalKernel] = {}
@@ -420,7 +423,7 @@ class TorchConverter:
                         fp32_accumulation=self.precision.fp32_accumulation,
                     ),
                 )
-                if self.precision.is_half:
+                if self.precision.is_half and self._check_selectors:
                     check_selectors(
                         self.precision, [s.exported_program for s in self._staged.values()]
                     )

@@ -152,3 +152,17 @@ def test_selectors_that_match_are_accepted_and_a_predicate_that_selects_nothing_
     converter = TorchConverter(compute_precision="fp16", keep_fp32=lambda node: False)
     with pytest.warns(RuntimeWarning, match=r"keep_fp32 \(the predicate\) selects no node"):
         converter.add_exported_program(ep).to_coreai()
+
+
+def test_verify_bisects_with_selectors_that_match_later_nodes_only() -> None:
+    """The probe conversions of a prefix of the program do not check the selectors (the
+    prefix need not hold the selected module)."""
+    from coreai_torch.precision import Precision
+    from coreai_torch.verify import verify
+
+    torch.manual_seed(1)
+    model = Net(scale=300.0).eval()
+    policy = Precision(torch.float16, keep_fp32_modules=("head",))
+    report = verify(model, (torch.randn(2, 16),), precision=policy)
+    assert not report.ok
+    assert report.divergence is not None and report.divergence.node.name.startswith("mul")

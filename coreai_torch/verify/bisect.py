@@ -18,6 +18,7 @@ import contextlib
 import copy
 import math
 import operator
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -291,7 +292,10 @@ class _Search:
         if self.precision is not None:
             probe.precision = self.precision
         probe.progress = False
-        program = probe.add_exported_program(program_ep).to_coreai()
+        probe._check_selectors = False  # a prefix need not hold every selected node
+        with warnings.catch_warnings():  # the full conversion said it already
+            warnings.simplefilter("ignore", RuntimeWarning)
+            program = probe.add_exported_program(program_ep).to_coreai()
         if self.optimize:
             program.optimize()
         signature = program.signatures["main"]
