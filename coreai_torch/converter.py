@@ -423,7 +423,9 @@ class TorchConverter:
                         fp32_accumulation=self.precision.fp32_accumulation,
                     ),
                 )
-                if self.precision.is_half and self._check_selectors:
+                # (externalized modules are traced while importing: their nodes are not known)
+                externalized = any(s.externalize for s in self._staged.values())
+                if self.precision.is_half and self._check_selectors and not externalized:
                     check_selectors(
                         self.precision, [s.exported_program for s in self._staged.values()]
                     )
