@@ -16,10 +16,13 @@ from coreai_torch.analysis import analyze
 from coreai_torch.compression.apply import CompressionReport
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import (
+    AssetNotFoundError,
     ConversionError,
     ExternalizationError,
+    InvalidAssetError,
     InvalidSignatureError,
     LoweringError,
+    NonFiniteWeightError,
     NotDecomposedError,
     RuntimeHazardError,
     UnsupportedModelError,
@@ -46,13 +49,16 @@ torch_compat.warn_if_untested_torch()
 
 __all__ = [
     "AIProgram",
+    "AssetNotFoundError",
     "CompressionReport",
     "ConversionError",
     "ExternalizationError",
     "ExternalizeSpec",
+    "InvalidAssetError",
     "InvalidSignatureError",
     "LoweringError",
     "MetalParameter",
+    "NonFiniteWeightError",
     "NotDecomposedError",
     "RuntimeHazardError",
     "TorchConverter",
