@@ -181,6 +181,20 @@ def test_verify_against_the_factory_on_random_inputs(
     assert lines[-1] == "MATCH"
 
 
+def test_verify_refuses_a_damaged_asset_unless_told_not_to_hash(
+    work: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    monkeypatch.chdir(work)
+    shutil.copytree("out/model.aimodel", "damaged.aimodel")
+    (work / "damaged.aimodel" / "main.hash").write_bytes(b"\0" * 32)
+    assert main(["verify", "damaged.aimodel", "model.py:make"]) == 2
+    err = capsys.readouterr().err
+    assert "main.mlirb does not match main.hash" in err
+    assert main(["verify", "damaged.aimodel", "model.py:make", "--no-verify-hash"]) == 0
+
+
 def test_verify_against_the_pt2_on_input_files(work: Path, capsys: pytest.CaptureFixture) -> None:
     code = main(
         [

@@ -28,6 +28,7 @@ from coreai_torch.cli.options import (
     CliError,
     Source,
     add_compression_arguments,
+    add_hash_option,
     add_precision_arguments,
     add_setup_option,
     compression_config,
@@ -112,7 +113,7 @@ def cmd_verify(opts: argparse.Namespace) -> int:
     expected_out, expected_states = _eager(source, signature, args, kwargs)
     converter = make_converter(opts)
     policy = converter.precision
-    with Session(asset) as session:
+    with Session(asset, verify_hash=opts.verify_hash) as session:
         functions = list(session.model.function_names)
         if opts.entrypoint not in functions:
             raise CliError(f"{asset} has no entry point {opts.entrypoint!r}; it has {functions}")
@@ -317,6 +318,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     verify.add_argument("asset", metavar="MODEL.aimodel")
     verify.add_argument("source", metavar="SOURCE", help="the program the asset came from")
+    add_hash_option(verify)
     verify.add_argument(
         "--inputs",
         nargs="+",

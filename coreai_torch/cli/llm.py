@@ -19,6 +19,7 @@ from coreai_torch.cli.options import (
     EXIT_OK,
     CliError,
     add_compression_arguments,
+    add_hash_option,
     add_precision_arguments,
     compression_config,
     emit,
@@ -69,7 +70,7 @@ def cmd_generate(opts: argparse.Namespace) -> int:
     if opts.tokenizer is None and not _is_ids(opts.prompt):
         raise CliError("--prompt is text: pass --tokenizer MODEL_DIR (or give token ids: 1,2,3)")
     prompt: Any = [int(t) for t in opts.prompt.split(",")] if _is_ids(opts.prompt) else opts.prompt
-    with Generator(opts.asset, tokenizer=opts.tokenizer) as generator:
+    with Generator(opts.asset, tokenizer=opts.tokenizer, verify_hash=opts.verify_hash) as generator:
         tokens: list[int] = []
         shown = ""
         stream = sys.stdout if not opts.json else None
@@ -155,4 +156,5 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     generate.add_argument("--top-k", type=int)
     generate.add_argument("--top-p", type=float)
     generate.add_argument("--seed", type=int, help="seed of the sampling")
+    add_hash_option(generate)
     generate.set_defaults(func=cmd_generate)

@@ -254,7 +254,8 @@ def one_line(error: BaseException) -> str:
         for op, nodes in sorted(error.ops.items(), key=lambda kv: -len(kv[1])):
             frame = user_frame(nodes[0])
             parts.append(f"{op} x{len(nodes)}" + (f" (first at {frame})" if frame else ""))
-        return f"no Core AI lowering for {'; '.join(parts)}"
+        hints = [line.strip() for line in str(error).splitlines() if line.startswith("hint:")]
+        return f"no Core AI lowering for {'; '.join([*parts, *hints])}"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = " ".join(lines) or type(error).__name__
     if isinstance(error, (CliError, ConversionError)):
@@ -290,6 +291,16 @@ def add_compression_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --compress: weights per scale along the input axis (int), or output "
         "channels per palette (palette)",
+    )
+
+
+def add_hash_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--verify-hash",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compare the asset's bytecode with its main.hash before loading it (default; "
+        "about 1.4 s per GB, hidden while the program compiles on Linux)",
     )
 
 
