@@ -31,6 +31,7 @@ def _ids() -> tuple[torch.Tensor]:
     return (torch.randint(0, VOCAB, (1, 6)),)
 
 
+@pytest.mark.slow
 def test_an_moe_expert_loop_that_reaches_the_converter_names_rewrite_moe() -> None:
     """OLMoE's loop (torch.where(expert_mask[e])) exports with a nonzero of data-dependent
     size, which the nonzero lowering refuses."""
