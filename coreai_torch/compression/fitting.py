@@ -1,6 +1,7 @@
 """Fitting compressed codes to float weights: linear quantization per block (torch kernels
 over numpy views) and palettes by weighted k-means (numpy).  ``AIProgram.compress()``
-(``passes/compress.py``) calls these and emits the results with :mod:`coreai_torch.ir.compressed`.
+(:mod:`coreai_torch.compression.apply`) calls these and emits the results with
+:mod:`coreai_torch.ir.compressed`.
 
 Parameters are given by their shape: ``params[d]`` blocks along axis ``d`` of the weight (a
 ``[N, K]`` weight with ``params == [N, K // 32]`` has one scale per row and block of 32).
