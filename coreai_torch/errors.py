@@ -73,3 +73,9 @@ class AssetNotFoundError(InvalidAssetError, FileNotFoundError):
 class NonFiniteWeightError(ValueError):
     """``compress()`` met weights holding NaN or infinite values (the message names each
     weight, the counts and the first positions)."""
+
+
+class CheckpointError(ConversionError, ValueError):
+    """A checkpoint cannot provide a model's weights: a missing or truncated file, a missing
+    tensor, or a shape that disagrees with the model (the message names the file and the
+    tensor)."""

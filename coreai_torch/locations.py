@@ -29,19 +29,30 @@ class SourceFrame:
         return f"{text}: {self.code}" if self.code else text
 
 
+#: the file name of code FX generates (``<eval_with_key>.12``: a counter of this process)
+_GENERATED = re.compile(r"^<eval_with_key>(\.\d+)?$")
+
+
 def _frames(node: torch.fx.Node) -> list[SourceFrame]:
     trace = node.meta.get("stack_trace") or ""
     return [
-        SourceFrame(m["file"], int(m["line"]), m["func"], (m["code"] or "").strip())
+        SourceFrame(
+            _GENERATED.sub("<eval_with_key>", m["file"]),
+            int(m["line"]),
+            m["func"],
+            (m["code"] or "").strip(),
+        )
         for m in _FRAME.finditer(trace)
     ]
 
 
 def user_frame(node: torch.fx.Node) -> SourceFrame | None:
-    """The innermost frame of the user's own code (not inside torch) that created ``node``."""
+    """The innermost frame of the user's own code (not inside torch, nor code FX generated)
+    that created ``node``.  The same model gives the same frames in every conversion (the
+    counter in the names of generated code is dropped), so its asset is the same too."""
     frames = _frames(node)
     for frame in reversed(frames):
-        if not frame.file.startswith(_TORCH_DIR):
+        if not frame.file.startswith(_TORCH_DIR) and frame.file != "<eval_with_key>":
             return frame
     return frames[-1] if frames else None
 

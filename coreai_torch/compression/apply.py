@@ -34,9 +34,9 @@ from coreai_torch._mlir import ir
 from coreai_torch.compression.checks import check_finite, check_scale_range
 from coreai_torch.compression.config import CompressionConfig, LinearQuantization, Palettization
 from coreai_torch.compression.fitting import palettize, quantize_linear
-from coreai_torch.ir import compressed
+from coreai_torch.ir import compressed, lazy
 from coreai_torch.ir.checks import verify_module
-from coreai_torch.ir.weights import WeightStore, resource_name
+from coreai_torch.ir.weights import WeightStore, derived_arrays, resource_name
 from coreai_torch.passes import pipeline
 from coreai_torch.passes.pretranspose import weight_constants
 from coreai_torch.passes.weight_reads import (
@@ -202,7 +202,7 @@ def _fit(
 def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
     """The weight as float32 numpy in the stored layout: a (strided) view of a float32
     weight, a converted copy of a float16 / bfloat16 one."""
-    t = tensor.detach()
+    t = lazy.materialize(tensor).detach()  # a lazy weight: read now
     if t.dtype != torch.float32:
         t = t.float()
     return t.permute(perm).numpy()
@@ -376,13 +376,25 @@ def _compress_one(
     if isinstance(fitted, str):
         return fitted
     codes, snr = fitted
-    decompression = (
-        compressed.linear_decompression(
-            store, name, codes, dtype, getattr(config, "scale_dtype", None)
-        )
-        if isinstance(codes, compressed.LinearCodes)
-        else compressed.palette_decompression(store, name, codes, dtype)
-    )
+
+    def decompress(target: WeightStore, codes: Any) -> compressed.Decompression:
+        if isinstance(codes, compressed.LinearCodes):
+            scale_dtype = getattr(config, "scale_dtype", None)
+            return compressed.linear_decompression(target, name, codes, dtype, scale_dtype)
+        return compressed.palette_decompression(target, name, codes, dtype)
+
+    if lazy.is_lazy(tensor):
+        # keep none of the codes: the data is fitted again (the same) while it is written
+        def refit() -> list[np.ndarray]:
+            again = _fit(config, _as_float32(tensor, plan.perm), plan, dtype)
+            assert not isinstance(again, str)
+            return derived_arrays(lambda target: decompress(target, again[0]), store)
+
+        with store.deferring(refit):
+            decompression = decompress(store, codes)
+        del codes
+    else:
+        decompression = decompress(store, codes)
     _replace(plan, decompression)
     original = store.by_name.get(name, tensor)  # the weight as the model holds it
     return CompressedWeight(

@@ -14,11 +14,13 @@ entries) need nothing here: the fits reproduce them exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
 from coreai_torch.errors import NonFiniteWeightError
+from coreai_torch.ir import lazy
 
 #: elements checked at a time (the bool mask of a chunk is what is held)
 CHUNK_ELEMENTS = 1 << 24
@@ -75,6 +77,11 @@ def check_finite(
     (the default) raises :class:`NonFiniteWeightError` listing every such weight instead."""
     found: dict[str, str] = {}
     for name, tensor in weights:
+        if lazy.is_lazy(tensor):  # read once for its statistics; again only if it has any
+            stats = lazy.statistics(tensor)
+            if not stats.nan and not stats.inf:
+                continue
+            tensor = lazy.materialize(tensor)
         nan, inf, positions = non_finite(tensor)
         if nan or inf:
             found[name] = _describe(name, tensor, nan, inf, positions)
@@ -107,7 +114,11 @@ def check_scale_range(
     limit = torch.finfo(scale_dtype).max * high / (1 if symmetric else 2)
     found = []
     for name, tensor in weights:
-        largest = float(tensor.detach().abs().amax()) if tensor.numel() else 0.0
+        if lazy.is_lazy(tensor):
+            stats = lazy.statistics(tensor)
+            largest = math.inf if stats.inf else stats.finite_peak
+        else:
+            largest = float(tensor.detach().abs().amax()) if tensor.numel() else 0.0
         if largest > limit:
             found.append(f"{name} (largest magnitude {largest:.4g})")
     if found:

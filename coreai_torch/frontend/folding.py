@@ -22,6 +22,7 @@ import torch.fx
 
 from coreai_torch import dtypes
 from coreai_torch.frontend.fusions import FUSED_OPS
+from coreai_torch.ir import lazy
 
 #: Largest result (in elements, per tensor) that is folded.
 FOLD_LIMIT = 1 << 16
@@ -90,7 +91,9 @@ def fold_constants(
         source = max((weight_size.get(a.name, 0) for a in node.all_input_nodes), default=0)
         if source >= LARGE_WEIGHT and 4 * _numel(node.meta["val"]) > source:
             continue
-        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: known[n.name])
+        args, kwargs = torch.fx.node.map_arg(
+            (node.args, node.kwargs), lambda n: lazy.materialize(known[n.name])
+        )
         try:
             with torch.no_grad():
                 value = node.target(*args, **kwargs)

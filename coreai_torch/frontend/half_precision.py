@@ -49,6 +49,7 @@ from torch.export.graph_signature import (
 
 from coreai_torch.frontend.fusions import find_rms_norms
 from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
+from coreai_torch.ir import lazy
 from coreai_torch.precision.policy import Precision
 
 aten = torch.ops.aten
@@ -131,17 +132,10 @@ class HalfWeights:
     def get(self, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if tensor.dtype == dtype:
             return tensor
-        key = (
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tuple(tensor.stride()),
-            tensor.dtype,
-            dtype,
-        )
+        key = (*lazy.key(tensor), dtype)
         found = self._copies.get(key)
         if found is None:
-            with torch.no_grad():
+            with torch.no_grad():  # of a lazy tensor: lazy too (cast when the data is read)
                 found = tensor.detach().to(dtype).contiguous()
             self._copies[key] = found
             self.bytes += found.numel() * found.element_size()

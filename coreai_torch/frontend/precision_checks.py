@@ -32,6 +32,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
+from coreai_torch.ir import lazy
 from coreai_torch.locations import clean_module_path, describe, qualified_name
 from coreai_torch.precision.policy import Precision, in_modules
 
@@ -221,8 +222,7 @@ def _overflowing_weights(ep: ExportedProgram, limit: float) -> dict[str, tuple[s
     for name, (target, tensor) in _weight_placeholders(ep).items():
         if tensor.numel() == 0:
             continue
-        magnitude = tensor.detach().abs()
-        peak = float(torch.where(torch.isfinite(magnitude), magnitude, 0).amax())
+        peak = lazy.statistics(tensor).finite_peak  # a lazy weight is read once
         if peak > limit:
             found[name] = (target, peak)
     return found

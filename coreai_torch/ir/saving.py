@@ -6,7 +6,8 @@ for large models:
 
 * the bytecode is hashed while it is written, not read back whole into memory;
 * weights stored transposed (``WeightStore.transposed``) are transposed into the stream as it
-  passes, block by block, instead of being held as a second copy of the weights;
+  passes, block by block, instead of being held as a second copy of the weights, and lazy
+  weights (:mod:`coreai_torch.ir.lazy`) are read from their checkpoint there;
 * hashing, writing and transposing run beside the serializer, on the other core, and an
   asset of 1 GiB or more is written with direct I/O where the file system allows it (no
   page-cache copy: little CPU, and the data is on the disk when ``save_asset`` returns).
@@ -15,9 +16,9 @@ coreai-core's serializer holds the GIL and writes to a seekable file.  So it run
 child (which shares the parent's memory: the weights are not copied) and writes into an
 in-memory file, while this process reads it right behind the child, freeing what it has read
 (the child is paused when it gets 128 MB ahead), parses the stream's framing
-(:mod:`coreai_torch.ir.bytecode`), replaces the placeholders of transposed weights by their data,
+(:mod:`coreai_torch.ir.bytecode`), replaces the placeholders of pending weights by their data,
 and hands the bytes to a hashing and a writing thread.  Where ``fork`` is not available (or
-not safe: macOS), :func:`save_in_process` makes the transposed weights first and hashes the
+not safe: macOS), :func:`save_in_process` makes the pending weights first and hashes the
 written file in chunks.
 """
 
@@ -49,7 +50,7 @@ from coreai.runtime import _AIModelAsset
 
 from coreai_torch._mlir import ca, clone_module, ir
 from coreai_torch.ir.bytecode import BytecodeFormatError, Source, TruncatedBytecode, rewrite_blobs
-from coreai_torch.ir.weights import TAG_BYTES, PendingTranspose, WeightStore, referenced_resources
+from coreai_torch.ir.weights import TAG_BYTES, PendingData, WeightStore, referenced_resources
 
 #: coreai-core's bytecode version (``coreai.authoring.asset._CURRENT_BYTECODE_VERSION``)
 BYTECODE_VERSION = 6
@@ -115,7 +116,7 @@ def save_program(
     streaming: bool | None = None,
 ) -> ca.AIModelAsset:
     """Write ``module`` as the asset directory ``path`` (replaced if it exists), as
-    coreai-core's ``AIProgram.save_asset`` does; pending transposes of ``weights`` are made
+    coreai-core's ``AIProgram.save_asset`` does; the pending data of ``weights`` is made
     on the way.  ``streaming``: through a forked serializer (default: for programs of at
     least ``STREAM_MIN_BYTES`` of weights, where available) or in process."""
     last_stats.__init__()  # type: ignore[misc]
@@ -171,7 +172,7 @@ def save_in_process(
     weights: WeightStore | None,
     progress: SaveProgress | None = None,
 ) -> bytes:
-    """coreai-core's way, without its whole-file read: make the pending transposes, serialize
+    """coreai-core's way, without its whole-file read: make the pending data, serialize
     to the file, hash it in chunks.  Returns the SHA-256."""
     if weights is not None:
         weights.materialize(referenced_resources(module))
@@ -634,10 +635,11 @@ def _torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class _TransposeWriter:
-    """Replaces each pending transpose's placeholder in the stream by its data."""
+class _PendingWriter:
+    """Replaces each pending resource's placeholder in the stream by its data (a transposed
+    weight, a lazy tensor read from its checkpoint)."""
 
-    def __init__(self, pending: dict[bytes, PendingTranspose], sink: _Sink) -> None:
+    def __init__(self, pending: dict[bytes, PendingData], sink: _Sink) -> None:
         self.pending, self.sink = pending, sink
         self.done: set[str] = set()
 
@@ -691,7 +693,7 @@ def _save_streaming(
     try:
         serializer = _Serializer(module, dialect_version)
         sink = _Sink(fd, progress, total)
-        writer = _TransposeWriter(pending, sink)
+        writer = _PendingWriter(pending, sink)
         source = _ChildOutput(serializer, sink)
         cpu = time.thread_time()
         try:
@@ -712,7 +714,7 @@ def _save_streaming(
             raise RuntimeError(failure)
         if writer.done != expected:
             missing = ", ".join(sorted(expected - writer.done)) or "none"
-            raise BytecodeFormatError(f"transposed weights not found in the stream: {missing}")
+            raise BytecodeFormatError(f"pending weights not found in the stream: {missing}")
         last_stats.streamed, last_stats.bytes = True, sink.written
         return digest
     finally:

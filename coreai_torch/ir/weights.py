@@ -28,15 +28,16 @@ import mmap
 import os
 import re
 import weakref
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
+from coreai_torch.ir import lazy
 
 #: Tensors with fewer elements than this are emitted inline (``dense<...>``) so the compiler
 #: can fold them; larger ones are zero-copy resources.
@@ -111,17 +112,13 @@ def transpose_rows(source: torch.Tensor, first: int, out: torch.Tensor) -> None:
         out[start : start + width].copy_(block.t())
 
 
-@dataclass
-class PendingTranspose:
-    """A weight stored transposed whose data is made when it is needed (saved or read)."""
+class PendingData:
+    """A resource whose data is made when it is needed (saved or read): its blob holds a
+    placeholder (:func:`_placeholder`, tagged) until then.  Subclasses say how to make it,
+    a block of slices along the first dimension at a time (:meth:`fill`)."""
 
     name: str
     tag: bytes
-    #: the weight's content, permuted: a view of the original tensor (no copy)
-    view: torch.Tensor
-    #: the original tensor and the permutation
-    source: torch.Tensor
-    perm: tuple[int, ...]
     #: the placeholder the resource holds (anonymous memory; filled by ``materialize``)
     placeholder: torch.Tensor
 
@@ -131,8 +128,8 @@ class PendingTranspose:
 
     @property
     def rows(self) -> int:
-        """Slices along the first dimension of the transposed weight."""
-        return self.placeholder.shape[0]
+        """Slices along the first dimension of the data."""
+        return self.placeholder.shape[0] if self.placeholder.dim() else 1
 
     @property
     def row_bytes(self) -> int:
@@ -140,17 +137,130 @@ class PendingTranspose:
         return self.nbytes // max(1, self.rows)
 
     def fill(self, first: int, out: torch.Tensor) -> None:
-        """Slices ``first .. first + len(out)`` (first dimension) of the transposed weight into
-        ``out`` (contiguous, shaped like those slices)."""
+        """Slices ``first .. first + len(out)`` (first dimension) of the data into ``out``
+        (contiguous, shaped like those slices)."""
+        raise NotImplementedError
+
+    def materialize(self) -> None:
+        """Write the data into the placeholder (in place: the IR is unchanged)."""
+        self.fill(0, self.placeholder.view(self.rows, *self.placeholder.shape[1:]))
+
+
+@dataclass
+class PendingTranspose(PendingData):
+    """A weight stored transposed, made from the original tensor when it is needed."""
+
+    name: str
+    tag: bytes
+    #: the weight's content, permuted: a view of the original tensor (no copy)
+    view: torch.Tensor
+    #: the original tensor and the permutation
+    source: torch.Tensor
+    perm: tuple[int, ...]
+    placeholder: torch.Tensor
+
+    def fill(self, first: int, out: torch.Tensor) -> None:
         if self.perm == (1, 0):
             transpose_rows(self.source.detach(), first, out)
         else:
             out.copy_(self.view[first : first + out.shape[0]])
 
     def materialize(self) -> None:
-        """Write the transposed data into the placeholder (in place: the IR is unchanged), with
-        torch's cache-blocked transpose."""
+        """With torch's cache-blocked transpose."""
         self.placeholder.copy_(self.view)
+
+
+@dataclass
+class PendingLazy(PendingData):
+    """A lazy tensor (:mod:`coreai_torch.ir.lazy`) read when it is needed: by rows where its
+    expression allows it, else whole (once, kept until its last slice is written)."""
+
+    name: str
+    tag: bytes
+    tensor: torch.Tensor
+    placeholder: torch.Tensor
+    _whole: torch.Tensor | None = None
+
+    def fill(self, first: int, out: torch.Tensor) -> None:
+        count = out.shape[0]
+        if self._whole is None:
+            rows = lazy.read_rows(self.tensor, first, count) if self.tensor.dim() else None
+            if rows is not None:
+                out.copy_(rows.reshape(out.shape))
+                return
+            self._whole = lazy.materialize(self.tensor).reshape(self.placeholder.shape)
+        whole = self._whole.reshape(self.rows, *self.placeholder.shape[1:])
+        out.copy_(whole[first : first + count])
+        if first + count >= self.rows:
+            self._whole = None
+
+
+class _Recipe:
+    """Recomputes the derived buffers of one weight (its compressed codes, scales, ...) when
+    the first of them is needed, and lets them go once all are written."""
+
+    def __init__(self, compute: Callable[[], list[np.ndarray]], context: ir.Context) -> None:
+        self.compute = compute
+        self.context = context
+        self.arrays: list[np.ndarray] | None = None
+        self.waiting: set[int] = set()
+
+    def array(self, index: int) -> np.ndarray:
+        if self.arrays is None:
+            with self.context, ir.Location.unknown():
+                self.arrays = [
+                    np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in self.compute()
+                ]
+        return self.arrays[index]
+
+    def done(self, index: int) -> None:
+        self.waiting.discard(index)
+        if not self.waiting:
+            self.arrays = None
+
+
+@dataclass
+class PendingDerived(PendingData):
+    """A derived buffer (:meth:`WeightStore.derived`) computed again when it is needed, from a
+    lazy weight: see :meth:`WeightStore.deferring`."""
+
+    name: str
+    tag: bytes
+    placeholder: torch.Tensor
+    recipe: _Recipe
+    index: int
+
+    def fill(self, first: int, out: torch.Tensor) -> None:
+        data = self.recipe.array(self.index)
+        if data.size != self.nbytes:
+            raise RuntimeError(
+                f"derived constant '{self.name}' was computed again with {data.size} bytes "
+                f"instead of {self.nbytes}: its computation is not deterministic"
+            )
+        count = out.numel() * out.element_size()
+        start = first * self.row_bytes
+        out.view(torch.uint8).reshape(-1).copy_(torch.from_numpy(data[start : start + count]))
+        if start + count >= self.nbytes:
+            self.recipe.done(self.index)
+
+
+def derived_arrays(build: Callable[[Any], Any], store: WeightStore) -> list[np.ndarray]:
+    """The buffers ``build(target)`` hands to ``target.derived()``, in order, without creating
+    any resource: ``build`` is what made a weight's derived constants in ``store`` (needs the
+    MLIR context it ran in)."""
+    recorder = _DerivedRecorder()
+    build(recorder)
+    return recorder.arrays
+
+
+class _DerivedRecorder:
+    """Stands for a :class:`WeightStore` whose :meth:`~WeightStore.derived` only records."""
+
+    def __init__(self) -> None:
+        self.arrays: list[np.ndarray] = []
+
+    def derived(self, data: np.ndarray, name: str, tensor_type: ir.RankedTensorType) -> None:
+        self.arrays.append(data)
 
 
 def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, tag: bytes) -> torch.Tensor:
@@ -177,24 +287,21 @@ class WeightStore:
         self._tensors: list[torch.Tensor] = []
         #: resource name -> the tensor it holds (for a pending transpose: a view of the data)
         self.by_name: dict[str, torch.Tensor] = {}
-        #: placeholder tag -> the transpose it stands for, until materialized
-        self.pending: dict[bytes, PendingTranspose] = {}
+        #: placeholder tag -> the data it stands for (a transpose, a lazy tensor), until made
+        self.pending: dict[bytes, PendingData] = {}
         self.total_bytes = 0
         #: resource name -> the buffer of a derived constant (see :meth:`derived`)
         self.derived_by_name: dict[str, np.ndarray] = {}
         self.derived_bytes = 0
+        #: the recipe of the derived buffers being deferred (see :meth:`deferring`)
+        self._recipe: _Recipe | None = None
+        self._recipe_count = 0
         #: programs holding constants of this store (see :meth:`share_with`)
         self._users: weakref.WeakSet[ModuleHolder] = weakref.WeakSet()
 
     @staticmethod
     def _key(tensor: torch.Tensor) -> tuple:
-        return (
-            tensor.untyped_storage().data_ptr(),
-            tensor.storage_offset(),
-            tuple(tensor.shape),
-            tuple(tensor.stride()),
-            tensor.dtype,
-        )
+        return lazy.key(tensor)
 
     def _unique_name(self, name: str) -> str:
         name = re.sub(r"[^A-Za-z0-9_.]", "_", name) or "weight"
@@ -207,6 +314,8 @@ class WeightStore:
 
     def constant(self, tensor: torch.Tensor, name: str) -> ir.Value:
         """A ``coreai.constant`` holding ``tensor`` (inline when tiny, zero-copy otherwise)."""
+        if lazy.is_lazy(tensor) and tensor.numel() < INLINE_LIMIT:
+            tensor = lazy.materialize(tensor)
         if tensor.is_sparse or tensor.device.type != "cpu":
             tensor = tensor.to_dense().cpu() if tensor.is_sparse else tensor.cpu()
         ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
@@ -218,7 +327,8 @@ class WeightStore:
         attr = self._attrs.get(key)
         if attr is None:
             self._tensors.append(tensor)
-            attr = self._resource(tensor, name)
+            attr = self._lazy_resource(tensor, name) if lazy.is_lazy(tensor) else None
+            attr = attr or self._resource(tensor, name)
             self._attrs[key] = attr
             self.total_bytes += tensor.numel() * tensor.element_size()
         return cai.ConstantOp(value=attr).result
@@ -227,7 +337,10 @@ class WeightStore:
         self, tensor: torch.Tensor, name: str, buffer: torch.Tensor | None = None
     ) -> ir.Attribute:
         """A resource named after ``name`` holding ``tensor``, over the memory of ``buffer``
-        (default: the tensor's own)."""
+        (default: the tensor's own; a lazy tensor is read now)."""
+        if buffer is None and lazy.is_lazy(tensor):
+            buffer = lazy.materialize(tensor)
+            self._tensors.append(buffer)
         return self._named_resource(tensor, self._unique_name(name), buffer)
 
     def _named_resource(
@@ -251,18 +364,37 @@ class WeightStore:
         tensor = self.by_name.get(name)
         if tensor is None or len(perm) != tensor.dim():
             return None
-        view = tensor.detach().permute(perm)
+        with torch.no_grad():
+            view = tensor.detach().permute(perm)  # of a lazy tensor: lazy too
         nbytes = view.numel() * view.element_size()
         if nbytes < TAG_BYTES:
-            copy = view.contiguous()
+            copy = lazy.materialize(view).contiguous()
             self._tensors.append(copy)
             return self._resource(copy, f"{name}.T")
-        tag = _TAG_PREFIX + next(_serials).to_bytes(8, "little") + nbytes.to_bytes(8, "little")
-        placeholder = _placeholder(tuple(view.shape), view.dtype, tag)
+        if lazy.is_lazy(view):
+            return self._lazy_resource(view, f"{name}.T")
+        tag, placeholder = self._new_placeholder(view)
         unique = self._unique_name(f"{name}.T")
         self.pending[tag] = PendingTranspose(unique, tag, view, tensor, perm, placeholder)
-        self._tensors.append(placeholder)
         return self._named_resource(view, unique, buffer=placeholder)
+
+    def _new_placeholder(self, like: torch.Tensor) -> tuple[bytes, torch.Tensor]:
+        """A fresh tag and a placeholder of ``like``'s shape and dtype starting with it."""
+        nbytes = like.numel() * like.element_size()
+        tag = _TAG_PREFIX + next(_serials).to_bytes(8, "little") + nbytes.to_bytes(8, "little")
+        placeholder = _placeholder(tuple(like.shape), like.dtype, tag)
+        self._tensors.append(placeholder)
+        return tag, placeholder
+
+    def _lazy_resource(self, tensor: torch.Tensor, name: str) -> ir.Attribute | None:
+        """A resource whose data is read from ``tensor``'s source when it is needed; None
+        when the tensor is too small for a placeholder (it is read now instead)."""
+        if tensor.numel() * tensor.element_size() < TAG_BYTES:
+            return None
+        tag, placeholder = self._new_placeholder(tensor)
+        unique = self._unique_name(name)
+        self.pending[tag] = PendingLazy(unique, tag, tensor, placeholder)
+        return self._named_resource(tensor, unique, buffer=placeholder)
 
     def share_with(self, user: ModuleHolder) -> None:
         """Record that ``user`` (a program) holds constants of this store, so that
@@ -324,6 +456,30 @@ class WeightStore:
                 f"{buffer.size}"
             )
         unique = self._unique_name(name)
-        self.derived_by_name[unique] = buffer
         self.derived_bytes += buffer.size
+        recipe = self._recipe
+        if recipe is not None:
+            index = self._recipe_count
+            self._recipe_count += 1
+            if buffer.size >= TAG_BYTES:  # a placeholder until it is written
+                tag, placeholder = self._new_placeholder(
+                    torch.empty(buffer.size, dtype=torch.uint8)
+                )
+                self.pending[tag] = PendingDerived(unique, tag, placeholder, recipe, index)
+                recipe.waiting.add(index)
+                buffer = placeholder.numpy()
+        self.derived_by_name[unique] = buffer
         return ir.DenseResourceElementsAttr.get_from_buffer(buffer, unique, tensor_type)
+
+    @contextlib.contextmanager
+    def deferring(self, compute: Callable[[], list[np.ndarray]]) -> Iterator[None]:
+        """Inside the block, the buffers handed to :meth:`derived` are not kept: their
+        resources hold placeholders, and ``compute()`` (which must return the same buffers,
+        in the same order) makes them again when they are needed.  How a lazy weight is
+        stored compressed without holding its codes until the asset is written."""
+        self._recipe = _Recipe(compute, ir.Context.current)
+        self._recipe_count = 0
+        try:
+            yield
+        finally:
+            self._recipe = None

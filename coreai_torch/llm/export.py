@@ -57,6 +57,8 @@ from coreai_torch.composite_ops.moe import GatedExperts
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.ir import lazy
+from coreai_torch.ir.lazy import WeightSource
 from coreai_torch.precision import Precision, from_spec
 from coreai_torch.rewrites.moe import SparseMoE, rewrite_moe
 
@@ -124,10 +126,11 @@ def export(
     with _traceable_attention(model), _static_moe(model, restore=restore) as experts:
         wrapper = CachedCausalLM(model, max_context, all_logits=all_logits).eval()
         tokens = torch.export.Dim("tokens", min=1, max=max_context)
-        experts("dense")
-        prefill = _export(wrapper, 2, ({1: tokens}, None))
-        experts("gather")
-        decode = _export(wrapper, 1, None)
+        with lazy.tracing():  # a streamed model's weights are lazy: trace without recording
+            experts("dense")
+            prefill = _export(wrapper, 2, ({1: tokens}, None))
+            experts("gather")
+            decode = _export(wrapper, 1, None)
     converter = TorchConverter(compute_precision=policy)
     for name, ep in (("prefill", prefill), ("decode", decode)):
         converter.add_exported_program(
@@ -212,7 +215,11 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Modul
             f"{path} holds a {', '.join(saved)}, not a causal LM (no language-model head to "
             "load); save the AutoModelForCausalLM"
         )
-    return AutoModelForCausalLM.from_pretrained(path, local_files_only=True).eval()
+    # the weights stay in the checkpoint: read one at a time while the asset is written
+    source = WeightSource(path)
+    with lazy.empty_parameters():  # in float32, as from_pretrained loads it
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    return source.bind(model).eval()
 
 
 def check_architecture(config: Any, what: str) -> None:
