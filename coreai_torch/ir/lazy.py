@@ -301,17 +301,29 @@ def source_of(tensor: torch.Tensor) -> Expr:
     return source
 
 
+#: lazy tensors of at most this many elements keep their data once read (conversion-time
+#: folding reads small weights, and views of one tensor must be the same tensor, as they are
+#: for weights in memory)
+KEEP_ELEMENTS = 1 << 16
+
+
 def materialize(tensor: torch.Tensor) -> torch.Tensor:
     """The data of ``tensor``: read (and computed) now for a lazy tensor; the tensor itself
-    otherwise."""
+    otherwise.  Small lazy tensors (:data:`KEEP_ELEMENTS`) are read once."""
     if not is_lazy(tensor):
         return tensor
-    value = source_of(tensor).evaluate()
+    source = source_of(tensor)
+    kept = getattr(source, "_value", None)
+    if kept is not None:
+        return kept
+    value = source.evaluate()
     if tuple(value.shape) != tuple(tensor.shape) or value.dtype != tensor.dtype:
         raise CheckpointError(
             f"{source_of(tensor).describe()} gave {tuple(value.shape)} {value.dtype}, "
             f"expected {tuple(tensor.shape)} {tensor.dtype}"
         )
+    if tensor.numel() <= KEEP_ELEMENTS:
+        source._value = value  # type: ignore[attr-defined]
     return value
 
 
