@@ -17,6 +17,7 @@ from coreai_torch.compression.apply import CompressionReport
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import (
     AssetNotFoundError,
+    CheckpointError,
     ConversionError,
     ExternalizationError,
     InvalidAssetError,
@@ -35,6 +36,7 @@ from coreai_torch.frontend.export import get_decomp_table
 from coreai_torch.frontend.externalize import ExternalizeSpec
 from coreai_torch.importer.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.ir.composite import generate_composite_decl
+from coreai_torch.ir.lazy import WeightSource, empty_parameters
 from coreai_torch.program import AIProgram
 from coreai_torch.rewrites.moe import rewrite_moe
 from coreai_torch.rewrites.recurrent import rewrite_recurrent
@@ -50,6 +52,7 @@ torch_compat.warn_if_untested_torch()
 __all__ = [
     "AIProgram",
     "AssetNotFoundError",
+    "CheckpointError",
     "CompressionReport",
     "ConversionError",
     "ExternalizationError",
@@ -68,9 +71,11 @@ __all__ = [
     "UnsupportedOpError",
     "UnsupportedPlatformError",
     "VerificationError",
+    "WeightSource",
     "analyze",
     "composite_ops",
     "compression",
+    "empty_parameters",
     "errors",
     "generate_composite_decl",
     "get_decomp_table",

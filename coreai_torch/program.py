@@ -120,7 +120,9 @@ class AIProgram(ca.AIProgram):
         run time (see :mod:`coreai_torch.passes.pretranspose` for the trade-off).  Modifies the
         program in place and returns it.
         """
-        module = self.mlir_module  # a second optimize() folds constants: their data is made
+        # pending weights stay pending: those an op the rewrite folds reads are made by the
+        # pipeline, and no other op reading one is folded (passes/weight_casts.py)
+        module = self.structural_module
         listener = progress_events.resolve(self.progress)
         context = pipeline.PassContext(self.weights, transpose_weights=transpose_weights)
         total = len(pipeline.OPTIMIZE)

@@ -55,8 +55,9 @@ class ConversionProgress:
         """Every node of ``entrypoint`` is lowered."""
 
     def update(self, task: str, done: int, total: int, unit: str) -> None:
-        """A later phase advanced: ``task`` is ``"compress"`` (``unit`` "bytes"),
-        ``"optimize"`` (``unit`` "steps") or ``"save"`` (``unit`` "bytes")."""
+        """Another phase advanced: ``task`` is ``"compress"`` (``unit`` "bytes"),
+        ``"optimize"`` (``unit`` "steps") or ``"save"`` (``unit`` "bytes"); ``llm.export``
+        also reports ``"load"`` and ``"trace"`` (``unit`` "entry points")."""
 
     def close(self) -> None:
         """The ``to_coreai()`` (or ``compress()``, ``optimize()``, ``save_asset()``) call is
@@ -117,6 +118,7 @@ class RichProgress(CallbackProgress):
                 Progress,
                 TextColumn,
                 TimeElapsedColumn,
+                TimeRemainingColumn,
             )
         except ImportError as error:
             raise ImportError(
@@ -130,6 +132,7 @@ class RichProgress(CallbackProgress):
             BarColumn(),
             TextColumn("{task.fields[count]}"),
             TimeElapsedColumn(),
+            TimeRemainingColumn(),
             console=console,
             transient=self._transient,
         )

@@ -167,7 +167,7 @@ def _selected(config: CompressionConfig, plan: Plan) -> str | None:
 
 
 def _fit(
-    config: CompressionConfig, weight: np.ndarray, plan: Plan, dtype: torch.dtype
+    config: CompressionConfig, weight: np.ndarray | _LazyLayout, plan: Plan, dtype: torch.dtype
 ) -> tuple[Any, str] | str:
     """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
     configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
@@ -195,17 +195,54 @@ def _fit(
         return f"its {channels} output channels are not a multiple of group_size={group}"
     group = None if group is None or group >= channels else group
     return palettize(
-        weight, plan.channel_axis, group, config.bits, config.iterations, plan.batch_axes
+        np.asarray(weight),
+        plan.channel_axis,
+        group,
+        config.bits,
+        config.iterations,
+        plan.batch_axes,
     )
 
 
 def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
     """The weight as float32 numpy in the stored layout: a (strided) view of a float32
-    weight, a converted copy of a float16 / bfloat16 one."""
-    t = lazy.materialize(tensor).detach()  # a lazy weight: read now
+    weight, a converted copy of a float16 / bfloat16 one (a lazy weight is read now)."""
+    t = lazy.materialize(tensor).detach()
     if t.dtype != torch.float32:
         t = t.float()
     return t.permute(perm).numpy()
+
+
+class _LazyLayout:
+    """A lazy weight in its stored layout, read by the blocks fitting asks for: blocks of rows
+    of the weight as the checkpoint holds it are read alone (a 128k-row embedding or output
+    head is never whole in memory), anything else reads the whole weight once."""
+
+    def __init__(self, tensor: torch.Tensor, perm: tuple[int, ...]) -> None:
+        self.tensor, self.perm = tensor, perm
+        self.shape = tuple(tensor.shape[p] for p in perm)
+        self.ndim = len(perm)
+        self._whole: np.ndarray | None = None
+
+    def __getitem__(self, index: tuple[slice, ...]) -> np.ndarray:
+        cut = [a for a, s in enumerate(index) if s != slice(None)]
+        if self._whole is None and len(cut) == 1 and self.perm[cut[0]] == 0:
+            part = index[cut[0]]
+            start, stop, _ = part.indices(self.shape[cut[0]])
+            rows = lazy.read_rows(self.tensor, start, stop - start)
+            if rows is not None:
+                return rows.float().permute(self.perm).numpy()
+        return np.asarray(self)[index]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        if self._whole is None:
+            self._whole = _as_float32(self.tensor, self.perm)
+        return self._whole if dtype is None else self._whole.astype(dtype, copy=False)
+
+
+def _stored(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray | _LazyLayout:
+    """The weight in its stored layout, as fitting reads it."""
+    return _LazyLayout(tensor, perm) if lazy.is_lazy(tensor) else _as_float32(tensor, perm)
 
 
 # ------------------------------------------------------------------------------- rewrite ---
@@ -372,7 +409,7 @@ def _compress_one(
     reason = plan if isinstance(plan, str) else _selected(config, plan)
     if reason is not None:
         return reason
-    fitted = _fit(config, _as_float32(tensor, plan.perm), plan, dtype)
+    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype)
     if isinstance(fitted, str):
         return fitted
     codes, snr = fitted
@@ -386,7 +423,7 @@ def _compress_one(
     if lazy.is_lazy(tensor):
         # keep none of the codes: the data is fitted again (the same) while it is written
         def refit() -> list[np.ndarray]:
-            again = _fit(config, _as_float32(tensor, plan.perm), plan, dtype)
+            again = _fit(config, _stored(tensor, plan.perm), plan, dtype)
             assert not isinstance(again, str)
             return derived_arrays(lambda target: decompress(target, again[0]), store)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import struct
 import threading
@@ -348,21 +349,40 @@ STATISTICS_BLOCK = 64 << 20
 
 
 def statistics(tensor: torch.Tensor) -> Statistics:
-    """The :class:`Statistics` of ``tensor``'s values; a lazy tensor is read once, by blocks
-    of rows where its expression allows it, and its statistics are remembered."""
+    """The :class:`Statistics` of ``tensor``'s values.  A lazy tensor's are remembered, and
+    derived from its source's through copies and casts where that is exact (a cast rounds each
+    value on its own, so the largest rounded value is the rounded largest one); a checkpoint
+    tensor is read once, by blocks of rows."""
     if not is_lazy(tensor):
         return _statistics([tensor.detach()])
-    source = source_of(tensor)
+    return _source_statistics(source_of(tensor))
+
+
+def _source_statistics(source: Expr) -> Statistics:
     found = getattr(source, "_statistics", None)
+    if found is not None:
+        return found
+    if (
+        isinstance(source, Call)
+        and source.func in _ROW_WISE
+        and isinstance(source.args[0], Expr)
+        and source.args[0].dtype.is_floating_point
+        and source.dtype.is_floating_point
+    ):
+        inner = _source_statistics(source.args[0])
+        peak = torch.tensor(inner.finite_peak, dtype=torch.float64).to(source.dtype)
+        if torch.isfinite(peak):  # nothing overflows
+            found = Statistics(float(peak), inner.nan, inner.inf)
     if found is None:
-        rows = tensor.shape[0] if tensor.dim() else 1
+        rows = source.shape[0] if source.shape else 1
         step = max(1, STATISTICS_BLOCK // max(1, source.nbytes // max(1, rows)))
-        if tensor.dim() and source.rows(0, min(step, rows)) is not None:
-            blocks = (source.rows(first, min(step, rows - first)) for first in range(0, rows, step))
-            found = _statistics(blocks)
+        if source.shape and source.rows(0, min(step, rows)) is not None:
+            found = _statistics(
+                source.rows(first, min(step, rows - first)) for first in range(0, rows, step)
+            )
         else:
-            found = _statistics([materialize(tensor)])
-        source._statistics = found  # type: ignore[attr-defined]
+            found = _statistics([source.evaluate()])
+    source._statistics = found  # type: ignore[attr-defined]
     return found
 
 
@@ -371,11 +391,17 @@ def _statistics(blocks: Any) -> Statistics:
     for block in blocks:
         if block.numel() == 0 or not block.dtype.is_floating_point:
             continue
+        low, high = torch.aminmax(block.reshape(-1))
+        largest = max(-float(low), float(high))
+        if math.isfinite(largest):  # one pass: no NaN, no infinity
+            peak = max(peak, largest)
+            continue
         values = block.float().abs()
         finite = torch.isfinite(values)
         nan += int(torch.isnan(values).sum())
         inf += int(torch.isinf(values).sum())
-        peak = max(peak, float(torch.where(finite, values, 0).amax()))
+        if bool(finite.any()):
+            peak = max(peak, float(values[finite].amax()))
     return Statistics(peak, nan, inf)
 
 

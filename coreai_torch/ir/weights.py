@@ -22,6 +22,7 @@ weight whose constants a later pass replaced (``compress()``) is dropped instead
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 import mmap
@@ -277,6 +278,37 @@ def _placeholder(shape: tuple[int, ...], dtype: torch.dtype, tag: bytes) -> torc
     return torch.frombuffer(memory, dtype=dtype, count=count).view(shape)
 
 
+#: names of the resources whose blobs still hold placeholders, in every store of the process
+#: (how many stores have a pending one of that name): Core AI must not fold ops reading them
+PENDING_RESOURCES: collections.Counter[str] = collections.Counter()
+
+
+def is_pending(name: str) -> bool:
+    """Whether a resource of this name holds a placeholder in some program of the process."""
+    return PENDING_RESOURCES[name] > 0
+
+
+class _PendingTable(dict):
+    """``tag -> PendingData``, keeping :data:`PENDING_RESOURCES` up to date."""
+
+    def __setitem__(self, tag: bytes, entry: PendingData) -> None:
+        if tag not in self:
+            PENDING_RESOURCES[entry.name] += 1
+        super().__setitem__(tag, entry)
+
+    def __delitem__(self, tag: bytes) -> None:
+        name = self[tag].name
+        super().__delitem__(tag)
+        PENDING_RESOURCES[name] -= 1
+        if PENDING_RESOURCES[name] <= 0:
+            del PENDING_RESOURCES[name]
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            for tag in list(self):
+                del self[tag]
+
+
 class WeightStore:
     """Creates (and shares) the resource attributes of a program's weights."""
 
@@ -288,7 +320,7 @@ class WeightStore:
         #: resource name -> the tensor it holds (for a pending transpose: a view of the data)
         self.by_name: dict[str, torch.Tensor] = {}
         #: placeholder tag -> the data it stands for (a transpose, a lazy tensor), until made
-        self.pending: dict[bytes, PendingData] = {}
+        self.pending: dict[bytes, PendingData] = _PendingTable()
         self.total_bytes = 0
         #: resource name -> the buffer of a derived constant (see :meth:`derived`)
         self.derived_by_name: dict[str, np.ndarray] = {}
@@ -418,8 +450,8 @@ class WeightStore:
         return [entry.name for entry in dropped]
 
     def materialize(self, referenced: Collection[str] | None = None) -> None:
-        """Make the pending transposed weights now (in place, so the IR is unchanged): for
-        anything that reads the constants' data through MLIR rather than by saving.
+        """Make the pending weights now (in place, so the IR is unchanged): for anything that
+        reads the constants' data through MLIR rather than by saving.
 
         ``referenced``: only those of these resources (a module's
         :func:`referenced_resources`); the others stay pending.  Transposes no user of the

@@ -53,6 +53,7 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import compression
+from coreai_torch import progress as progress_events
 from coreai_torch.composite_ops.moe import GatedExperts
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
@@ -119,16 +120,23 @@ def export(
     """
     policy = precision_policy(precision)
     compression = compression_config(compress)
-    model = load_causal_lm(model_or_dir)
+    listener = progress_events.resolve(None)
+    with progress_events.phase(listener, "load", 1, "steps"):
+        model = load_causal_lm(model_or_dir)
     check_max_context(model, max_context)
 
     restore = isinstance(model_or_dir, nn.Module)
-    with _traceable_attention(model), _static_moe(model, restore=restore) as experts:
+    with (
+        _traceable_attention(model),
+        _static_moe(model, restore=restore) as experts,
+        progress_events.phase(listener, "trace", 2, "entry points") as traced,
+    ):
         wrapper = CachedCausalLM(model, max_context, all_logits=all_logits).eval()
         tokens = torch.export.Dim("tokens", min=1, max=max_context)
         with lazy.tracing():  # a streamed model's weights are lazy: trace without recording
             experts("dense")
             prefill = _export(wrapper, 2, ({1: tokens}, None))
+            traced(1, 2)
             experts("gather")
             decode = _export(wrapper, 1, None)
     converter = TorchConverter(compute_precision=policy)

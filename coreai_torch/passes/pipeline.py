@@ -23,7 +23,7 @@ from coreai_torch._mlir import ir, run_pre_compilation_rewrite
 from coreai_torch.errors import VerificationError
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.weights import WeightStore
-from coreai_torch.passes import weight_casts  # noqa: F401  (registers its fold guard)
+from coreai_torch.passes import weight_casts  # (registers its fold guards)
 from coreai_torch.passes.placement import (
     decompress_to_float32,
     lookups_before_decompression,
@@ -93,6 +93,13 @@ def _transposed(module: ir.Module, context: PassContext) -> int:
     return len(pretranspose_weights(module, context.weights))
 
 
+def _folded_weights(module: ir.Module, context: PassContext) -> int:
+    """Pending weights an op the rewrite folds reads, made now."""
+    if context.weights is None:
+        return 0
+    return weight_casts.make_folded_weights(module, context.weights)
+
+
 def _pre_compilation_rewrite(module: ir.Module, context: PassContext) -> int:
     """Core AI's own rewrite: constant folding, CSE, DCE, canonicalisation."""
     run_pre_compilation_rewrite(module=module)
@@ -112,6 +119,7 @@ PLACEMENT: tuple[Pass, ...] = (
 OPTIMIZE: tuple[Pass, ...] = (
     Pass("rewrite misfold guards", _module_pass(protect_from_misfolds)),
     Pass("transposed gathered weights", _transposed_gathered),
+    Pass("weights the rewrite folds", _folded_weights),
     Pass("pre-compilation rewrite", _pre_compilation_rewrite, "always", fallible=True),
     Pass("transposed weights", _transposed, "changed"),
     *PLACEMENT,

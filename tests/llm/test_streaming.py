@@ -1,0 +1,161 @@
+"""``llm.export(model_dir)`` streams the checkpoint: the weights stay in the safetensors files
+until the asset is written, and the asset is byte for byte the one the in-memory export of the
+same model writes.
+
+Each architecture is checked with one precision and compression, so that every architecture,
+precision (fp32, fp16, bf16) and compression (none, int4, int8, palettes) appears; the
+checkpoints are bf16, as real ones are.  A bad checkpoint is an error naming the file and the
+tensor before anything is traced.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from coreai_torch import llm
+from coreai_torch.errors import CheckpointError
+from coreai_torch.ir.weights import PendingLazy
+from tests.llm.support import causal_lm
+
+MAX_CONTEXT = 32
+
+#: (architecture, precision, compression): every architecture once, every precision and
+#: compression several times
+CASES = [
+    ("smollm", "fp16", "int4"),  # tied embeddings
+    ("llama", None, None),
+    ("mistral", "bf16", "int8"),
+    ("qwen2", "fp16", "palette4"),
+    ("qwen3", None, "int4"),
+    ("gemma", "fp16", None),
+    ("gemma2", "bf16", "int4"),
+    ("phi3", "fp16", "int8"),
+    ("mixtral", "fp16", "int4"),
+    ("qwen2_moe", None, "palette4"),
+    ("qwen3_moe", "bf16", None),
+    ("olmoe", "fp16", "int8"),
+    ("deepseek_v3", "fp16", "int4"),
+    ("gpt_oss", None, "int4"),
+]
+FAST = {("smollm", "fp16", "int4")}
+
+
+def _checkpoint(tmp_path: Path, name: str) -> Path:
+    directory = tmp_path / name
+    causal_lm(name).to(torch.bfloat16).save_pretrained(directory)
+    return directory
+
+
+def _asset_bytes(asset: Path) -> dict[str, bytes]:
+    """The asset's files but the metadata (which records the creation time)."""
+    return {f.name: f.read_bytes() for f in sorted(asset.iterdir()) if f.name != "metadata.json"}
+
+
+@pytest.mark.parametrize(
+    ("name", "precision", "compress"),
+    [
+        pytest.param(
+            name,
+            precision,
+            compress,
+            marks=() if (name, precision, compress) in FAST else pytest.mark.slow,
+            id=f"{name}-{precision or 'fp32'}-{compress or 'none'}",
+        )
+        for name, precision, compress in CASES
+    ],
+)
+def test_a_streamed_export_writes_the_in_memory_asset(
+    tmp_path: Path, name: str, precision: str | None, compress: str | None
+) -> None:
+    checkpoint = _checkpoint(tmp_path, name)
+    options = dict(max_context=MAX_CONTEXT, precision=precision, compress=compress)
+
+    streamed = llm.export(checkpoint, **options)
+    # the weights are still in the checkpoint: placeholders filled when the asset is written
+    assert any(isinstance(p, PendingLazy) for p in streamed.weights.pending.values())
+    streamed.save_asset(tmp_path / "streamed.aimodel")
+
+    in_memory = llm.export(AutoModelForCausalLM.from_pretrained(checkpoint), **options)
+    in_memory.save_asset(tmp_path / "in_memory.aimodel")
+
+    streamed_files = _asset_bytes(tmp_path / "streamed.aimodel")
+    assert set(streamed_files) == {"main.mlirb", "main.hash"}
+    assert streamed_files == _asset_bytes(tmp_path / "in_memory.aimodel")
+
+
+# --------------------------------------------------------------------- bad checkpoints ---
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small Llama saved in two shards."""
+    directory = tmp_path_factory.mktemp("sharded")
+    causal_lm("llama").to(torch.bfloat16).save_pretrained(directory, max_shard_size="40KB")
+    assert len(list(directory.glob("*.safetensors"))) > 1
+    return directory
+
+
+def _copy(source: Path, target: Path) -> Path:
+    target.mkdir()
+    for file in source.iterdir():
+        (target / file.name).write_bytes(file.read_bytes())
+    return target
+
+
+def test_a_missing_shard_is_named_before_anything_is_traced(sharded: Path, tmp_path: Path) -> None:
+    broken = _copy(sharded, tmp_path / "broken")
+    shard = sorted(broken.glob("*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"not in .*{shard.name}.*incomplete"):
+        llm.export(broken, max_context=MAX_CONTEXT)
+
+
+def test_a_truncated_shard_is_named(sharded: Path, tmp_path: Path) -> None:
+    broken = _copy(sharded, tmp_path / "broken")
+    shard = sorted(broken.glob("*.safetensors"))[0]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(CheckpointError, match=f"{shard.name} is truncated.*bytes of tensor data"):
+        llm.export(broken, max_context=MAX_CONTEXT)
+
+
+def test_a_tensor_whose_shape_disagrees_with_the_config_is_named(
+    sharded: Path, tmp_path: Path
+) -> None:
+    broken = _copy(sharded, tmp_path / "broken")
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        CheckpointError, match=r"tensor 'model\.layers\.0\.mlp\.\w+_proj\.weight' of .*has shape"
+    ) as error:
+        llm.export(broken, max_context=MAX_CONTEXT)
+    assert "does the configuration match the checkpoint" in str(error.value)
+
+
+def test_a_missing_tensor_is_named(tmp_path: Path) -> None:
+    directory = _checkpoint(tmp_path, "llama")
+    shard = next(directory.glob("*.safetensors"))
+    data = shard.read_bytes()
+    (length,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + length])
+    del header["model.norm.weight"]  # its bytes stay, unlisted
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (length - len(text))
+    shard.write_bytes(data[:8] + text + data[8 + length :])
+    with pytest.raises(CheckpointError, match=r"'model\.norm\.weight' is not in the checkpoint"):
+        llm.export(directory, max_context=MAX_CONTEXT)
+
+
+def test_a_directory_without_safetensors_is_an_error(tmp_path: Path) -> None:
+    directory = _checkpoint(tmp_path, "llama")
+    for file in directory.glob("*.safetensors"):
+        file.unlink()
+    with pytest.raises(CheckpointError, match=r"no \*\.safetensors files"):
+        llm.export(directory, max_context=MAX_CONTEXT)
