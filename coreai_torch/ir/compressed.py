@@ -27,6 +27,7 @@ What it guarantees (each verified on the runtime, see ``docs/compression.md``):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -102,6 +103,15 @@ def unpack_bits(packed: np.ndarray, bits: int, count: int, *, signed: bool = Fal
 
 def integer_type(bits: int, signed: bool) -> ir.Type:
     return ir.IntegerType.get_signed(bits) if signed else ir.IntegerType.get_unsigned(bits)
+
+
+def integer_bounds(dtype: torch.dtype) -> tuple[int, int] | None:
+    """(min, max) of an integer torch dtype of at most 8 bits (``torch.int4``, ``torch.uint2``,
+    ... included), else None."""
+    match = re.fullmatch(r"torch\.(u?)int(\d+)", str(dtype))
+    if match is None or int(match[2]) > 8:
+        return None
+    return code_range(int(match[2]), not match[1])
 
 
 def code_range(bits: int, signed: bool) -> tuple[int, int]:

@@ -220,15 +220,6 @@ def _static_shape(cx: LoweringContext, x: ir.Value) -> list[int]:
 # ------------------------------------------------------------------------------- torchao ---
 
 
-def _integer_bounds(dtype: torch.dtype) -> tuple[int, int] | None:
-    """(min, max) of an integer dtype, torchao's sub-byte ``torch.int4`` / ``uint4`` included."""
-    match = re.fullmatch(r"torch\.(u?)int(\d+)", str(dtype))
-    if match is None:
-        return None
-    bits = int(match[2])
-    return compressed.code_range(bits, not match[1]) if bits <= 8 else None
-
-
 @lowering("torchao::dequantize_affine.default")
 def dequantize_affine(
     cx: LoweringContext,
@@ -249,7 +240,7 @@ def dequantize_affine(
     data = weight_tensor(cx, args["input"])
     scale_t = weight_tensor(cx, args["scale"])
     zp_t = weight_tensor(cx, args["zero_point"]) if zero_point is not None else None
-    bounds = _integer_bounds(input_dtype) or (None, None)
+    bounds = compressed.integer_bounds(input_dtype) or (None, None)
     low = quant_min if quant_min is not None else bounds[0]
     high = quant_max if quant_max is not None else bounds[1]
     if data is not None and scale_t is not None and (zero_point is None or zp_t is not None):
