@@ -99,7 +99,9 @@ def weight_name(cx: LoweringContext, arg: Any) -> str:
         node = node.args[0]
     if isinstance(node, torch.fx.Node) and node.op == "placeholder":
         target = importer.signature.weight_targets.get(node.name, node.name)
-        return re.sub(r"\.parametrizations\.(\w+)\.original\d+$", r".\1", target)
+        # parametrized weights: ``fc.parametrizations.weight.original0`` (the dense tensor) or
+        # ``fc.parametrizations.weight.0.indices`` (a parametrization's own tensor)
+        return re.sub(r"\.parametrizations\.(\w+)\.(?:original\d+|\d+\.\w+)$", r".\1", target)
     return cx.node.name
 
 
@@ -115,9 +117,10 @@ def _read_transposed(node: torch.fx.Node) -> bool:
     return True
 
 
-def _emit(cx: LoweringContext, arg: Any, codes: Any, dtype: torch.dtype) -> ir.Value:
-    """The decompression of ``codes`` (LinearCodes or PaletteCodes), stored transposed when
-    every reader transposes it."""
+def emit_compressed(cx: LoweringContext, arg: Any, codes: Any, dtype: torch.dtype) -> ir.Value:
+    """The decompression of ``codes`` (:class:`~coreai_torch.ir.compressed.LinearCodes`,
+    ``PaletteCodes`` or ``SparseCodes``) of the weight ``arg``, stored transposed when every
+    reader of the node transposes it."""
     store = cx.importer.builder.weights
     name = weight_name(cx, arg)
     if codes.ndim == 2 and _read_transposed(cx.node):
@@ -246,7 +249,7 @@ def dequantize_affine(
     if data is not None and scale_t is not None and (zero_point is None or zp_t is not None):
         codes = linear_codes(data, scale_t, zp_t, blocks, low, high)
         if codes is not None:
-            return _emit(cx, args["input"], codes, output_dtype)
+            return emit_compressed(cx, args["input"], codes, output_dtype)
     return _affine_values(input, blocks, scale, zero_point, output_dtype)
 
 
@@ -276,7 +279,7 @@ def dequantize_codebook(
         )
     lut = book.detach().numpy() if book.dtype != torch.bfloat16 else book.float().numpy()
     palette = compressed.PaletteCodes(indices.to(torch.uint8).numpy(), nbits, lut)
-    return _emit(cx, args["codes"], palette, output_dtype)
+    return emit_compressed(cx, args["codes"], palette, output_dtype)
 
 
 # ---------------------------------------------------------------------------------- PT2E ---
@@ -307,7 +310,7 @@ def _dequantize_weight(
     codes = linear_codes(data, scale, zero_point, blocks, quant_min, quant_max)
     if codes is None:
         return None
-    return _emit(cx, args["input"], codes, dtype)
+    return emit_compressed(cx, args["input"], codes, dtype)
 
 
 @lowering("quantized_decomposed::dequantize_per_channel.default")
