@@ -101,7 +101,7 @@ def weight_name(cx: LoweringContext, arg: Any) -> str:
         target = importer.signature.weight_targets.get(node.name, node.name)
         # parametrized weights: ``fc.parametrizations.weight.original0`` (the dense tensor) or
         # ``fc.parametrizations.weight.0.indices`` (a parametrization's own tensor)
-        return re.sub(r"\.parametrizations\.(\w+)\.(?:original\d+|\d+\.\w+)$", r".\1", target)
+        return re.sub(r"(^|\.)parametrizations\.(\w+)\.(?:original\d+|\d+\.\w+)$", r"\1\2", target)
     return cx.node.name
 
 
