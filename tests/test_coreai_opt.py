@@ -126,6 +126,23 @@ def _palettize(spec: PalettizationSpec, **finalize: Any) -> Workflow:
     return run
 
 
+def _palettize_sensitive(spec: PalettizationSpec) -> Workflow:
+    """Sensitive k-means: squared gradients of a loss on calibration data weight the clusters."""
+
+    def run(model: nn.Module, args: tuple, calib: list) -> nn.Module:
+        with torch.no_grad():
+            targets = [model(*batch) for batch in calib]
+        module_config = ModuleKMeansPalettizerConfig(op_state_spec={"weight": spec})
+        palettizer = KMeansPalettizer(model, KMeansPalettizerConfig(global_config=module_config))
+        prepared = palettizer.prepare(args)
+        with palettizer.calibration_mode(loss_fn=nn.functional.mse_loss) as calibration:
+            for batch, target in zip(calib, targets, strict=True):
+                calibration.step(prepared(*batch), target)
+        return palettizer.finalize(backend=ExportBackend.CoreAI)
+
+    return run
+
+
 def _quantize(
     weight: QuantizationSpec | None,
     activation: QuantizationSpec | None = None,
@@ -185,6 +202,7 @@ _GROUPED = PerGroupedChannelGranularity(axis=0, group_size=16)
 WORKFLOWS: dict[str, tuple[Workflow, float]] = {
     "palette_4bit": (_palettize(PalettizationSpec(n_bits=4)), 0.17),
     "palette_2bit": (_palettize(PalettizationSpec(n_bits=2)), 0.11),
+    "palette_4bit_sensitive": (_palettize_sensitive(PalettizationSpec(n_bits=4)), 0.17),
     "palette_3bit": (_palettize(PalettizationSpec(n_bits=3)), 0.14),
     "palette_6bit": (_palettize(PalettizationSpec(n_bits=6)), 0.23),
     "palette_8bit": (_palettize(PalettizationSpec(n_bits=8)), 0.29),
@@ -767,3 +785,30 @@ def test_an_outside_pass_rewriting_constants_after_optimize(tmp_path: Path) -> N
     out, size = _run_saved(doubled, tmp_path / "m.aimodel", _feeds("mlp", args))
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
     assert size < 1.1 * _fp32_weight_bytes(model)  # the replaced constants were not saved
+
+
+class _CoreMLActivations(nn.Module):
+    """Activations quantized the way coreai-opt's Core ML route does (``torch.quantize_per_tensor``
+    with tensor parameters, then ``dequantize()``), and with Python numbers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("scale", torch.tensor(0.05))
+        self.register_buffer("zero_point", torch.tensor(3))
+        self.linear = nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = torch.quantize_per_tensor(x, self.scale, self.zero_point, torch.qint8)
+        y = self.linear(q.dequantize())
+        return torch.quantize_per_tensor(y, 0.02, 128, torch.quint8).dequantize()
+
+
+def test_aten_quantize_per_tensor_then_dequantize() -> None:
+    model = _CoreMLActivations().eval()
+    x = torch.randn(4, 16) * 3
+    ep = torch.export.export(model, (x,)).run_decompositions(get_decomp_table())
+    program = TorchConverter().add_exported_program(ep).to_coreai().optimize()
+    with Session(program) as session:
+        (out,) = session.run({"x": x.numpy()}).values()
+    with torch.no_grad():
+        np.testing.assert_allclose(out, model(x).numpy(), rtol=0, atol=1e-6)

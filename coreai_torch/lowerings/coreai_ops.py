@@ -11,7 +11,9 @@ AI's native compression ops with the data kept compressed in the asset.
 * ``sparse_to_dense`` of a weight: :class:`~coreai_torch.ir.compressed.SparseCodes` --
   ``build_sparse_with_bitmask`` + ``sparse_with_bitmask_to_dense``;
 * ``quantize`` / ``dequantize`` (activations, per tensor or per channel): Core AI's
-  ``quantize`` / ``dequantize``, computed at run time.
+  ``quantize`` / ``dequantize``, computed at run time;
+* ``aten.quantize_per_tensor`` followed by ``aten.dequantize.self`` (coreai-opt's Core ML
+  route): computed at run time as PyTorch does.
 
 Weights are read at conversion time (through casts, so coreai-opt's
 ``cast_to_16_bit_precision`` is no obstacle) and decompressed by :mod:`coreai_torch.ir.compressed`,
@@ -429,3 +431,67 @@ def dequantize(
     result = cai.dequantize(input, s, offset1, offset2, axis_value)
     compressed.check_decompression(result, f"{cx.node.name}")
     return result
+
+
+# ------------------------------------------------- aten quantized tensors (Core ML route) ---
+
+#: quantized dtypes -> their integer range
+_QUANTIZED_RANGE = {torch.qint8: (-128, 127), torch.quint8: (0, 255)}
+_DEQUANTIZE = "aten.dequantize.self"
+
+
+def _aten_fake_quantize(
+    cx: LoweringContext,
+    x: ir.Value,
+    scale: ir.Value | float,
+    zero_point: ir.Value | int,
+    dtype: torch.dtype,
+) -> ir.Value:
+    """``(clamp(round(x * (1 / scale)) + zero_point) - zero_point) * scale``: a quantized tensor
+    that is only dequantized (what ``x.dequantize()`` of it gives), as PyTorch computes it.
+    (``quantize_per_channel`` has no fake kernel in PyTorch: it does not export.)"""
+    bounds = _QUANTIZED_RANGE.get(dtype)
+    if bounds is None:
+        raise cx.unsupported(f"quantized dtype {dtype} (qint8 and quint8 are supported)")
+    users = list(cx.node.users)
+    if not users or any(str(u.target) != _DEQUANTIZE for u in users):
+        raise cx.unsupported(
+            "a quantized tensor is supported when it is only dequantized (x.dequantize())"
+        )
+
+    def scalar(value: ir.Value | float) -> ir.Value:
+        if not isinstance(value, ir.Value):
+            return _constant(np.array(float(value)), torch.float32)
+        return reshape(cast(value, torch.float32), [])
+
+    s, zp = scalar(scale), scalar(zero_point)
+    values = cast(x, torch.float32)
+    inverse = cai.broadcasting_divide(_constant(np.array(1.0), torch.float32), s)
+    q = cai.broadcasting_add(cai.round_(cai.broadcasting_mul(values, inverse)), zp)
+    q = cai.broadcasting_minimum(
+        cai.broadcasting_maximum(q, _constant(np.array(float(bounds[0])), torch.float32)),
+        _constant(np.array(float(bounds[1])), torch.float32),
+    )
+    return cast(cai.broadcasting_mul(cai.broadcasting_sub(q, zp), s), cx.out_dtype)
+
+
+@lowering("aten::quantize_per_tensor.tensor_qparams", "aten::quantize_per_tensor.default")
+def quantize_per_tensor(
+    cx: LoweringContext,
+    self: ir.Value,
+    scale: ir.Value | float,
+    zero_point: ir.Value | int,
+    dtype: torch.dtype,
+) -> ir.Value:
+    """A quantized tensor that is only dequantized (coreai-opt's Core ML route quantizes
+    activations so): computed as PyTorch does."""
+    return _aten_fake_quantize(cx, self, scale, zero_point, dtype)
+
+
+@lowering("aten::dequantize.self")
+def dequantize_self(cx: LoweringContext, self: ir.Value) -> ir.Value:
+    """``x.dequantize()`` of a quantized tensor: the quantize lowering computed it already."""
+    source = cx.node.args[0]
+    if not (isinstance(source, torch.fx.Node) and "quantize_per_" in str(source.target)):
+        raise cx.unsupported("dequantize of a tensor that is not quantized by the program")
+    return cast(self, cx.out_dtype)
