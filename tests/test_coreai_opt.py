@@ -812,3 +812,26 @@ def test_aten_quantize_per_tensor_then_dequantize() -> None:
         (out,) = session.run({"x": x.numpy()}).values()
     with torch.no_grad():
         np.testing.assert_allclose(out, model(x).numpy(), rtol=0, atol=1e-6)
+
+
+def test_float4_weights_with_float32_scales_are_refused_by_name() -> None:
+    """The runtime aborts on FP4 data with float32 scales (it takes e8m0, f16, bf16 or
+    f8E4M3FN ones): refused at conversion, naming the weight."""
+    from torch.nn.utils import parametrize
+
+    from coreai_torch._compression._floatx import Float4Tensor
+    from coreai_torch._compression.custom_layers import WeightDequantizeModule
+    from coreai_torch._compression.utils import wrap_for_parametrization
+    from coreai_torch.errors import RuntimeHazardError
+
+    linear = nn.Linear(64, 16)
+    packed = torch.randint(0, 256, (16, 32), dtype=torch.uint8)
+    module = wrap_for_parametrization(WeightDequantizeModule)(
+        Float4Tensor(packed), torch.rand(16, 2)
+    )
+    parametrize.register_parametrization(linear, "weight", nn.Identity(), unsafe=True)
+    linear.parametrizations.weight[0] = module
+    ep = torch.export.export(linear, (torch.randn(2, 64),)).run_decompositions(get_decomp_table())
+    expected = r"weight 'weight': coreai.blockwise_shift_scale would abort.*float4 data needs"
+    with pytest.raises(RuntimeHazardError, match=expected):
+        TorchConverter().add_exported_program(ep).to_coreai()

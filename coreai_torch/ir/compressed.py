@@ -419,9 +419,10 @@ def check_decompression(result: ir.Value, what: str) -> None:
     op = result.owner.operation if isinstance(result.owner, ir.OpView) else result.owner
     problems = decompression_problems(op)
     if problems:
+        name = op.name
         op.erase()
         raise RuntimeHazardError(
-            f"{what}: {op.name} would abort the Core AI runtime: " + "; ".join(problems)
+            f"{what}: {name} would abort the Core AI runtime: " + "; ".join(problems)
         )
 
 

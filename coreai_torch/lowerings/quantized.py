@@ -100,8 +100,12 @@ def weight_name(cx: LoweringContext, arg: Any) -> str:
     if isinstance(node, torch.fx.Node) and node.op == "placeholder":
         target = importer.signature.weight_targets.get(node.name, node.name)
         # parametrized weights: ``fc.parametrizations.weight.original0`` (the dense tensor) or
-        # ``fc.parametrizations.weight.0.indices`` (a parametrization's own tensor)
-        return re.sub(r"(^|\.)parametrizations\.(\w+)\.(?:original\d+|\d+\.\w+)$", r"\1\2", target)
+        # ``fc.parametrizations.weight.0.indices`` (a parametrization's own tensor), nested
+        # when torch.export unwraps a tensor subclass (``...0.parametrizations.data.original0``)
+        pattern = r"(^|\.)parametrizations\.(\w+)\.(?:original\d+|\d+\.\w+)$"
+        while (shorter := re.sub(pattern, r"\1\2", target)) != target:
+            target = shorter
+        return target
     return cx.node.name
 
 
