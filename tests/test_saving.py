@@ -209,7 +209,7 @@ def test_an_error_while_streaming_stops_the_serializer(
     def fail(self: object, source: object, size: int) -> bool:
         raise ValueError("disk on fire")
 
-    monkeypatch.setattr(saving._TransposeWriter, "__call__", fail)
+    monkeypatch.setattr(saving._PendingWriter, "__call__", fail)
     with _children_reaped(), pytest.raises(RuntimeError, match="disk on fire"):
         program.save_asset(tmp_path / "broken.aimodel")
     assert not (tmp_path / "broken.aimodel").exists()
