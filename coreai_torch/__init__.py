@@ -12,6 +12,7 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _distribution_version
 
 from coreai_torch import composite_ops, compression, errors, llm, precision, progress, torch_compat
+from coreai_torch._compression import ops as _coreai_ops  # noqa: F401  (torch.ops.coreai.*)
 from coreai_torch.analysis import analyze
 from coreai_torch.compression.apply import CompressionReport
 from coreai_torch.converter import TorchConverter

@@ -36,6 +36,7 @@ _TORCH_TO_MLIR = {
     torch.complex64: lambda: ir.ComplexType.get(ir.F32Type.get()),
     torch.float8_e4m3fn: lambda: ir.Float8E4M3FNType.get(),
     torch.float8_e5m2: lambda: ir.Float8E5M2Type.get(),
+    torch.float8_e8m0fnu: lambda: ir.Float8E8M0FNUType.get(),
 }
 
 _MLIR_NAME_TO_TORCH = {
@@ -55,6 +56,7 @@ _MLIR_NAME_TO_TORCH = {
     "complex<f32>": torch.complex64,
     "f8E4M3FN": torch.float8_e4m3fn,
     "f8E5M2": torch.float8_e5m2,
+    "f8E8M0FNU": torch.float8_e8m0fnu,
 }
 
 _TORCH_TO_NUMPY = {
@@ -74,6 +76,7 @@ _TORCH_TO_NUMPY = {
     torch.complex64: np.complex64,
     torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
     torch.float8_e5m2: ml_dtypes.float8_e5m2,
+    torch.float8_e8m0fnu: ml_dtypes.float8_e8m0fnu,
 }
 
 

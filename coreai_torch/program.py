@@ -44,7 +44,7 @@ class AIProgram(ca.AIProgram):
     progress: Any
 
     def __init__(self, module: ca.Module) -> None:
-        super().__init__(module)
+        super().__init__(module)  # sets _module
         self.signatures = {}
         self.weights = None
         self.progress = None
@@ -63,6 +63,20 @@ class AIProgram(ca.AIProgram):
         if store is not None:
             store.share_with(self)
 
+    @property  # type: ignore[override]
+    def _module(self) -> ca.Module:
+        """coreai-core's module holder, as coreai-core's own methods and outside tools read it
+        (coreai-opt's passes walk ``program._module._mlir_module``): the pending data of the
+        weights it references (weights ``optimize()`` stores transposed, lazy weights still in
+        their checkpoint) is made first (see :attr:`mlir_module`), so that nothing outside reads
+        their placeholders.  The package's own code reads :attr:`structural_module` instead."""
+        self._materialize_weights()
+        return self._holder
+
+    @_module.setter
+    def _module(self, module: ca.Module) -> None:
+        self._holder = module
+
     @property
     def mlir_module(self) -> ir.Module:
         """The underlying MLIR module (shared, not a copy), its constants' data complete.
@@ -74,20 +88,21 @@ class AIProgram(ca.AIProgram):
         :attr:`structural_module` and keep them deferred.
         """
         self._materialize_weights()
-        return self._module._mlir_module
+        return self._holder._mlir_module
 
     @property
     def structural_module(self) -> ir.Module:
         """The underlying MLIR module, where the data of weights stored transposed may still
         be placeholders (see :attr:`mlir_module`): for rewrites that never read a
         constant's data through MLIR."""
-        return self._module._mlir_module
+        return self._holder._mlir_module
 
     def _materialize_weights(self) -> None:
         """Make the pending transposed weights this program references (not those only its
         copies reference, nor those no longer referenced at all)."""
-        if self.weights is not None and self.weights.pending:
-            self.weights.materialize(referenced_resources(self.structural_module))
+        store = getattr(self, "_weights", None)
+        if store is not None and store.pending:
+            store.materialize(referenced_resources(self.structural_module))
 
     @property
     def function_names(self) -> list[str]:
@@ -142,7 +157,7 @@ class AIProgram(ca.AIProgram):
                     stacklevel=3,
                 )
                 return self
-            self._module._mlir_module = candidate
+            self._holder._mlir_module = candidate
         return self
 
     def compress(self, config: CompressionConfig) -> CompressionReport:
@@ -223,7 +238,12 @@ class AIProgram(ca.AIProgram):
         super().set_static_shape_config(*args, **kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Self:
-        copy = super().__deepcopy__(memo)
+        # as coreai-core's, without reading ``_module`` (which would make every weight stored
+        # transposed now): the copy makes those it reads when it is read or saved
+        copy = self._from_mlir_module(clone_module(module=self.structural_module))
+        memo[id(self)] = copy
+        memo[id(self._holder)] = copy._holder
+        memo[id(self.structural_module)] = copy.structural_module
         copy.signatures = dict(self.signatures)
         copy.weights = self.weights  # the same resources (and placeholders) as this program
         copy.progress = self.progress

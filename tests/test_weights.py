@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import copy
+import math
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
+from safetensors.torch import save_file
 
 from coreai_torch import TorchConverter
-from coreai_torch._mlir import clone_module
+from coreai_torch._mlir import clone_module, ir
 from coreai_torch.compression import LinearQuantization
 from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.ir import lazy
+from coreai_torch.ir.weights import PendingLazy, resource_name
 from coreai_torch.passes.pretranspose import is_dynamic_gather, pretranspose_weights
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import run_program
@@ -146,3 +151,61 @@ def test_a_copy_keeps_the_transposed_weights_its_original_dropped() -> None:
     (out,) = run_program(duplicate, {"input": x}).values()
     np.testing.assert_allclose(out, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
     assert not store.pending
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 32))
+
+
+def _constant_data(module: ir.Module) -> dict[str, np.ndarray]:
+    """Resource name -> float32 data of every weight constant, read through MLIR the way
+    outside tools read it (coreai-core's ``copy_constant_value_to_array``)."""
+    from coreai._compiler._mlir_libs._coreaiIR import _bindings
+
+    found: dict[str, np.ndarray] = {}
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        name = resource_name(op)
+        if name is not None:
+            ttype = ir.RankedTensorType(op.result.type)
+            data = np.zeros(math.prod(ttype.shape) * 4, np.uint8)
+            _bindings.compiler.copy_constant_value_to_array(constant_op=op, destination=data)
+            found[name] = data.view(np.float32).reshape(ttype.shape)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def test_outside_code_reading_the_module_sees_the_data_of_lazy_weights(tmp_path: Path) -> None:
+    """``program._module`` (what coreai-core's own methods and outside tools, e.g. coreai-opt's
+    passes, read) makes the data of the lazy weights the program still reads from their
+    checkpoint; the program's own structural reads leave them pending."""
+    torch.manual_seed(0)
+    model = _mlp().eval()
+    save_file(model.state_dict(), str(tmp_path / "model.safetensors"))
+    with lazy.empty_parameters():
+        streamed = _mlp()
+    lazy.WeightSource(tmp_path).bind(streamed).eval()
+    x = torch.randn(2, 64)
+    program = TorchConverter().add_exported_program(export_decomposed(streamed, (x,))).to_coreai()
+    program.optimize()
+    store = program.weights
+    assert store is not None
+    pending = {e.name: e for e in store.pending.values()}
+    assert set(pending) == {"0.weight.T", "2.weight.T"}
+    assert all(isinstance(e, PendingLazy) for e in pending.values())
+    # reading the program's structure, printing it or copying it keeps them in the checkpoint
+    _ = program.function_names, str(program), program.verify()
+    duplicate = copy.deepcopy(program)
+    assert set(pending) == {e.name for e in store.pending.values()}
+
+    data = _constant_data(program._module._mlir_module)  # as an outside tool reads it
+    assert not store.pending
+    np.testing.assert_array_equal(data["0.weight.T"], model[0].weight.detach().T.numpy())
+    np.testing.assert_array_equal(data["2.weight.T"], model[2].weight.detach().T.numpy())
+    with torch.no_grad():
+        expected = model(x).numpy()
+    for candidate in (program, duplicate):
+        (out,) = run_program(candidate, {"input": x}).values()
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

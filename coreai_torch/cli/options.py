@@ -283,7 +283,8 @@ def add_compression_arguments(parser: argparse.ArgumentParser) -> None:
         "--compress",
         metavar="FORM",
         help="store the weights compressed: int8 (per output channel), int4 (blocks of 32), "
-        "palette4 (4-bit k-means palettes), or int2..int8 / palette1..palette8",
+        "palette4 (4-bit k-means palettes), sparse50 (half of each weight pruned by magnitude), "
+        "or int2..int8 / palette1..palette8 / sparse<percent>",
     )
     parser.add_argument(
         "--block-size",

@@ -4,7 +4,7 @@
     report = program.compress(compression.LinearQuantization(bits=4, block_size=32))
 
 * :mod:`~coreai_torch.compression.config`: the public configurations (``LinearQuantization``,
-  ``Palettization``, ``from_spec``);
+  ``Palettization``, ``Pruning``, ``from_spec``);
 * :mod:`~coreai_torch.compression.fitting`: codes, scales and palettes fitted to float weights;
 * :mod:`~coreai_torch.compression.checks`: what ``compress()`` refuses before it changes a
   weight (NaN/inf values, scales beyond their dtype);
@@ -20,6 +20,7 @@ from coreai_torch.compression.config import (
     CompressionConfig,
     LinearQuantization,
     Palettization,
+    Pruning,
     WeightFilter,
     from_spec,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "CompressionConfig",
     "LinearQuantization",
     "Palettization",
+    "Pruning",
     "WeightFilter",
     "from_spec",
 ]

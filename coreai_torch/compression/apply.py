@@ -32,8 +32,13 @@ from coreai_torch import dtypes
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ir
 from coreai_torch.compression.checks import check_finite, check_scale_range
-from coreai_torch.compression.config import CompressionConfig, LinearQuantization, Palettization
-from coreai_torch.compression.fitting import palettize, quantize_linear
+from coreai_torch.compression.config import (
+    CompressionConfig,
+    LinearQuantization,
+    Palettization,
+    Pruning,
+)
+from coreai_torch.compression.fitting import palettize, prune, quantize_linear
 from coreai_torch.ir import compressed, lazy
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.weights import WeightStore, derived_arrays, resource_name
@@ -46,7 +51,7 @@ from coreai_torch.passes.weight_reads import (
 )
 
 #: derived constants holding a compressed weight's codes (see compressed.Decompression)
-_CODES = re.compile(r"^(.*)\.(?:codes|indices)(?:_\d+)?$")
+_CODES = re.compile(r"^(.*)\.(?:codes|indices|values)(?:_\d+)?$")
 
 # -------------------------------------------------------------------------------- report ---
 
@@ -174,6 +179,8 @@ def _fit(
     parameters of its own."""
     shape = weight.shape
     channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
+    if isinstance(config, Pruning):
+        return prune(weight, config.sparsity)
     if isinstance(config, LinearQuantization):
         params = [1] * weight.ndim
         for axis in (*plan.batch_axes, plan.channel_axis):
@@ -268,7 +275,8 @@ def _replace(plan: Plan, decompression: compressed.Decompression) -> None:
 
 def _already_compressed(module: ir.Module, store: WeightStore) -> list[str]:
     """Names of the weights the module reads compressed: the derived constants holding
-    their codes (``<weight>.codes``) or palette indices (``<weight>.indices``)."""
+    their codes (``<weight>.codes``), palette indices (``<weight>.indices``) or sparse values
+    (``<weight>.values``)."""
     names: dict[str, None] = {}
 
     def visit(op: ir.Operation) -> ir.WalkResult:
@@ -340,10 +348,10 @@ def compress(
     ``config`` selects; returns the report.  Modifies the module in place, then places the
     decompressions (:data:`coreai_torch.passes.pipeline.PLACEMENT`).  Reports its progress
     (``"compress"``, bytes of weights done) to ``progress`` like ``optimize()``."""
-    if not isinstance(config, (LinearQuantization, Palettization)):
+    if not isinstance(config, (LinearQuantization, Palettization, Pruning)):
         raise TypeError(
-            "compress() takes a coreai_torch.compression.LinearQuantization or Palettization, "
-            f"got {type(config).__name__}"
+            "compress() takes a coreai_torch.compression.LinearQuantization, Palettization or "
+            f"Pruning, got {type(config).__name__}"
         )
     if store is None:
         raise ValueError(
@@ -418,7 +426,7 @@ def _compress_one(
         if isinstance(codes, compressed.LinearCodes):
             scale_dtype = getattr(config, "scale_dtype", None)
             return compressed.linear_decompression(target, name, codes, dtype, scale_dtype)
-        return compressed.palette_decompression(target, name, codes, dtype)
+        return compressed.decompression(target, name, codes, dtype)  # palettes, sparse
 
     if lazy.is_lazy(tensor):
         # keep none of the codes: the data is fitted again (the same) while it is written
@@ -437,7 +445,7 @@ def _compress_one(
     return CompressedWeight(
         name,
         config.describe(),
-        config.bits,
+        getattr(config, "bits", dtype.itemsize * 8),
         tuple(original.shape),
         tensor.numel() * tensor.element_size(),
         decompression.stored_bytes,

@@ -5,7 +5,8 @@
     report = program.compress(compression.LinearQuantization(bits=4, block_size=32))
     print(report)          # per weight: form, bits, bytes before/after, SNR
 
-Both forms choose the weights to compress the same way (keyword-only options):
+Every form (``LinearQuantization``, ``Palettization``, ``Pruning``) chooses the weights to
+compress the same way (keyword-only options):
 
 * ``weights``: a regular expression searched in each weight's name (``"mlp|attn"``), or a
   predicate ``fn(name) -> bool``; None selects every weight;
@@ -165,10 +166,35 @@ class Palettization(_Selection):
         return f"{self.bits}-bit palettes, {groups}"
 
 
-CompressionConfig = LinearQuantization | Palettization
+@dataclass(frozen=True, kw_only=True)
+class Pruning(_Selection):
+    """Magnitude pruning: the ``sparsity`` fraction of each weight's elements with the
+    smallest magnitude become zeros, and the weight is stored sparse: the kept values (in the
+    weight's own type) and a 1-bit mask.
+
+    * ``sparsity``: the fraction of zeros, between 0 and 1 (0.5 stores about 0.53x of a
+      float32 weight: half the values plus one bit per element).
+    """
+
+    sparsity: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.sparsity, (int, float)) or not 0 < self.sparsity < 1:
+            raise ValueError(
+                f"Pruning(sparsity=...) takes a fraction in (0, 1), got {self.sparsity!r}"
+            )
+
+    def describe(self) -> str:
+        return f"{self.sparsity:.0%} sparse (magnitude)"
+
+
+CompressionConfig = LinearQuantization | Palettization | Pruning
 
 #: the forms ``from_spec`` knows, for messages and the CLI's help
-SPECS = "int2 ... int8, palette1 ... palette8 (e.g. int4, int8, palette4)"
+SPECS = (
+    "int2 ... int8, palette1 ... palette8, sparse<percent> (e.g. int4, int8, palette4, sparse50)"
+)
 
 
 def from_spec(spec: str, block_size: int | None = None) -> CompressionConfig:
@@ -176,8 +202,16 @@ def from_spec(spec: str, block_size: int | None = None) -> CompressionConfig:
 
     ``int8``: 8-bit, one scale per output channel (``block_size`` gives blocks instead);
     ``int4`` (and other ``int<bits>`` below 8): blocks of ``block_size`` (default 32);
-    ``palette<bits>``: one palette per weight, or per ``block_size`` output channels.
+    ``palette<bits>``: one palette per weight, or per ``block_size`` output channels;
+    ``sparse<percent>``: magnitude pruning to that percentage of zeros.
     """
+    sparse = (
+        re.fullmatch(r"sparse([1-9][0-9]?)", spec.strip().lower())
+        if isinstance(spec, str)
+        else None
+    )
+    if sparse is not None:
+        return Pruning(sparsity=int(sparse[1]) / 100)
     match = (
         re.fullmatch(r"(int|palette)([1-8])", spec.strip().lower())
         if isinstance(spec, str)

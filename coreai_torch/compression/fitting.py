@@ -1,5 +1,6 @@
 """Fitting compressed codes to float weights: linear quantization per block (torch kernels
-over numpy views) and palettes by weighted k-means (numpy).  ``AIProgram.compress()``
+over numpy views), palettes by weighted k-means (numpy) and magnitude pruning (the kept values
+and a mask).  ``AIProgram.compress()``
 (:mod:`coreai_torch.compression.apply`) calls these and emits the results with
 :mod:`coreai_torch.ir.compressed`.
 
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes, SparseCodes
 
 #: values per palette above which k-means runs on a histogram of this many bins
 HISTOGRAM_BINS = 4096
@@ -286,3 +287,20 @@ def palettize(
     return PaletteCodes(np.ascontiguousarray(indices), bits, np.ascontiguousarray(lut)), (
         noise.snr_db
     )
+
+
+def prune(weight: np.ndarray, sparsity: float) -> tuple[SparseCodes, float]:
+    """``weight`` with its ``floor(size * sparsity)`` elements of smallest magnitude dropped, as
+    :class:`~coreai_torch.ir.compressed.SparseCodes`, and the SNR in dB of what is kept.
+    Deterministic (the same weight gives the same codes)."""
+    magnitude = np.abs(weight).reshape(-1)
+    drop = int(magnitude.size * sparsity)
+    keep = np.ones(magnitude.size, bool)
+    if drop:
+        keep[np.argpartition(magnitude, drop - 1)[:drop]] = False
+    mask = keep.reshape(weight.shape)
+    values = np.ascontiguousarray(weight)[mask]
+    signal = float(np.square(weight, dtype=np.float64).sum())
+    noise = float(np.square(magnitude[~keep], dtype=np.float64).sum())
+    snr = 10 * np.log10(signal / noise) if noise > 0 else float("inf")
+    return SparseCodes(mask, values), float(snr)

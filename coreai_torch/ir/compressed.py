@@ -12,7 +12,10 @@ place that builds those ops; the torchao / PT2E lowerings (``lowerings/quantized
   ``coreai.blockwise_shift_scale`` (2-, 4- and 8-bit integers, float8; 1- and 3-bit codes are
   stored in 2 and 4 bits, 5- to 7-bit codes in 8);
 * palettes: ``coreai.lut_to_dense`` (1, 2, 3, 4, 6 and 8-bit indices; 5- and 7-bit indices are
-  stored in 6 and 8 bits with the palette padded).
+  stored in 6 and 8 bits with the palette padded), scalar or vector palettes, float or 8-bit
+  integer palettes, optionally scaled per block after the lookup (``blockwise_shift_scale``);
+* sparse weights (:class:`SparseCodes`): the kept values and a bit mask,
+  ``coreai.build_sparse_with_bitmask`` + ``coreai.sparse_with_bitmask_to_dense``.
 
 What it guarantees (each verified on the runtime, see ``docs/compression.md``):
 
@@ -27,8 +30,9 @@ What it guarantees (each verified on the runtime, see ``docs/compression.md``):
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -48,6 +52,11 @@ FLOAT8_TYPES = {
     np.dtype(ml_dtypes.float8_e4m3fn): ir.Float8E4M3FNType,
     np.dtype(ml_dtypes.float8_e5m2): ir.Float8E5M2Type,
 }
+#: FP4 (E2M1) codes, stored packed two per byte (``blockwise_shift_scale`` only)
+FLOAT4 = np.dtype(ml_dtypes.float4_e2m1fn)
+#: power-of-two scales of MX formats, kept in this type (no cast: the runtime takes them for
+#: any output type)
+E8M0 = np.dtype(ml_dtypes.float8_e8m0fnu)
 #: output dtypes of the decompression ops
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -104,6 +113,15 @@ def integer_type(bits: int, signed: bool) -> ir.Type:
     return ir.IntegerType.get_signed(bits) if signed else ir.IntegerType.get_unsigned(bits)
 
 
+def integer_bounds(dtype: torch.dtype) -> tuple[int, int] | None:
+    """(min, max) of an integer torch dtype of at most 8 bits (``torch.int4``, ``torch.uint2``,
+    ... included), else None."""
+    match = re.fullmatch(r"torch\.(u?)int(\d+)", str(dtype))
+    if match is None or int(match[2]) > 8:
+        return None
+    return code_range(int(match[2]), not match[1])
+
+
 def code_range(bits: int, signed: bool) -> tuple[int, int]:
     """The smallest and largest ``bits``-bit integer."""
     return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
@@ -133,13 +151,15 @@ def _expand(params: np.ndarray, shape: Sequence[int]) -> np.ndarray:
 
 @dataclass
 class LinearCodes:
-    """A linearly quantized weight, ``(codes - zero_point) * scale`` per block.
+    """A linearly quantized weight, ``(codes - zero_point) * scale + offset`` per block.
 
-    ``scale`` and ``zero_point`` have the weight's rank; along each axis ``d`` one of their
-    elements covers ``codes.shape[d] // scale.shape[d]`` weight elements (``[N, 1]``: one per
-    row; ``[N, K // 32]``: blocks of 32 along each row).  ``codes`` holds one code per byte
-    (int8 when ``signed``, else uint8), or float8 values (then ``bits`` is 8 and there is no
-    zero point).
+    ``scale``, ``zero_point`` and ``offset`` have the weight's rank; along each axis ``d`` one
+    of their elements covers ``codes.shape[d] // scale.shape[d]`` weight elements (``[N, 1]``:
+    one per row; ``[N, K // 32]``: blocks of 32 along each row).  ``codes`` holds one code per
+    byte (int8 when ``signed``, else uint8), or float8 / FP4 (``ml_dtypes.float4_e2m1fn``)
+    values (then ``bits`` is their width and there is no zero point).  ``offset`` (float, added
+    after scaling) is the min-value formulation's ``minval`` (with ``zero_point`` the smallest
+    code).  ``scale`` may be ``float8_e8m0fnu`` (MX scales, stored as they are).
     """
 
     codes: np.ndarray
@@ -147,12 +167,13 @@ class LinearCodes:
     scale: np.ndarray
     zero_point: np.ndarray | None = None
     signed: bool = True
+    offset: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.is_float8:
-            self.bits, self.signed = 8, True
+        if self.is_float:
+            self.bits, self.signed = (4 if self.codes.dtype == FLOAT4 else 8), True
             if self.zero_point is not None and np.any(self.zero_point):
-                raise ValueError("float8 weights have no zero point")
+                raise ValueError("float8 / float4 weights have no zero point")
             self.zero_point = None
         elif self.bits not in LINEAR_STORAGE_BITS:
             raise ValueError(f"linear quantization needs 1 to 8 bits, got {self.bits}")
@@ -161,6 +182,8 @@ class LinearCodes:
             _check_blocks(self.codes.shape, self.zero_point.shape, "the zero point")
             if self.zero_point.shape != self.scale.shape:
                 raise ValueError("the zero point and the scale must have the same shape")
+        if self.offset is not None and self.offset.shape != self.scale.shape:
+            raise ValueError("the offset and the scale must have the same shape")
 
     @property
     def ndim(self) -> int:
@@ -171,8 +194,15 @@ class LinearCodes:
         return self.codes.dtype in FLOAT8_TYPES
 
     @property
+    def is_float(self) -> bool:
+        """float8 or FP4 codes."""
+        return self.is_float8 or self.codes.dtype == FLOAT4
+
+    @property
     def storage_bits(self) -> int:
-        return 8 if self.is_float8 else LINEAR_STORAGE_BITS[self.bits]
+        if self.is_float:
+            return self.bits
+        return LINEAR_STORAGE_BITS[self.bits]
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -183,44 +213,82 @@ class LinearCodes:
         values = self.codes.astype(np.float32)
         if self.zero_point is not None:
             values = values - _expand(self.zero_point.astype(np.float32), self.codes.shape)
-        return values * _expand(self.scale.astype(np.float32), self.codes.shape)
+        values = values * _expand(self.scale.astype(np.float32), self.codes.shape)
+        if self.offset is not None:
+            values = values + _expand(self.offset.astype(np.float32), self.codes.shape)
+        return values
 
     def transposed(self) -> LinearCodes:
         """The same weight transposed (rank 2)."""
-        zp = None if self.zero_point is None else np.ascontiguousarray(self.zero_point.T)
         return LinearCodes(
-            np.ascontiguousarray(self.codes.T),
+            _t(self.codes),
             self.bits,
-            np.ascontiguousarray(self.scale.T),
-            zp,
+            _t(self.scale),
+            _t(self.zero_point),
             self.signed,
+            _t(self.offset),
         )
+
+
+def _t(array: np.ndarray | None) -> np.ndarray | None:
+    return None if array is None else np.ascontiguousarray(array.T)
 
 
 @dataclass
 class PaletteCodes:
     """A palettized weight: ``lut[group, indices]`` with ``lut`` of shape
-    ``[*groups, 2**bits, 1]`` (``groups`` has the weight's rank; one palette per block of
-    ``shape[d] // groups[d]`` elements along each axis ``d``)."""
+    ``[*groups, 2**bits, V]`` (``groups`` has the weight's rank; one palette per block of
+    ``indices.shape[d] // groups[d]`` indices along each axis ``d``).
+
+    ``V > 1`` (vector palettes): each index stands for ``V`` consecutive weights along
+    ``vector_axis`` (the indices are ``V`` times shorter there).  The palettes are float, or
+    8-bit integers (a quantized palette, read as integers unless scaled); ``scale`` /
+    ``zero_point`` (the weight's rank, one element per block of the weight) map the looked-up
+    values to ``(value - zero_point) * scale`` (a float palette may have a ``scale`` too:
+    per-channel scales of a shared palette)."""
 
     indices: np.ndarray
     bits: int
     lut: np.ndarray
+    vector_axis: int = 0
+    scale: np.ndarray | None = None
+    zero_point: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.bits not in PALETTE_STORAGE_BITS:
             raise ValueError(f"palettes need 1 to 8 index bits, got {self.bits}")
         rank = self.indices.ndim
-        if self.lut.ndim != rank + 2 or self.lut.shape[-2:] != (2**self.bits, 1):
+        if self.lut.ndim != rank + 2 or self.lut.shape[-2] != 2**self.bits:
             raise ValueError(
                 f"a {self.bits}-bit palette of a rank-{rank} weight has shape "
-                f"[*groups, {2**self.bits}, 1], got {tuple(self.lut.shape)}"
+                f"[*groups, {2**self.bits}, vector], got {tuple(self.lut.shape)}"
             )
+        if not 0 <= self.vector_axis < rank:
+            raise ValueError(f"vector_axis {self.vector_axis} is not an axis of the indices")
         _check_blocks(self.indices.shape, self.lut.shape[:rank], "the palette groups")
+        if self.scale is not None:
+            _check_blocks(self.shape, self.scale.shape, "the scale")
+            if self.zero_point is not None and self.zero_point.shape != self.scale.shape:
+                raise ValueError("the zero point and the scale must have the same shape")
 
     @property
     def ndim(self) -> int:
         return self.indices.ndim
+
+    @property
+    def vector(self) -> int:
+        return int(self.lut.shape[-1])
+
+    @property
+    def integer_lut(self) -> bool:
+        return self.lut.dtype in (np.dtype(np.int8), np.dtype(np.uint8))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The weight's shape."""
+        shape = list(self.indices.shape)
+        shape[self.vector_axis] *= self.vector
+        return tuple(shape)
 
     @property
     def storage_bits(self) -> int:
@@ -237,13 +305,60 @@ class PaletteCodes:
             shape = [1] * rank
             shape[axis] = -1
             flat_groups = flat_groups * groups[axis] + position.reshape(shape)
-        palettes = self.lut.reshape(-1, 2**self.bits).astype(np.float32)
-        return palettes[flat_groups, self.indices.astype(np.int64)]
+        palettes = self.lut.reshape(-1, 2**self.bits, self.vector).astype(np.float32)
+        values = palettes[flat_groups, self.indices.astype(np.int64)]  # [*indices, V]
+        values = np.moveaxis(values, -1, self.vector_axis + 1).reshape(self.shape)
+        if self.scale is not None:
+            if self.zero_point is not None:
+                values = values - _expand(self.zero_point.astype(np.float32), self.shape)
+            values = values * _expand(self.scale.astype(np.float32), self.shape)
+        return values
 
     def transposed(self) -> PaletteCodes:
         """The same weight transposed (rank 2)."""
         lut = np.ascontiguousarray(self.lut.transpose(1, 0, 2, 3))
-        return PaletteCodes(np.ascontiguousarray(self.indices.T), self.bits, lut)
+        return PaletteCodes(
+            np.ascontiguousarray(self.indices.T),
+            self.bits,
+            lut,
+            1 - self.vector_axis if self.vector > 1 else 0,
+            _t(self.scale),
+            _t(self.zero_point),
+        )
+
+
+@dataclass
+class SparseCodes:
+    """A sparse weight: the ``values`` (1-D, float) at the positions ``mask`` (bool, the
+    weight's shape) holds, in row-major order; zeros elsewhere."""
+
+    mask: np.ndarray
+    values: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.mask = np.asarray(self.mask, dtype=bool)
+        kept = int(self.mask.sum())
+        if self.values.ndim != 1 or self.values.size != kept:
+            raise ValueError(
+                f"the mask keeps {kept} values, but {self.values.size} are given "
+                f"(shape {tuple(self.values.shape)})"
+            )
+
+    @property
+    def ndim(self) -> int:
+        return self.mask.ndim
+
+    def dequantized(self) -> np.ndarray:
+        out = np.zeros(self.mask.shape, np.float32)
+        out[self.mask] = self.values.astype(np.float32)
+        return out
+
+    def transposed(self) -> SparseCodes:
+        """The same weight transposed (rank 2)."""
+        dense = np.zeros(self.mask.shape, self.values.dtype)
+        dense[self.mask] = self.values
+        mask = np.ascontiguousarray(self.mask.T)
+        return SparseCodes(mask, np.ascontiguousarray(dense.T[mask]))
 
 
 # ---------------------------------------------------------------------------- emitters ---
@@ -267,29 +382,70 @@ class Decompression:
     op: Callable[..., ir.Value]
     #: the op's operands: a constant's attribute, or (attribute, element type) for a
     #: constant stored in another precision and cast (scales kept in float16)
-    operands: list[ir.Attribute | tuple[ir.Attribute, ir.Type]]
+    operands: list[Operand]
     #: bytes of the resources created for the weight
     stored_bytes: int = 0
+    #: ops applied to the result in turn, ``op(result, *operands)`` (a palette's scale)
+    stages: list[tuple[Callable[..., ir.Value], list[Operand]]] = field(default_factory=list)
 
     def build(self) -> ir.Value:
-        values = []
-        for operand in self.operands:
+        result = self._apply(self.op, [], self.operands)
+        for op, operands in self.stages:
+            result = self._apply(op, [result], operands)
+        return result
+
+    def _apply(
+        self, fn: Callable[..., ir.Value], first: list[ir.Value], operands: list
+    ) -> ir.Value:
+        values = list(first)
+        for operand in operands:
             attr, cast_to = operand if isinstance(operand, tuple) else (operand, None)
             value = cai.ConstantOp(value=attr).result
             if cast_to is not None:
                 shape = ir.RankedTensorType(value.type).shape
                 value = cai.cast(value, ir.RankedTensorType.get(shape, cast_to))
             values.append(value)
-        result = self.op(*values)
-        op = result.owner.operation if isinstance(result.owner, ir.OpView) else result.owner
-        problems = decompression_problems(op)
-        if problems:
-            op.erase()
-            raise RuntimeHazardError(
-                f"weight '{self.name}': {op.name} would abort the Core AI runtime: "
-                + "; ".join(problems)
-            )
+        result = fn(*values)
+        check_decompression(result, f"weight '{self.name}'")
         return result
+
+
+#: an operand of a decompression op: a constant's attribute, or (attribute, element type)
+Operand = ir.Attribute | tuple[ir.Attribute, ir.Type]
+
+
+def check_decompression(result: ir.Value, what: str) -> None:
+    """Raise (erasing the op) if the op making ``result`` would abort the runtime."""
+    op = result.owner.operation if isinstance(result.owner, ir.OpView) else result.owner
+    problems = decompression_problems(op)
+    if problems:
+        name = op.name
+        op.erase()
+        raise RuntimeHazardError(
+            f"{what}: {name} would abort the Core AI runtime: " + "; ".join(problems)
+        )
+
+
+#: numpy dtypes whose inline constants are built from Python floats
+_FLOAT_ATTR_TYPES = (*FLOAT8_TYPES, FLOAT4, E8M0, np.dtype(ml_dtypes.bfloat16))
+
+
+def _uniform(array: np.ndarray) -> bool:
+    """Whether every element of ``array`` equals the first (a splat)."""
+    flat = array.reshape(-1)
+    if flat.dtype in _FLOAT_ATTR_TYPES:
+        flat = flat.view(np.uint8)
+    return bool(flat.size) and bool(np.all(flat == flat[0]))
+
+
+def splat_attr(ttype: ir.RankedTensorType, value: object) -> ir.Attribute:
+    """A splat attribute of ``ttype`` holding ``value``."""
+    element = ttype.element_type
+    if ir.IntegerType.isinstance(element):
+        attr = ir.IntegerAttr.get(element, int(value))  # type: ignore[call-overload]
+    else:
+        attr = ir.FloatAttr.get(element, float(value))  # type: ignore[arg-type]
+    return ir.DenseElementsAttr.get_splat(ttype, attr)
 
 
 class _Constants:
@@ -306,8 +462,10 @@ class _Constants:
         """``array`` as a constant of ``element_type``: inline when tiny, else a resource of
         the store (bit-packed when ``packed_bits`` is below 8)."""
         ttype = ir.RankedTensorType.get(list(array.shape), element_type)
-        if array.size < INLINE_LIMIT:
-            if array.dtype in FLOAT8_TYPES or array.dtype == ml_dtypes.bfloat16:
+        if array.size and (array.size < INLINE_LIMIT or _uniform(array)):
+            if _uniform(array):
+                return splat_attr(ttype, array.reshape(-1)[0])
+            if array.dtype in _FLOAT_ATTR_TYPES:
                 values = [ir.FloatAttr.get(element_type, float(v)) for v in array.reshape(-1)]
                 return ir.DenseElementsAttr.get(values, type=ttype)
             return ir.DenseElementsAttr.get(np.ascontiguousarray(array), type=ttype)
@@ -317,13 +475,7 @@ class _Constants:
 
     @staticmethod
     def zeros(shape: Sequence[int], element_type: ir.Type) -> ir.Attribute:
-        ttype = ir.RankedTensorType.get(list(shape), element_type)
-        zero = (
-            ir.IntegerAttr.get(element_type, 0)
-            if ir.IntegerType.isinstance(element_type)
-            else ir.FloatAttr.get(element_type, 0.0)
-        )
-        return ir.DenseElementsAttr.get_splat(ttype, zero)
+        return splat_attr(ir.RankedTensorType.get(list(shape), element_type), 0)
 
     @staticmethod
     def index(values: int | Sequence[int], element_type: ir.Type) -> ir.Attribute:
@@ -361,6 +513,8 @@ def linear_decompression(
     bits = q.storage_bits
     if q.is_float8:
         data_type = FLOAT8_TYPES[q.codes.dtype].get()
+    elif q.codes.dtype == FLOAT4:
+        data_type = ir.Float4E2M1FNType.get()
     else:
         data_type = integer_type(bits, q.signed)
         low, high = code_range(q.bits, q.signed)
@@ -377,17 +531,23 @@ def linear_decompression(
             # not representable in the data's type: subtract it after scaling instead
             offset2 = (-(zero_point.astype(np.float32) * q.scale.astype(np.float32))).astype(out_np)
             zero_point = None
-    scale = q.scale.astype(scale_np)
+    if q.offset is not None and np.any(q.offset):  # the min-value formulation's minval
+        added = q.offset.astype(np.float32)
+        offset2 = (added if offset2 is None else offset2.astype(np.float32) + added).astype(out_np)
+    mx_scale = q.scale.dtype == E8M0
+    scale = q.scale if mx_scale else q.scale.astype(scale_np)
     c = _Constants(store, name)
 
     def scale_operand(values: np.ndarray) -> ir.Attribute | tuple[ir.Attribute, ir.Type]:
+        if mx_scale:  # power-of-two scales, read as they are whatever the output type
+            return c.array(values, "scale", ir.Float8E8M0FNUType.get())
         if scale_dtype is None or scale_dtype == dtype:
             return c.array(values, "scale", out_type)
         return c.array(values, "scale", dtypes.to_mlir(scale_dtype)), out_type
 
     data = c.array(q.codes, "codes", data_type, bits)
     axis = _channel_axis(q.codes.shape, q.scale.shape)
-    if bits == 8 and axis != "blocks" and offset2 is None:
+    if bits == 8 and axis != "blocks" and offset2 is None and not mx_scale:
         # one scale per tensor or per channel: dequantize (1-D or 0-D parameters)
         scale_p = scale.reshape(-1 if axis is not None else ())
         si32 = ir.IntegerType.get_signed(32)
@@ -422,30 +582,81 @@ def palette_decompression(
     store: WeightStore, name: str, p: PaletteCodes, dtype: torch.dtype
 ) -> Decompression:
     """The constants of ``p`` (resources named ``name.*``) and the ``lut_to_dense`` that
-    decompresses them to a ``dtype`` tensor."""
-    out_np = _numpy_float(dtype)
+    decompresses them to a ``dtype`` tensor (followed by a ``blockwise_shift_scale`` when the
+    palette is scaled).  ``dtype`` is the palette's own integer type for an unscaled integer
+    palette."""
     bits = p.storage_bits
-    lut = p.lut.astype(out_np)
+    if p.integer_lut:
+        lut = p.lut
+        lut_type = integer_type(8, p.lut.dtype == np.dtype(np.int8))
+        if p.scale is None:
+            out_np, out_type = None, lut_type
+        else:
+            out_np, out_type = _numpy_float(dtype), dtypes.to_mlir(dtype)
+    else:
+        out_np, out_type = _numpy_float(dtype), dtypes.to_mlir(dtype)
+        lut = p.lut.astype(out_np)
+        lut_type = out_type
     if bits != p.bits:  # stored in a wider index type: pad the palettes
         pad = [(0, 0)] * (lut.ndim - 2) + [(0, 2**bits - 2**p.bits), (0, 0)]
         lut = np.pad(lut, pad)
     if p.indices.size and int(p.indices.max()) >= 2**p.bits:
         raise ValueError(f"weight '{name}': {p.bits}-bit palette indices exceed {2**p.bits - 1}")
     c = _Constants(store, name)
-    operands = [
+    operands: list[Operand] = [
         c.array(p.indices.astype(np.uint8), "indices", integer_type(bits, False), bits),
-        c.array(lut, "palette", dtypes.to_mlir(dtype)),
-        c.index(0, ir.IntegerType.get_signed(16)),
+        c.array(lut, "palette", lut_type),
+        c.index(p.vector_axis, ir.IntegerType.get_signed(16)),
     ]
-    return Decompression(name, cai.lut_to_dense, operands, c.stored_bytes)
+    stages: list[tuple[Callable[..., ir.Value], list[Operand]]] = []
+    if p.scale is not None:
+        shape = p.scale.shape
+        zero_point = (
+            c.array(p.zero_point.astype(p.lut.dtype), "zero_point", lut_type)
+            if p.zero_point is not None and p.integer_lut
+            else c.zeros(shape, lut_type)
+        )
+        scale = c.array(p.scale.astype(out_np), "scale", out_type)
+        offset2 = c.zeros(shape, out_type)
+        if p.zero_point is not None and not p.integer_lut and np.any(p.zero_point):
+            offset = -(p.zero_point.astype(np.float32) * p.scale.astype(np.float32))
+            offset2 = c.array(offset.astype(out_np), "offset", out_type)
+        stages.append((cai.blockwise_shift_scale, [scale, zero_point, offset2]))
+    return Decompression(name, cai.lut_to_dense, operands, c.stored_bytes, stages)
+
+
+def sparse_decompression(
+    store: WeightStore, name: str, s: SparseCodes, dtype: torch.dtype
+) -> Decompression:
+    """The constants of ``s`` (the kept values and the bit mask, ``name.values`` /
+    ``name.mask``) and the ops that decompress them to a ``dtype`` tensor."""
+    out_np = _numpy_float(dtype)
+    out_type = dtypes.to_mlir(dtype)
+    c = _Constants(store, name)
+    if not s.values.size:  # nothing kept (a zero-element constant would abort the runtime)
+        return Decompression(name, lambda v: v, [c.zeros(s.mask.shape, out_type)])
+    operands: list[Operand] = [
+        c.array(s.values.astype(out_np), "values", out_type),
+        c.array(s.mask.astype(np.uint8), "mask", ir.IntegerType.get_unsigned(1), 1),
+    ]
+
+    def densify(values: ir.Value, mask: ir.Value) -> ir.Value:
+        return cai.sparse_with_bitmask_to_dense(cai.build_sparse_with_bitmask(values, mask))
+
+    return Decompression(name, densify, operands, c.stored_bytes)
 
 
 def decompression(
-    store: WeightStore, name: str, codes: LinearCodes | PaletteCodes, dtype: torch.dtype
+    store: WeightStore,
+    name: str,
+    codes: LinearCodes | PaletteCodes | SparseCodes,
+    dtype: torch.dtype,
 ) -> Decompression:
-    """:func:`linear_decompression` or :func:`palette_decompression`, by the codes' kind."""
+    """The decompression of ``codes``, by their kind."""
     if isinstance(codes, LinearCodes):
         return linear_decompression(store, name, codes, dtype)
+    if isinstance(codes, SparseCodes):
+        return sparse_decompression(store, name, codes, dtype)
     return palette_decompression(store, name, codes, dtype)
 
 
@@ -506,7 +717,13 @@ def _blockwise_problems(*types: ir.RankedTensorType) -> list[str]:
         problems.append(
             f"the scale's shape {list(scale.shape)} must divide the data's shape {list(data.shape)}"
         )
-    if not isinstance(scale.element_type, ir.Float8E8M0FNUType) and (
+    if isinstance(data.element_type, ir.Float4E2M1FNType) and not isinstance(
+        scale.element_type, (ir.Float8E8M0FNUType, ir.F16Type, ir.BF16Type, ir.Float8E4M3FNType)
+    ):
+        problems.append(
+            f"float4 data needs an f8E8M0FNU, f16, bf16 or f8E4M3FN scale, not {scale.element_type}"
+        )
+    elif not isinstance(scale.element_type, ir.Float8E8M0FNUType) and (
         scale.element_type != result.element_type
     ):
         problems.append(

@@ -77,11 +77,37 @@ def i32(values: Sequence[int] | int) -> np.ndarray:
 
 
 def cast(value: ir.Value, dtype: torch.dtype) -> ir.Value:
-    """``value`` converted to ``dtype`` (no op when it already has it)."""
+    """``value`` converted to ``dtype`` (no op when it already has it).  A small float16
+    constant is converted now: Core AI folds ``cast`` of float16 constants into wrong values
+    for subnormal float16 numbers (2.056e-5 becomes 2.39e-7)."""
     if dtype_of(value) == dtype:
         return value
     target = ir.RankedTensorType.get(tensor_type(value).shape, dtypes.to_mlir(dtype))
+    if dtype.is_floating_point:
+        values = _inline_float16(value)
+        if values is not None and dtype in (torch.float32, torch.float16, torch.float64):
+            return cai.constant(values.astype(dtypes.to_numpy(dtype)), dtype=target.element_type)
     return cai.cast(value, target)
+
+
+def _inline_float16(value: ir.Value) -> np.ndarray | None:
+    """The values of an inline (not resource) float16 constant, else None."""
+    owner = value.owner
+    if isinstance(owner, ir.Block) or not ir.RankedTensorType.isinstance(value.type):
+        return None
+    op = owner.operation if isinstance(owner, ir.OpView) else owner
+    if op.name != "coreai.constant" or "value" not in op.attributes:
+        return None
+    attr = op.attributes["value"]
+    ttype = ir.RankedTensorType(value.type)
+    if not isinstance(ttype.element_type, ir.F16Type) or not ir.DenseFPElementsAttr.isinstance(
+        attr
+    ):
+        return None
+    dense = ir.DenseFPElementsAttr(attr)
+    if dense.is_splat:
+        return np.full(ttype.shape, dense.get_splat_value().value, np.float16)
+    return np.array(dense, dtype=np.float16).reshape(ttype.shape)
 
 
 # ----------------------------------------------------------------------------------- axes ---

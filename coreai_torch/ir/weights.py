@@ -98,7 +98,7 @@ def _buffer(tensor: torch.Tensor) -> np.ndarray:
         t = t.contiguous()
     if t.dtype == torch.bfloat16:
         return t.view(torch.int16).numpy()
-    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+    if t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e8m0fnu):
         return t.view(torch.uint8).numpy()
     return t.numpy()
 
@@ -352,7 +352,12 @@ class WeightStore:
             tensor = tensor.to_dense().cpu() if tensor.is_sparse else tensor.cpu()
         ttype = dtypes.tensor_type(list(tensor.shape), tensor.dtype)
         if tensor.numel() < INLINE_LIMIT:
-            if tensor.dtype in (torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2):
+            if tensor.dtype in (
+                torch.bfloat16,
+                torch.float8_e4m3fn,
+                torch.float8_e5m2,
+                torch.float8_e8m0fnu,
+            ):
                 return cai.constant(tensor.detach().float().numpy(), dtype=ttype.element_type)
             return cai.constant(tensor.detach().numpy().copy(), dtype=ttype.element_type)
         key = self._key(tensor)

@@ -172,13 +172,15 @@ def compression_config(compress: CompressionConfig | str | None) -> CompressionC
     """The compression configuration ``compress=`` asks for (None: no compression)."""
 
     if compress is None or isinstance(
-        compress, (compression.LinearQuantization, compression.Palettization)
+        compress,
+        (compression.LinearQuantization, compression.Palettization, compression.Pruning),
     ):
         return compress
     if not isinstance(compress, str):
         raise TypeError(
             "llm.export(compress=...) takes a coreai_torch.compression configuration "
-            "(LinearQuantization, Palettization) or a name such as 'int4', 'int8', 'palette4'; "
+            "(LinearQuantization, Palettization, Pruning) or a name such as 'int4', 'int8', "
+            "'palette4', 'sparse50'; "
             f"got {compress!r}"
         )
     try:

@@ -7,6 +7,7 @@ from coreai_torch.lowerings import (  # noqa: F401  (imported for their registra
     bitwise,
     control_flow,
     conv_pool,
+    coreai_ops,
     creation,
     cumulative,
     elementwise,

@@ -99,7 +99,13 @@ def weight_name(cx: LoweringContext, arg: Any) -> str:
         node = node.args[0]
     if isinstance(node, torch.fx.Node) and node.op == "placeholder":
         target = importer.signature.weight_targets.get(node.name, node.name)
-        return re.sub(r"\.parametrizations\.(\w+)\.original\d+$", r".\1", target)
+        # parametrized weights: ``fc.parametrizations.weight.original0`` (the dense tensor) or
+        # ``fc.parametrizations.weight.0.indices`` (a parametrization's own tensor), nested
+        # when torch.export unwraps a tensor subclass (``...0.parametrizations.data.original0``)
+        pattern = r"(^|\.)parametrizations\.(\w+)\.(?:original\d+|\d+\.\w+)$"
+        while (shorter := re.sub(pattern, r"\1\2", target)) != target:
+            target = shorter
+        return target
     return cx.node.name
 
 
@@ -115,9 +121,10 @@ def _read_transposed(node: torch.fx.Node) -> bool:
     return True
 
 
-def _emit(cx: LoweringContext, arg: Any, codes: Any, dtype: torch.dtype) -> ir.Value:
-    """The decompression of ``codes`` (LinearCodes or PaletteCodes), stored transposed when
-    every reader transposes it."""
+def emit_compressed(cx: LoweringContext, arg: Any, codes: Any, dtype: torch.dtype) -> ir.Value:
+    """The decompression of ``codes`` (:class:`~coreai_torch.ir.compressed.LinearCodes`,
+    ``PaletteCodes`` or ``SparseCodes``) of the weight ``arg``, stored transposed when every
+    reader of the node transposes it."""
     store = cx.importer.builder.weights
     name = weight_name(cx, arg)
     if codes.ndim == 2 and _read_transposed(cx.node):
@@ -220,15 +227,6 @@ def _static_shape(cx: LoweringContext, x: ir.Value) -> list[int]:
 # ------------------------------------------------------------------------------- torchao ---
 
 
-def _integer_bounds(dtype: torch.dtype) -> tuple[int, int] | None:
-    """(min, max) of an integer dtype, torchao's sub-byte ``torch.int4`` / ``uint4`` included."""
-    match = re.fullmatch(r"torch\.(u?)int(\d+)", str(dtype))
-    if match is None:
-        return None
-    bits = int(match[2])
-    return compressed.code_range(bits, not match[1]) if bits <= 8 else None
-
-
 @lowering("torchao::dequantize_affine.default")
 def dequantize_affine(
     cx: LoweringContext,
@@ -249,13 +247,13 @@ def dequantize_affine(
     data = weight_tensor(cx, args["input"])
     scale_t = weight_tensor(cx, args["scale"])
     zp_t = weight_tensor(cx, args["zero_point"]) if zero_point is not None else None
-    bounds = _integer_bounds(input_dtype) or (None, None)
+    bounds = compressed.integer_bounds(input_dtype) or (None, None)
     low = quant_min if quant_min is not None else bounds[0]
     high = quant_max if quant_max is not None else bounds[1]
     if data is not None and scale_t is not None and (zero_point is None or zp_t is not None):
         codes = linear_codes(data, scale_t, zp_t, blocks, low, high)
         if codes is not None:
-            return _emit(cx, args["input"], codes, output_dtype)
+            return emit_compressed(cx, args["input"], codes, output_dtype)
     return _affine_values(input, blocks, scale, zero_point, output_dtype)
 
 
@@ -285,7 +283,7 @@ def dequantize_codebook(
         )
     lut = book.detach().numpy() if book.dtype != torch.bfloat16 else book.float().numpy()
     palette = compressed.PaletteCodes(indices.to(torch.uint8).numpy(), nbits, lut)
-    return _emit(cx, args["codes"], palette, output_dtype)
+    return emit_compressed(cx, args["codes"], palette, output_dtype)
 
 
 # ---------------------------------------------------------------------------------- PT2E ---
@@ -316,7 +314,7 @@ def _dequantize_weight(
     codes = linear_codes(data, scale, zero_point, blocks, quant_min, quant_max)
     if codes is None:
         return None
-    return _emit(cx, args["input"], codes, dtype)
+    return emit_compressed(cx, args["input"], codes, dtype)
 
 
 @lowering("quantized_decomposed::dequantize_per_channel.default")

@@ -293,6 +293,12 @@ def _lookup_is_possible(decompress: ir.Operation, dynamic: bool) -> bool:
     table = ir.RankedTensorType(decompress.result.type)
     if table.rank not in (2, 3) or not _gatherable(decompress.operands[0]):
         return False
+    if any(  # gather_nd does not read e8m0 (MX) scales
+        isinstance(ir.RankedTensorType(v.type).element_type, ir.Float8E8M0FNUType)
+        for v in decompress.operands[1:]
+        if ir.RankedTensorType.isinstance(v.type)
+    ):
+        return False
     if decompress.name == "coreai.blockwise_shift_scale":
         rows = table.shape[0]
         return all(shape_of(v)[0] in (1, rows) for v in decompress.operands[1:])
