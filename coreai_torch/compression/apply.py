@@ -180,7 +180,7 @@ def _fit(
     shape = weight.shape
     channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
     if isinstance(config, Pruning):
-        return prune(weight, config.sparsity)
+        return prune(np.asarray(weight), config.sparsity)
     if isinstance(config, LinearQuantization):
         params = [1] * weight.ndim
         for axis in (*plan.batch_axes, plan.channel_axis):
