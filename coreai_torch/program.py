@@ -158,6 +158,8 @@ class AIProgram(ca.AIProgram):
                 )
                 return self
             self._holder._mlir_module = candidate
+        if self.weights is not None:
+            self.weights.prune()  # the weights now stored transposed
         return self
 
     def compress(self, config: CompressionConfig) -> CompressionReport:

@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import time
 import warnings
@@ -370,6 +371,20 @@ def test_a_full_disk_names_the_path(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     with _children_reaped(), pytest.raises(OSError, match=r"could not write '.*full.aimodel'"):
         program.save_asset(tmp_path / "full.aimodel")
     assert not (tmp_path / "full.aimodel").exists()
+
+
+def test_an_asset_larger_than_the_free_space_is_refused_before_writing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    program, _, _ = _mlp()
+    program.optimize()
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(
+        saving.shutil, "disk_usage", lambda path: usage._replace(free=saving.SPACE_MARGIN)
+    )
+    with pytest.raises(OSError, match=r"no room for the asset: it needs about .* GiB.*tight"):
+        program.save_asset(tmp_path / "tight.aimodel")
+    assert not (tmp_path / "tight.aimodel").exists()
 
 
 def test_a_smaller_asset_is_streamed_through_the_page_cache(

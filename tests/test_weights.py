@@ -193,7 +193,7 @@ def test_outside_code_reading_the_module_sees_the_data_of_lazy_weights(tmp_path:
     store = program.weights
     assert store is not None
     pending = {e.name: e for e in store.pending.values()}
-    assert set(pending) == {"0.weight.T", "2.weight.T"}
+    assert set(pending) == {"0.weight.T", "0.bias", "2.weight.T"}  # 2.bias is folded in
     assert all(isinstance(e, PendingLazy) for e in pending.values())
     # reading the program's structure, printing it or copying it keeps them in the checkpoint
     _ = program.function_names, str(program), program.verify()

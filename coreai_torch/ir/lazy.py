@@ -202,9 +202,29 @@ class Call(Expr):
         )
 
     def evaluate(self) -> torch.Tensor:
+        whole = self._by_rows()
+        if whole is not None:
+            return whole
         args, kwargs = self._inputs(lambda e: e.evaluate())
         with torch.no_grad():
             return self.func(*args, **kwargs)
+
+    def _by_rows(self) -> torch.Tensor | None:
+        """The whole tensor computed by blocks of rows into one result (a chain of casts of a
+        checkpoint tensor then holds the result and one block, not every intermediate)."""
+        if self.func not in _ROW_WISE or not self.shape or self.shape[0] < 2:
+            return None
+        rows = self.shape[0]
+        step = max(1, (64 << 20) // max(1, self.nbytes // rows))
+        out: torch.Tensor | None = None
+        for first in range(0, rows, step):
+            block = self.rows(first, min(step, rows - first))
+            if block is None:
+                return None
+            if out is None:
+                out = torch.empty(self.shape, dtype=self.dtype)
+            out[first : first + block.shape[0]] = block
+        return out
 
     def rows(self, first: int, count: int) -> torch.Tensor | None:
         if self.func in _ROW_WISE and self.args and isinstance(self.args[0], Expr):

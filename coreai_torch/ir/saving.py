@@ -122,6 +122,7 @@ def save_program(
     last_stats.__init__()  # type: ignore[misc]
     start = time.perf_counter()
     minimum_os = minimum_os or core_asset.OSVersion.v27
+    check_free_space(path, module, weights)
     if path.exists():
         if path.is_dir():
             shutil.rmtree(path)
@@ -163,6 +164,39 @@ def save_program(
             raise
         raise RuntimeError(f"failed to persist mlasset to {path}: {error}") from error
     return ca.AIModelAsset._wrap(asset)
+
+
+#: room kept free beyond the asset's weights (its bytecode, metadata, the file system's own)
+SPACE_MARGIN = 64 << 20
+
+
+def weight_bytes(module: ir.Module, weights: WeightStore | None) -> int:
+    """Bytes of the weights ``module`` references (the bulk of its asset)."""
+    if weights is None:
+        return 0
+    names = referenced_resources(module)
+    tensors = sum(t.numel() * t.element_size() for n, t in weights.by_name.items() if n in names)
+    return tensors + sum(b.size for n, b in weights.derived_by_name.items() if n in names)
+
+
+def check_free_space(path: Path, module: ir.Module, weights: WeightStore | None) -> None:
+    """Raise ``OSError`` (``ENOSPC``) naming ``path`` when its file system has less room than
+    the asset's weights need, before anything is written (an asset that replaces another
+    counts the room the old one frees)."""
+    needed = weight_bytes(module, weights) + SPACE_MARGIN
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if path.is_dir():
+        free += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"no room for the asset: it needs about {needed / 2**30:.2f} GiB and the file "
+            f"system of '{path}' has {free / 2**30:.2f} GiB free; free some space or save "
+            "it elsewhere",
+        )
 
 
 def save_in_process(
