@@ -43,13 +43,14 @@ def cmd_export(opts: argparse.Namespace) -> int:
         all_logits=opts.all_logits,
     )
     converted = time.perf_counter() - start
+    max_context = int(next(iter(program.signatures["decode"].initial_states.values())).shape[2])
     program.save_asset(output)
     size = sum(f.stat().st_size for f in output.rglob("*") if f.is_file())
     data = {
         "model": str(opts.model_dir),
         "asset": str(output),
         "asset_bytes": size,
-        "max_context": opts.max_context,
+        "max_context": max_context,
         "entry_points": program.function_names,
         "states": [s.name for s in program.signatures["decode"].states],
         "precision": program.precision.name,
@@ -60,7 +61,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
     text = (
         f"{opts.model_dir} -> {output} ({size / 2**20:.1f} MiB, {form}): entry points "
         f"{', '.join(data['entry_points'])}, {len(data['states'])} cache states of "
-        f"{opts.max_context} positions; exported and converted in {converted:.1f} s"
+        f"{max_context} positions; exported and converted in {converted:.1f} s"
     )
     emit(opts, data, text)
     return EXIT_OK
@@ -135,7 +136,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     export.add_argument("model_dir", metavar="MODEL_DIR", help="written by save_pretrained")
     export.add_argument("-o", "--output", required=True, help="the .aimodel to write")
     export.add_argument(
-        "--max-context", type=int, default=2048, help="KV-cache positions (default 2048)"
+        "--max-context",
+        type=int,
+        help="KV-cache positions (default: the model's max_position_embeddings, at most 2048)",
     )
     add_precision_arguments(export)
     add_compression_arguments(export)
