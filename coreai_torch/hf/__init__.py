@@ -13,11 +13,14 @@ See ``docs/hf_*.md``.
 
 from coreai_torch.hf.base import CoreAIModel
 from coreai_torch.hf.causal_lm import CoreAIModelForCausalLM, RuntimeCache
+from coreai_torch.hf.feature_extraction import CoreAIModelForFeatureExtraction, pool
 from coreai_torch.hf.tasks import TASKS
 
 __all__ = [
     "TASKS",
     "CoreAIModel",
     "CoreAIModelForCausalLM",
+    "CoreAIModelForFeatureExtraction",
     "RuntimeCache",
+    "pool",
 ]

@@ -15,6 +15,7 @@ import contextlib
 import copy
 import json
 import os
+import re
 import shutil
 import tempfile
 import weakref
@@ -27,8 +28,10 @@ import torch
 import torch.nn as nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
-from coreai_torch.errors import UnsupportedModelError
+from coreai_torch.errors import CheckpointError, UnsupportedModelError
+from coreai_torch.ir import lazy
 from coreai_torch.ir.assets import check_asset
+from coreai_torch.ir.lazy import WeightSource
 
 #: File that marks a directory written by ``save_pretrained`` of a ``CoreAIModelFor…`` class.
 COREAI_CONFIG = "coreai_config.json"
@@ -409,6 +412,50 @@ def load_hf_config(path: Path) -> PretrainedConfig:
         return AutoConfig.from_pretrained(path, local_files_only=True)
     except ValueError as error:
         raise UnsupportedModelError(f"{path}: {error}") from None
+
+
+def load_for_export(auto_class: Any, config: PretrainedConfig, path: Path) -> nn.Module:
+    """The model of the local directory ``path`` (``auto_class``, e.g. ``AutoModel``), for
+    export.  A safetensors checkpoint whose tensors name the model's parameters (after the
+    renames ``from_pretrained`` applies: the class's checkpoint conversion mapping, a task
+    model's base-model prefix) is streamed: the model is built with empty parameters bound to
+    the checkpoint (:class:`~coreai_torch.ir.lazy.WeightSource`), whose weights are read one at
+    a time while the asset is written.  Other checkpoints (``.bin`` files, names only
+    ``from_pretrained`` knows how to map) are loaded with ``from_pretrained``, in memory."""
+    if not any(path.glob("*.safetensors")):
+        return auto_class.from_pretrained(path, local_files_only=True).eval()
+    source = WeightSource(path)  # a damaged checkpoint is a CheckpointError naming the file
+    with lazy.empty_parameters():  # in float32, as from_pretrained loads it
+        model = auto_class.from_config(config, torch_dtype=torch.float32)
+    source.entries = _checkpoint_names(model, source.entries)
+    try:
+        return source.bind(model).eval()
+    except CheckpointError:
+        source.close()
+        return auto_class.from_pretrained(path, local_files_only=True).eval()
+
+
+def _checkpoint_names(model: nn.Module, entries: dict[str, Any]) -> dict[str, Any]:
+    """``entries`` (checkpoint name -> tensor) under the names the model's parameters have:
+    the class's ``_checkpoint_conversion_mapping`` (regular expressions, the first that
+    matches applies; LLaVA's checkpoints name ``language_model.model.*`` what the class calls
+    ``model.language_model.*``), then the base-model prefix removed or added."""
+    mapping = getattr(type(model), "_checkpoint_conversion_mapping", None) or {}
+    own = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    prefix = f"{getattr(model, 'base_model_prefix', '')}."
+    renamed = {}
+    for name, entry in entries.items():
+        new = name
+        for pattern, replacement in mapping.items():
+            new, count = re.subn(pattern, replacement, new)
+            if count:
+                break
+        if new not in own and prefix != "." and new.startswith(prefix):
+            new = new.removeprefix(prefix)  # a task model's checkpoint, the base model built
+        elif new not in own and prefix + new in own:
+            new = prefix + new  # a base model's checkpoint, a task model built
+        renamed[new] = entry
+    return renamed
 
 
 def check_model_type(config: Any, supported: tuple[str, ...], who: str, what: str) -> None:

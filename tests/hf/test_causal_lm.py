@@ -18,9 +18,7 @@ import torch
 
 from coreai_torch.errors import AssetNotFoundError, InvalidAssetError, UnsupportedModelError
 from coreai_torch.hf import CoreAIModelForCausalLM
-from coreai_torch.ir import lazy
-from coreai_torch.ir.lazy import WeightSource
-from tests.hf.support import TOLERANCE, check_generate
+from tests.hf.support import TOLERANCE, assert_streamed, check_generate, recording_binds
 from tests.llm.support import PROMPTS, causal_lm, tiny_tokenizer
 
 pytestmark = pytest.mark.xdist_group("hf_causal_lm")
@@ -46,15 +44,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     model, tok = causal_lm("llama"), tokenizer()
     model.save_pretrained(root / "hf")
     tok.save_pretrained(root / "hf")
-    bound: list[torch.nn.Module] = []
-    bind = WeightSource.bind
-
-    def spy(self: WeightSource, module: torch.nn.Module) -> torch.nn.Module:
-        bound.append(module)
-        return bind(self, module)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(WeightSource, "bind", spy)
+    with recording_binds() as bound:
         exported = CoreAIModelForCausalLM.from_pretrained(
             root / "hf", export=True, max_context=MAX_CONTEXT
         )
@@ -67,8 +57,7 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_export_of_a_directory_streams_the_checkpoint(llama: dict[str, Any]) -> None:
     """The weights of an exported directory stay in its checkpoint (lazy tensors read while
     the asset is written), as with ``llm.export(model_dir)``."""
-    (model,) = llama["bound"]
-    assert all(lazy.is_lazy(p) for p in model.parameters())
+    assert_streamed(llama["bound"])
 
 
 def test_greedy_generate_matches_transformers(llama: dict[str, Any]) -> None:
