@@ -14,6 +14,7 @@ See ``docs/hf_*.md``.
 from coreai_torch.hf.base import CoreAIModel
 from coreai_torch.hf.causal_lm import CoreAIModelForCausalLM, RuntimeCache
 from coreai_torch.hf.feature_extraction import CoreAIModelForFeatureExtraction, pool
+from coreai_torch.hf.speech_seq2seq import CoreAIModelForSpeechSeq2Seq
 from coreai_torch.hf.tasks import TASKS
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "CoreAIModel",
     "CoreAIModelForCausalLM",
     "CoreAIModelForFeatureExtraction",
+    "CoreAIModelForSpeechSeq2Seq",
     "RuntimeCache",
     "pool",
 ]

@@ -28,7 +28,7 @@ from coreai_torch.hf.base import CoreAIModel, check_model_type
 from coreai_torch.hf.tasks import CAUSAL_LM_TYPES
 
 #: generation modes ``generate`` supports (``GenerationMode`` values)
-SUPPORTED_GENERATION_MODES = ("greedy_search", "sample")
+SUPPORTED_GENERATION_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
 
 
 def export_causal_lm(
@@ -89,6 +89,19 @@ class RuntimeCache:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """Row ``i`` continues row ``beam_idx[i]`` (beam search): its buffers are copied."""
+        from coreai.runtime import NDArray
+
+        from coreai_torch.runtime import to_numpy
+
+        order = [int(i) for i in beam_idx]
+        self.rows = [
+            {name: NDArray(to_numpy(value).copy()) for name, value in self.rows[i].items()}
+            for i in order
+        ]
+        self.lengths = [self.lengths[i] for i in order]
+
 
 class CoreAICausalLMBase(CoreAIModel):
     """The prefill / decode loop over a KV cache held as runtime state (shared with the
@@ -110,9 +123,9 @@ class CoreAICausalLMBase(CoreAIModel):
         mode = getattr(generation_mode, "value", generation_mode)
         if mode not in SUPPORTED_GENERATION_MODES:
             raise NotImplementedError(
-                f"{type(self).__name__}.generate supports greedy search and sampling "
-                f"(num_beams=1, no assistant model); '{mode}' is not supported "
-                f"(num_beams={generation_config.num_beams})"
+                f"{type(self).__name__}.generate supports greedy search, sampling and beam "
+                f"search (no assistant model, no groups or constraints); '{mode}' is not "
+                "supported"
             )
         super()._validate_generation_mode(
             generation_mode, generation_config, generation_mode_kwargs
@@ -144,7 +157,9 @@ class CoreAICausalLMBase(CoreAIModel):
                 "the prompt or max_new_tokens"
             )
         generation_config.use_cache = True  # the runtime's cache is always used
-        model_kwargs["past_key_values"] = self._new_cache(batch_size)
+        # rows once generate has expanded the inputs for beams / returned sequences
+        expand = max(generation_config.num_beams, generation_config.num_return_sequences)
+        model_kwargs["past_key_values"] = self._new_cache(batch_size * expand)
 
     def _extra_cache_positions(self, model_kwargs: dict) -> int:
         """Cache positions taken beyond the token ids (image tokens expanded, ...)."""
@@ -250,10 +265,10 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         out = model.generate(**tokenizer("Hi", return_tensors="pt"), max_new_tokens=32)
         pipeline("text-generation", model=model, tokenizer=tokenizer)
 
-    ``generate`` is ``transformers``' (greedy search and sampling; beam search and assisted
-    generation raise).  ``model(**inputs)`` returns ``CausalLMOutputWithPast`` with the
-    logits of every position (or the last, with ``logits_to_keep=1``) and the runtime cache
-    as ``past_key_values``.
+    ``generate`` is ``transformers``' (greedy search, sampling, beam search; assisted,
+    contrastive and constrained generation raise).  ``model(**inputs)`` returns
+    ``CausalLMOutputWithPast`` with the logits of every position (or the last, with
+    ``logits_to_keep=1``) and the runtime cache as ``past_key_values``.
     """
 
     task = "text-generation"

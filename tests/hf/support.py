@@ -113,3 +113,93 @@ def bert_tokenizer(directory: Any) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
     return BertTokenizerFast(vocab_file=str(path))
+
+
+#: Whisper's special tokens, in id order after the 256 byte tokens.
+WHISPER_SPECIALS = [
+    "<|endoftext|>",
+    "<|startoftranscript|>",
+    "<|en|>",
+    "<|fr|>",
+    "<|translate|>",
+    "<|transcribe|>",
+    "<|startoflm|>",
+    "<|startofprev|>",
+    "<|nocaptions|>",
+    "<|notimestamps|>",
+]
+WHISPER_VOCAB = 320
+
+
+def whisper_tokenizer(directory: Any) -> Any:
+    """A byte-level ``WhisperTokenizer`` (one token per byte, no merges) with Whisper's
+    special tokens at ids 256.. (files written to ``directory``)."""
+    import json
+    from pathlib import Path
+
+    from transformers import WhisperTokenizer
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    symbols = sorted(bytes_to_unicode().values(), key=lambda c: ord(c))
+    vocab = {s: i for i, s in enumerate([*symbols, *WHISPER_SPECIALS])}
+    (directory / "vocab.json").write_text(json.dumps(vocab))
+    (directory / "merges.txt").write_text("#version: 0.2\n")
+    return WhisperTokenizer(
+        str(directory / "vocab.json"),
+        str(directory / "merges.txt"),
+        additional_special_tokens=WHISPER_SPECIALS[1:],
+    )
+
+
+def whisper(**overrides: Any) -> Any:
+    """A small random-weight ``WhisperForConditionalGeneration`` with Whisper's 80 mel bins
+    and 1500 encoder positions (30 s of audio), and a multilingual generation config over
+    :func:`whisper_tokenizer`'s ids."""
+    import transformers
+    from transformers import GenerationConfig
+
+    from tests.models.common import redraw_weights
+
+    ids = {name: 256 + i for i, name in enumerate(WHISPER_SPECIALS)}
+    config = transformers.WhisperConfig(
+        vocab_size=WHISPER_VOCAB,
+        num_mel_bins=80,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_source_positions=1500,
+        max_target_positions=64,
+        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|endoftext|>"],
+        decoder_start_token_id=ids["<|startoftranscript|>"],
+        begin_suppress_tokens=None,
+        suppress_tokens=None,
+        **overrides,
+    )
+    config._attn_implementation = "sdpa"
+    model = transformers.WhisperForConditionalGeneration(config).eval()
+    redraw_weights(model, embedding_std=0.3)
+    # as a real checkpoint's generation_config.json (not derived from the model config, whose
+    # reload drops the Whisper-specific keys)
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=ids["<|startoftranscript|>"],
+        bos_token_id=ids["<|endoftext|>"],
+        eos_token_id=ids["<|endoftext|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        no_timestamps_token_id=ids["<|notimestamps|>"],
+        is_multilingual=True,
+        lang_to_id={"<|en|>": ids["<|en|>"], "<|fr|>": ids["<|fr|>"]},
+        task_to_id={"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]},
+        suppress_tokens=[],
+        begin_suppress_tokens=[ids["<|endoftext|>"]],
+        max_initial_timestamp_index=50,
+        max_length=64,
+    )
+    return model

@@ -139,8 +139,8 @@ def test_bad_input_raises_before_running(llama: dict[str, Any], tmp_path: Path) 
     inputs = encode(tok, PROMPTS[2])
     with pytest.raises(ValueError, match="max_context=64"):
         model.generate(**inputs, max_new_tokens=60)
-    with pytest.raises(NotImplementedError, match="beam_search"):
-        model.generate(**inputs, num_beams=2, max_new_tokens=4)
+    with pytest.raises(NotImplementedError, match="'group_beam_search' is not supported"):
+        model.generate(**inputs, num_beams=2, num_beam_groups=2, max_new_tokens=4)
     right = encode(tok, PROMPTS)
     right["attention_mask"] = right["attention_mask"].flip(1)
     with pytest.raises(ValueError, match="padding_side='left'"):
