@@ -72,6 +72,23 @@ def describe_options(precision: Any, compress: Any) -> dict[str, Any]:
     }
 
 
+def check_generation_mode(model: Any, kwargs: dict[str, Any]) -> None:
+    """Raise ``NotImplementedError`` (before anything runs) unless ``generate(**kwargs)``
+    would use one of :data:`SUPPORTED_GENERATION_MODES`."""
+    args = dict(kwargs)
+    config, _ = model._prepare_generation_config(
+        args.pop("generation_config", None), args.pop("use_model_defaults", None), **args
+    )
+    mode = config.get_generation_mode(kwargs.get("assistant_model"))
+    mode = getattr(mode, "value", mode)
+    if mode not in SUPPORTED_GENERATION_MODES:
+        raise NotImplementedError(
+            f"{type(model).__name__}.generate supports greedy search, sampling and beam search "
+            f"(no assistant model, beam groups, constraints, contrastive search or DoLa); "
+            f"'{mode}' is not supported"
+        )
+
+
 class RuntimeCache:
     """The KV caches of one generation: a set of runtime state buffers per batch row, and
     how many tokens each row holds.  ``generate`` passes it around as ``past_key_values``."""
@@ -117,19 +134,9 @@ class CoreAICausalLMBase(CoreAIModel):
 
     # -- GenerationMixin hooks ----------------------------------------------------------------
 
-    def _validate_generation_mode(
-        self, generation_mode: Any, generation_config: Any, generation_mode_kwargs: dict
-    ) -> None:
-        mode = getattr(generation_mode, "value", generation_mode)
-        if mode not in SUPPORTED_GENERATION_MODES:
-            raise NotImplementedError(
-                f"{type(self).__name__}.generate supports greedy search, sampling and beam "
-                f"search (no assistant model, no groups or constraints); '{mode}' is not "
-                "supported"
-            )
-        super()._validate_generation_mode(
-            generation_mode, generation_config, generation_mode_kwargs
-        )
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        check_generation_mode(self, kwargs)
+        return super().generate(*args, **kwargs)
 
     def _prepare_cache_for_generation(
         self,

@@ -32,7 +32,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
 
 from coreai_torch.hf.base import CoreAIModel, check_model_type, load_for_export, load_hf_config
-from coreai_torch.hf.causal_lm import RuntimeCache, describe_options
+from coreai_torch.hf.causal_lm import RuntimeCache, check_generation_mode, describe_options
 from coreai_torch.hf.tasks import SPEECH_SEQ2SEQ_TYPES
 from coreai_torch.ir import lazy
 
@@ -322,21 +322,6 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
 
     # -- GenerationMixin hooks ----------------------------------------------------------------
 
-    def _validate_generation_mode(
-        self, generation_mode: Any, generation_config: Any, generation_mode_kwargs: dict
-    ) -> None:
-        from coreai_torch.hf.causal_lm import SUPPORTED_GENERATION_MODES
-
-        mode = getattr(generation_mode, "value", generation_mode)
-        if mode not in SUPPORTED_GENERATION_MODES:
-            raise NotImplementedError(
-                f"{type(self).__name__}.generate supports greedy search, sampling and beam "
-                f"search; '{mode}' is not supported"
-            )
-        super()._validate_generation_mode(
-            generation_mode, generation_config, generation_mode_kwargs
-        )
-
     def _prepare_cache_for_generation(
         self,
         generation_config: Any,
@@ -365,6 +350,7 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
                 f"{type(self).__name__}.generate does not return attentions (token timestamps "
                 "need the cross-attention weights); segment timestamps (return_timestamps) work"
             )
+        check_generation_mode(self, kwargs)
         if input_features is not None:
             frames = input_frames(self.config)
             if input_features.dim() != 3 or input_features.shape[1] != self.config.num_mel_bins:
