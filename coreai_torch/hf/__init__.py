@@ -14,14 +14,18 @@ See ``docs/hf_*.md``.
 from coreai_torch.hf.base import CoreAIModel
 from coreai_torch.hf.causal_lm import CoreAIModelForCausalLM, RuntimeCache
 from coreai_torch.hf.feature_extraction import CoreAIModelForFeatureExtraction, pool
+from coreai_torch.hf.image_text_to_text import CoreAIModelForImageTextToText
 from coreai_torch.hf.speech_seq2seq import CoreAIModelForSpeechSeq2Seq
-from coreai_torch.hf.tasks import TASKS
+from coreai_torch.hf.tasks import TASKS, register_pipeline_names
+
+register_pipeline_names()
 
 __all__ = [
     "TASKS",
     "CoreAIModel",
     "CoreAIModelForCausalLM",
     "CoreAIModelForFeatureExtraction",
+    "CoreAIModelForImageTextToText",
     "CoreAIModelForSpeechSeq2Seq",
     "RuntimeCache",
     "pool",

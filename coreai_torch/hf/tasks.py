@@ -56,3 +56,20 @@ def class_for_task(task: str) -> type:
     if task not in CLASSES:
         raise ValueError(f"unknown task '{task}'; the tasks are {', '.join(CLASSES)}")
     return getattr(hf, CLASSES[task])
+
+
+def register_pipeline_names() -> None:
+    """Let ``transformers.pipeline`` recognise the ``CoreAIModelFor…`` classes for their
+    tasks.  The text-generation and image-text-to-text pipelines check the model's class name
+    against the names in ``transformers``' auto-model tables and log an error for any other;
+    the classes are added there under their own keys, which name no configuration, so the
+    auto classes never pick them."""
+    from transformers.models.auto import modeling_auto
+
+    for table, name in (
+        ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "CoreAIModelForCausalLM"),
+        ("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "CoreAIModelForImageTextToText"),
+    ):
+        names = getattr(modeling_auto, table, None)
+        if isinstance(names, dict):
+            names.setdefault(f"coreai-{name}", name)

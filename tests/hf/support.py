@@ -203,3 +203,70 @@ def whisper(**overrides: Any) -> Any:
         max_length=64,
     )
     return model
+
+
+def llava_processor(directory: Any) -> Any:
+    """A ``LlavaProcessor`` over the trained tokenizer with an ``<image>`` token and a CLIP
+    image processor for 32x32 images (16 image tokens of 8x8 patches), saved in
+    ``directory``."""
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    from tests.llm.support import tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    tokenizer.pad_token = "<unk>"
+    tokenizer.padding_side = "left"
+    tokenizer.model_input_names = ["input_ids", "attention_mask"]
+    tokenizer.init_kwargs["model_input_names"] = tokenizer.model_input_names  # saved with it
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        ),
+        tokenizer=tokenizer,
+        patch_size=8,
+        vision_feature_select_strategy="default",
+        image_token="<image>",
+        num_additional_image_tokens=1,
+        chat_template=(
+            "{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}"
+            "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}"
+            "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+        ),
+    )
+    processor.save_pretrained(directory)
+    return processor
+
+
+def llava(image_token_id: int, **overrides: Any) -> Any:
+    """A small random-weight ``LlavaForConditionalGeneration``: a 2-layer CLIP vision tower
+    (32x32 images, 8x8 patches), a projector and a 2-layer Llama decoder."""
+    import transformers
+
+    from tests.llm.support import causal_lm
+
+    text = causal_lm("llama").config
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        image_size=32,
+        patch_size=8,
+    )
+    config = transformers.LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=image_token_id,
+        image_seq_length=16,
+        **overrides,
+    )
+    config._attn_implementation = "sdpa"
+    from tests.models.common import redraw_weights
+
+    torch.manual_seed(0)
+    model = transformers.LlavaForConditionalGeneration(config).eval()
+    redraw_weights(model)
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
