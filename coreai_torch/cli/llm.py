@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from coreai_torch.cli.options import (
     add_precision_arguments,
     compression_config,
     emit,
-    precision_options,
+    requested_precision,
 )
 from coreai_torch.llm.export import export
 from coreai_torch.llm.generate import Generator, decode
@@ -33,7 +32,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
     output = Path(opts.output)
     if output.suffix != ".aimodel":
         raise CliError(f"the output path must end in .aimodel, got {output}")
-    precision, compression = _precision(opts), compression_config(opts)
+    precision, compression = requested_precision(opts), compression_config(opts)
     start = time.perf_counter()
     program = export(
         opts.model_dir,
@@ -107,13 +106,6 @@ def cmd_generate(opts: argparse.Namespace) -> int:
     }
     emit(opts, data, str(stats))
     return EXIT_OK
-
-
-def _precision(opts: argparse.Namespace) -> Any:
-    """The ``Precision`` ``--precision`` / ``--keep-fp32`` ask for, or None."""
-    options = precision_options(opts)
-    policy = options.pop("compute_precision", None)
-    return None if policy is None else dataclasses.replace(policy, **options)
 
 
 def _is_ids(prompt: str) -> bool:

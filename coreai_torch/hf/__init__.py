@@ -8,25 +8,38 @@ classes with ``from_pretrained`` / ``save_pretrained``, ``generate`` and
     model.save_pretrained("out_dir")   # .aimodel + config.json + tokenizer files
     model = CoreAIModelForCausalLM.from_pretrained("out_dir")   # no export, no torch weights
 
-See ``docs/hf_*.md``.
+The classes are imported on first use (``transformers`` is imported then).  See
+``docs/hf_*.md``.
 """
 
-from coreai_torch.hf.base import CoreAIModel
-from coreai_torch.hf.causal_lm import CoreAIModelForCausalLM, RuntimeCache
-from coreai_torch.hf.feature_extraction import CoreAIModelForFeatureExtraction, pool
-from coreai_torch.hf.image_text_to_text import CoreAIModelForImageTextToText
-from coreai_torch.hf.speech_seq2seq import CoreAIModelForSpeechSeq2Seq
-from coreai_torch.hf.tasks import TASKS, register_pipeline_names
+from __future__ import annotations
 
-register_pipeline_names()
+import importlib
+from typing import Any
 
-__all__ = [
-    "TASKS",
-    "CoreAIModel",
-    "CoreAIModelForCausalLM",
-    "CoreAIModelForFeatureExtraction",
-    "CoreAIModelForImageTextToText",
-    "CoreAIModelForSpeechSeq2Seq",
-    "RuntimeCache",
-    "pool",
-]
+from coreai_torch.hf.tasks import TASKS
+
+#: public name -> the module defining it
+_EXPORTS = {
+    "CoreAIModel": "coreai_torch.hf.base",
+    "CoreAIModelForCausalLM": "coreai_torch.hf.causal_lm",
+    "RuntimeCache": "coreai_torch.hf.causal_lm",
+    "CoreAIModelForFeatureExtraction": "coreai_torch.hf.feature_extraction",
+    "pool": "coreai_torch.hf.feature_extraction",
+    "CoreAIModelForImageTextToText": "coreai_torch.hf.image_text_to_text",
+    "CoreAIModelForSpeechSeq2Seq": "coreai_torch.hf.speech_seq2seq",
+}
+
+__all__ = ["TASKS", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'coreai_torch.hf' has no attribute '{name}'")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -29,9 +29,12 @@ import torch.nn as nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
+from coreai_torch.hf.tasks import register_pipeline_names
 from coreai_torch.ir import lazy
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.ir.lazy import WeightSource
+
+register_pipeline_names()
 
 #: File that marks a directory written by ``save_pretrained`` of a ``CoreAIModelFor…`` class.
 COREAI_CONFIG = "coreai_config.json"
