@@ -29,7 +29,7 @@ import torch.nn as nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
-from coreai_torch.hf.tasks import register_pipeline_names
+from coreai_torch.hf.tasks import CLASSES, register_pipeline_names
 from coreai_torch.ir import lazy
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.ir.lazy import WeightSource
@@ -66,7 +66,8 @@ _PREPROCESSING_FILES = (
 
 class CoreAIModel(PreTrainedModel):
     """Base of the ``CoreAIModelFor…`` classes: Core AI programs run on the Core AI runtime
-    behind a Hugging Face model's interface.  Use the subclasses' ``from_pretrained``."""
+    behind a Hugging Face model's interface.  ``CoreAIModel.from_pretrained(out_dir)`` loads a
+    saved directory as the class it was saved from; export with the subclasses."""
 
     #: the ``transformers.pipeline`` task and the ``coreai-torch export --task`` name
     task: ClassVar[str] = ""
@@ -224,6 +225,10 @@ class CoreAIModel(PreTrainedModel):
     @classmethod
     def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModel:
         meta = read_coreai_config(path)
+        if cls is CoreAIModel and meta.get("task") in CLASSES:  # the class the directory names
+            from coreai_torch.hf.tasks import class_for_task
+
+            return class_for_task(meta["task"])._load(path, verify_hash=verify_hash)
         if meta.get("task") != cls.task:
             raise ValueError(
                 f"{path} holds a {meta.get('class', '?')} (task '{meta.get('task')}'); load it "

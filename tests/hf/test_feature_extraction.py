@@ -147,6 +147,11 @@ def test_feature_extraction_pipeline_and_round_trip(bert: dict[str, Any]) -> Non
     assert {"model.aimodel", "config.json", "vocab.txt", "coreai_config.json"} <= {
         p.name for p in (root / "coreai").iterdir()
     }
+    from coreai_torch.hf import CoreAIModel
+
+    again = CoreAIModel.from_pretrained(root / "coreai")  # the class the directory names
+    assert type(again) is CoreAIModelForFeatureExtraction
+    again.close()
     tok = AutoTokenizer.from_pretrained(root / "coreai", local_files_only=True)
     ours = pipeline("feature-extraction", model=bert["coreai"], tokenizer=tok)(SENTENCES[0])
     ref = pipeline("feature-extraction", model=bert["model"], tokenizer=tok)(SENTENCES[0])
