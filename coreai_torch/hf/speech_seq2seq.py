@@ -344,7 +344,10 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
     def _new_cache(self, batch_size: int) -> RuntimeCache:
         return RuntimeCache([self._fresh_states("model", "prefill") for _ in range(batch_size)])
 
-    def generate(self, input_features: torch.Tensor | None = None, **kwargs: Any) -> Any:
+    def generate(
+        self, input_features: torch.Tensor | None = None, *args: Any, **kwargs: Any
+    ) -> Any:
+        """Whisper's ``generate`` (``WhisperGenerationMixin``), its inputs checked first."""
         if kwargs.get("return_token_timestamps") or kwargs.get("output_attentions"):
             raise NotImplementedError(
                 f"{type(self).__name__}.generate does not return attentions (token timestamps "
@@ -363,7 +366,7 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
                     f"input_features has {input_features.shape[2]} frames; Whisper takes "
                     f"{frames} (pad the audio to 30 s, as the feature extractor does)"
                 )
-        return super().generate(input_features, **kwargs)
+        return super().generate(input_features, *args, **kwargs)
 
     def _postprocess_outputs(self, seek_outputs: Any, *args: Any, **kwargs: Any) -> Any:
         # the runtime cache is not split per row (Whisper splits past_key_values by batch)

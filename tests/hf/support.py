@@ -238,14 +238,15 @@ def llava_processor(directory: Any) -> Any:
     return processor
 
 
-def llava(image_token_id: int, **overrides: Any) -> Any:
+def llava(image_token_id: int, decoder: str = "llama", **overrides: Any) -> Any:
     """A small random-weight ``LlavaForConditionalGeneration``: a 2-layer CLIP vision tower
-    (32x32 images, 8x8 patches), a projector and a 2-layer Llama decoder."""
+    (32x32 images, 8x8 patches), a projector and a 2-layer ``decoder`` (an architecture of
+    ``tests.llm.support.ARCHITECTURES``)."""
     import transformers
 
     from tests.llm.support import causal_lm
 
-    text = causal_lm("llama").config
+    text = causal_lm(decoder).config
     vision = transformers.CLIPVisionConfig(
         hidden_size=64,
         intermediate_size=128,

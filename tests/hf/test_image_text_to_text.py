@@ -159,3 +159,12 @@ def test_fp16_int4(exported: dict[str, Any], tmp_path: Path) -> None:
     coreai.save_pretrained(tmp_path)
     again = CoreAIModelForImageTextToText.from_pretrained(tmp_path)
     assert again.generate(**inputs, max_new_tokens=12, do_sample=False).tolist() == tokens.tolist()
+
+
+@pytest.mark.parametrize("decoder", ["qwen2", "mistral"])
+def test_other_text_decoders(exported: dict[str, Any], decoder: str) -> None:
+    processor = exported["processor"]
+    model = llava(processor.tokenizer.convert_tokens_to_ids("<image>"), decoder)
+    coreai = CoreAIModelForImageTextToText.from_pretrained(model, export=True, max_context=48)
+    inputs = dict(processor(images=image(36, 32, 7), text="<image> the quick", return_tensors="pt"))
+    check_generate(coreai, model, inputs)
