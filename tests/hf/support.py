@@ -128,7 +128,8 @@ WHISPER_SPECIALS = [
     "<|nocaptions|>",
     "<|notimestamps|>",
 ]
-WHISPER_VOCAB = 320
+#: no id after <|notimestamps|>: Whisper would read those as timestamps (and seek)
+WHISPER_VOCAB = 256 + len(WHISPER_SPECIALS)
 
 
 def whisper_tokenizer(directory: Any) -> Any:

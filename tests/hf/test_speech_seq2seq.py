@@ -55,7 +55,6 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "model": model,
         "coreai": CoreAIModelForSpeechSeq2Seq.from_pretrained(root / "coreai"),
         "processor": processor,
-        # noise: the tones of the pipeline test make Whisper's generate run ~20 segments
         "features": torch.randn(3, 80, 3000),
         "root": root,
     }
