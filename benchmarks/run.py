@@ -9,7 +9,7 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
                              [--large] [--no-compression] [--compression-runs 3]
-                             [--no-precision] [--no-llm]
+                             [--no-precision] [--no-llm] [--no-hf]
 
 ``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor
 (``benchmarks/large.py``; needs about 8 GB of free memory).
@@ -21,6 +21,11 @@ The precision table (``benchmarks/precision.py``) converts each model in fp32, f
 
 The LLM table (``benchmarks/llm.py``) exports the 0.27B Llama (fp32, fp16, int4, fp16+int4) and a
 small Mixtral-style model with ``coreai_torch.llm``.
+
+The Hugging Face table (``benchmarks/hf.py``) runs the ``coreai_torch.hf`` classes: Whisper
+tiny-shaped (encoder time, decoder tokens/s), a MiniLM-shaped embedding model (sentences/s at
+128 tokens) and a LLaVA-style model (prefill of one image, decode tokens/s), in fp32 and
+fp16+int4.
 """
 
 from __future__ import annotations
@@ -287,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-llm", help=argparse.SUPPRESS)
     parser.add_argument("--no-llm", action="store_true", help="skip the LLM table")
     parser.add_argument("--one-moe", help=argparse.SUPPRESS)
+    parser.add_argument("--one-hf", help=argparse.SUPPRESS)
+    parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face table")
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -319,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.llm import measure_llm
 
         print("RESULT " + json.dumps(measure_llm(args.one_llm, args.runs)))
+        return 0
+    if args.one_hf:
+        from benchmarks.hf import measure_hf
+
+        print("RESULT " + json.dumps(measure_hf(args.one_hf, args.runs)))
         return 0
     if args.one_moe:
         from benchmarks.moe import measure_moe
@@ -372,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
             llms.append(_child("--one-llm", variant, min(args.runs, 3)))
     print("== mixture of experts (benchmarks/moe.py)", flush=True)
     moe = [_child("--one-moe", part, args.runs) for part in PARTS]
+    hf_rows = []
+    if not args.no_hf:
+        from benchmarks.hf import ROWS as HF_ROWS
+
+        for row in HF_ROWS:
+            print(f"== Hugging Face classes (benchmarks/hf.py): {row}", flush=True)
+            hf_rows.append(_child("--one-hf", row, min(args.runs, 5)))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
@@ -385,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
                 "precision": precisions,
                 "llm": llms,
                 "moe": moe,
+                "hf": hf_rows,
             },
             indent=2,
         )
@@ -430,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         print(llm_table(llms))
     print("\nMixture of experts (rewrite_moe), median of runs:\n")
     print(moe_table(moe))
+    if hf_rows:
+        from benchmarks.hf import hf_table
+
+        print("\nHugging Face classes (coreai_torch.hf), median of the runs.\n")
+        print(hf_table(hf_rows))
     print(f"\nJSON: {out}")
     measured = [
         *results,
@@ -440,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         *large_results,
         *llms,
         *moe,
+        *hf_rows,
     ]
     failed = any("error" in r for r in measured)
     return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0

@@ -65,6 +65,15 @@ def to_numpy(array: Any) -> np.ndarray:
         return np.frombuffer(raw, dtype=dtype).reshape(tensor.shape)
 
 
+def numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a runtime descriptor's dtype name (``"float32"``, ``"bfloat16"``)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
 def _check_one(kind: str, name: str, array: Any, descriptor: Any, entrypoint: str) -> None:
     expected = list(descriptor.shape)
     shape = list(array.shape)
@@ -287,6 +296,22 @@ class Session:
                 raise explained from error
             raise
         return {k: to_numpy(v) for k, v in out.items()}
+
+    def zero_states(self, entrypoint: str = "main") -> dict[str, Any]:
+        """New runtime buffers, zeroed, for every state of ``entrypoint`` (pass them as
+        ``state=`` to :meth:`run`; one set per independent sequence)."""
+        from coreai.runtime import NDArray
+
+        desc = self.descriptor(entrypoint)
+        return {
+            name: NDArray(
+                np.zeros(
+                    list(desc.state_descriptor(name).shape),
+                    numpy_dtype(desc.state_descriptor(name).dtype),
+                )
+            )
+            for name in desc.state_names
+        }
 
     def state_values(self, entrypoint: str = "main") -> dict[str, np.ndarray]:
         """The current state buffers of ``entrypoint`` as numpy arrays (copies)."""

@@ -108,6 +108,23 @@ def ignore_torch_internal_warnings() -> None:
         warnings.filterwarnings("ignore", message=message, category=category)
 
 
+#: Loggers whose warnings at import time users of the command line cannot act on:
+#: - ``torchao`` (imported by ``transformers``) reports each optional CUDA kernel library it
+#:   cannot load on a CPU-only machine ("Failed to load ..._C_cutlass_90a.abi3.so");
+#: - torch 2.13's ``torch.utils._pytree`` warns that ``register_constant()`` on an Enum (which
+#:   torchao calls for its own enums) is deprecated.
+IMPORT_NOISE_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
+def quiet_import_noise() -> None:
+    """Raise :data:`IMPORT_NOISE_LOGGERS` to ERROR for the rest of the process (the command
+    line, unless ``--debug``)."""
+    import logging
+
+    for name in IMPORT_NOISE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def run_decompositions(ep: ExportedProgram, table: Mapping[Any, Any] | None) -> ExportedProgram:
     """``ep.run_decompositions(table)`` without :data:`TORCH_INTERNAL_WARNINGS`."""
     with warnings.catch_warnings():

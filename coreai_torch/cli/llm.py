@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ from coreai_torch.cli.options import (
     add_precision_arguments,
     compression_config,
     emit,
-    precision_options,
+    requested_precision,
 )
 from coreai_torch.llm.export import export
 from coreai_torch.llm.generate import Generator, decode
@@ -33,7 +32,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
     output = Path(opts.output)
     if output.suffix != ".aimodel":
         raise CliError(f"the output path must end in .aimodel, got {output}")
-    precision, compression = _precision(opts), compression_config(opts)
+    precision, compression = requested_precision(opts), compression_config(opts)
     start = time.perf_counter()
     program = export(
         opts.model_dir,
@@ -43,13 +42,14 @@ def cmd_export(opts: argparse.Namespace) -> int:
         all_logits=opts.all_logits,
     )
     converted = time.perf_counter() - start
+    max_context = int(next(iter(program.signatures["decode"].initial_states.values())).shape[2])
     program.save_asset(output)
     size = sum(f.stat().st_size for f in output.rglob("*") if f.is_file())
     data = {
         "model": str(opts.model_dir),
         "asset": str(output),
         "asset_bytes": size,
-        "max_context": opts.max_context,
+        "max_context": max_context,
         "entry_points": program.function_names,
         "states": [s.name for s in program.signatures["decode"].states],
         "precision": program.precision.name,
@@ -60,7 +60,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
     text = (
         f"{opts.model_dir} -> {output} ({size / 2**20:.1f} MiB, {form}): entry points "
         f"{', '.join(data['entry_points'])}, {len(data['states'])} cache states of "
-        f"{opts.max_context} positions; exported and converted in {converted:.1f} s"
+        f"{max_context} positions; exported and converted in {converted:.1f} s"
     )
     emit(opts, data, text)
     return EXIT_OK
@@ -108,13 +108,6 @@ def cmd_generate(opts: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _precision(opts: argparse.Namespace) -> Any:
-    """The ``Precision`` ``--precision`` / ``--keep-fp32`` ask for, or None."""
-    options = precision_options(opts)
-    policy = options.pop("compute_precision", None)
-    return None if policy is None else dataclasses.replace(policy, **options)
-
-
 def _is_ids(prompt: str) -> bool:
     return all(part.strip().isdigit() for part in prompt.split(","))
 
@@ -135,7 +128,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     export.add_argument("model_dir", metavar="MODEL_DIR", help="written by save_pretrained")
     export.add_argument("-o", "--output", required=True, help="the .aimodel to write")
     export.add_argument(
-        "--max-context", type=int, default=2048, help="KV-cache positions (default 2048)"
+        "--max-context",
+        type=int,
+        help="KV-cache positions (default: the model's max_position_embeddings, at most 2048)",
     )
     add_precision_arguments(export)
     add_compression_arguments(export)

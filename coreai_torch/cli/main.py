@@ -8,13 +8,14 @@
     coreai-torch demo
     coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N]   # a causal LM
     coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --prompt "..."
+    coreai-torch export --task text-generation MODEL_DIR -o OUT_DIR   # coreai_torch.hf classes
 
 A SOURCE is either a ``.pt2`` file written by ``torch.export.save`` or ``FILE.py:FUNCTION``
 where ``FUNCTION()`` returns ``(module, example_inputs)`` or
 ``(module, example_inputs, dynamic_shapes)``.  Exit codes: 0 success, 1 mismatch (``verify``)
 or missing ops (``ops``), 2 error.  The commands live in :mod:`~coreai_torch.cli.convert`,
-:mod:`~coreai_torch.cli.llm` and :mod:`~coreai_torch.cli.demo`; what they share in
-:mod:`~coreai_torch.cli.options`.
+:mod:`~coreai_torch.cli.llm`, :mod:`~coreai_torch.cli.export` and :mod:`~coreai_torch.cli.demo`;
+what they share in :mod:`~coreai_torch.cli.options`.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ from collections.abc import Sequence
 import torch
 
 from coreai_torch import __version__
-from coreai_torch.cli import convert, demo, llm
+from coreai_torch.cli import convert, demo, export, llm
 from coreai_torch.cli.options import EXIT_ERROR, EXIT_OK, one_line
-from coreai_torch.torch_compat import ignore_torch_internal_warnings
+from coreai_torch.torch_compat import ignore_torch_internal_warnings, quiet_import_noise
 
 
 def _version() -> str:
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     convert.add_commands(commands, common)  # convert | verify | ops
     demo.add_command(commands, common)
     llm.add_commands(commands, common)  # llm export | llm generate
+    export.add_command(commands, common)  # export --task (coreai_torch.hf)
     return parser
 
 
@@ -72,6 +74,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code."""
     opts = _parser().parse_args(argv)
     ignore_torch_internal_warnings()
+    if not opts.debug:
+        quiet_import_noise()
     try:
         return opts.func(opts)
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import sys
@@ -93,6 +94,14 @@ def precision_options(opts: argparse.Namespace) -> dict[str, Any]:
     options["keep_fp32_ops"] = [k for k in keep if "::" in k]
     options["keep_fp32_modules"] = [k for k in keep if "::" not in k]
     return options
+
+
+def requested_precision(opts: argparse.Namespace) -> Any:
+    """The ``Precision`` ``--precision`` / ``--keep-fp32`` ask for, or None (the
+    ``precision=`` of ``llm.export`` and the ``coreai_torch.hf`` classes)."""
+    options = precision_options(opts)
+    policy = options.pop("compute_precision", None)
+    return None if policy is None else dataclasses.replace(policy, **options)
 
 
 def _load_pt2(path: Path) -> Source:

@@ -85,6 +85,9 @@ ARCHITECTURES = (
     *MOE_ARCHITECTURES,
 )
 
+#: The KV-cache length when none is given and the model allows it.
+DEFAULT_MAX_CONTEXT = 2048
+
 #: Names of the program's inputs and output (the same for both entry points).
 INPUT_NAMES = ("input_ids", "start_position")
 OUTPUT_NAME = "logits"
@@ -95,7 +98,7 @@ _TRACEABLE_ATTENTION = ("sdpa", "eager")
 
 def export(
     model_or_dir: nn.Module | str | os.PathLike[str],
-    max_context: int = 2048,
+    max_context: int | None = None,
     precision: torch.dtype | str | Precision | None = None,
     compress: CompressionConfig | str | None = None,
     *,
@@ -103,7 +106,8 @@ def export(
 ) -> AIProgram:
     """Convert a Hugging Face causal LM into one Core AI program (``AIProgram``) with the
     entry points ``prefill`` and ``decode`` sharing weights and a KV cache of ``max_context``
-    positions (see the module documentation for the signature).
+    positions (see the module documentation for the signature); ``max_context`` defaults to
+    the model's own limit (``max_position_embeddings``), at most :data:`DEFAULT_MAX_CONTEXT`.
 
     ``model_or_dir`` is a ``transformers`` causal LM (``AutoModelForCausalLM``) or a local
     directory written by ``save_pretrained`` (loaded with ``from_pretrained``, never
@@ -123,24 +127,57 @@ def export(
     listener = progress_events.resolve(None)
     with progress_events.phase(listener, "load", 1, "steps"):
         model = load_causal_lm(model_or_dir)
+    if max_context is None:
+        max_context = default_max_context(model.config)
     check_max_context(model, max_context)
+    return convert_causal_lm(
+        model,
+        max_context,
+        policy,
+        compression,
+        all_logits=all_logits,
+        restore=isinstance(model_or_dir, nn.Module),
+    )
 
-    restore = isinstance(model_or_dir, nn.Module)
+
+def convert_causal_lm(
+    model: nn.Module,
+    max_context: int,
+    policy: Precision,
+    compression: CompressionConfig | None,
+    *,
+    all_logits: bool = False,
+    forward: bool = False,
+    restore: bool = True,
+) -> AIProgram:
+    """The optimized program of a loaded causal LM (a model instance, or one whose weights
+    :func:`load_causal_lm` left in its checkpoint): ``prefill`` and ``decode`` as
+    :func:`export` makes them and, with ``forward``, a third entry point ``forward`` taking
+    the ``prefill``'s inputs and returning every position's logits, all sharing the weights
+    and the KV cache.  ``restore`` puts the model's own mixture-of-experts blocks back after
+    tracing (:func:`export` does it for a model it was given)."""
+    # entry points over a prompt of 1..max_context tokens -> whether they return every logit
+    prompts = {"prefill": all_logits, **({"forward": True} if forward else {})}
+    exported: dict[str, torch.export.ExportedProgram] = {}
+    listener = progress_events.resolve(None)
     with (
-        _traceable_attention(model),
+        traceable_attention(model),
         _static_moe(model, restore=restore) as experts,
-        progress_events.phase(listener, "trace", 2, "entry points") as traced,
+        progress_events.phase(listener, "trace", len(prompts) + 1, "entry points") as traced,
     ):
-        wrapper = CachedCausalLM(model, max_context, all_logits=all_logits).eval()
+        wrapper = CachedCausalLM(model, max_context).eval()
         tokens = torch.export.Dim("tokens", min=1, max=max_context)
         with lazy.tracing():  # a streamed model's weights are lazy: trace without recording
             experts("dense")
-            prefill = _export(wrapper, 2, ({1: tokens}, None))
-            traced(1, 2)
+            for name, every_position in prompts.items():
+                wrapper.all_logits = every_position
+                exported[name] = trace_cached(wrapper, token_args(2), ({1: tokens}, None))
+                traced(len(exported), len(prompts) + 1)
             experts("gather")
-            decode = _export(wrapper, 1, None)
+            wrapper.all_logits = all_logits
+            exported["decode"] = trace_cached(wrapper, token_args(1), None)
     converter = TorchConverter(compute_precision=policy)
-    for name, ep in (("prefill", prefill), ("decode", decode)):
+    for name, ep in exported.items():
         converter.add_exported_program(
             ep,
             input_names=list(INPUT_NAMES),
@@ -248,11 +285,23 @@ def check_architecture(config: Any, what: str) -> None:
         )
 
 
+def default_max_context(config: Any) -> int:
+    """The KV-cache length used when none is given: the model's ``max_position_embeddings``
+    (of its text model), at most :data:`DEFAULT_MAX_CONTEXT`."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit >= 2:
+        return min(limit, DEFAULT_MAX_CONTEXT)
+    return DEFAULT_MAX_CONTEXT
+
+
 def check_max_context(model: nn.Module, max_context: int) -> None:
     """``max_context`` must be an int in [2, the model's max_position_embeddings]."""
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
-    limit = getattr(model.config, "max_position_embeddings", None)
+    config = model.config.get_text_config()
+    limit = getattr(config, "max_position_embeddings", None)
     if isinstance(limit, int) and max_context > limit:
         raise ValueError(
             f"max_context={max_context} exceeds the model's max_position_embeddings ({limit}); "
@@ -335,13 +384,22 @@ def cache_state_names(ep: torch.export.ExportedProgram) -> list[str]:
     ]
 
 
-def _export(wrapper: CachedCausalLM, tokens: int, token_dims: Any) -> torch.export.ExportedProgram:
-    args = (torch.zeros(1, tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+def token_args(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Example ``(input_ids [1, tokens], start_position [1])`` to trace an entry point with."""
+    return torch.zeros(1, tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
+
+
+def trace_cached(
+    wrapper: nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any
+) -> torch.export.ExportedProgram:
+    """Export (decomposed) a module that writes the KV cache of its ``cache`` attribute in
+    place (:class:`CachedCausalLM` and modules like it), traced with ``strict=True`` as the
+    module documentation explains; the cache is reset afterwards."""
     try:
         with warnings.catch_warnings():
             # the cache writes are the side effects dynamo reports; export records them
             warnings.filterwarnings("ignore", message=".*found certain side effects")
-            return export_decomposed(wrapper, args, dynamic_shapes=token_dims, strict=True)
+            return export_decomposed(wrapper, args, dynamic_shapes=dynamic_shapes, strict=True)
     finally:
         wrapper.cache.reset()  # tracing does not write, but start from a clean cache anyway
 
@@ -373,7 +431,7 @@ def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], Non
 
 
 @contextlib.contextmanager
-def _traceable_attention(model: nn.Module) -> Iterator[None]:
+def traceable_attention(model: nn.Module) -> Iterator[None]:
     """Trace with the model's attention if it is ``sdpa`` or ``eager`` (kernels such as
     flash attention have no export path), then put the user's choice back."""
     config = model.config

@@ -13,7 +13,7 @@ import numpy as np
 
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.llm.export import INPUT_NAMES, OUTPUT_NAME
-from coreai_torch.runtime import Session
+from coreai_torch.runtime import Session, numpy_dtype
 
 
 @dataclass
@@ -93,7 +93,7 @@ class Generator:
     def state_bytes(self) -> int:
         """Bytes of the KV-cache state one generation uses."""
         return sum(
-            int(np.prod(list(desc.shape))) * _numpy_dtype(desc.dtype).itemsize
+            int(np.prod(list(desc.shape))) * numpy_dtype(desc.dtype).itemsize
             for desc in self._states.values()
         )
 
@@ -196,12 +196,7 @@ class Generator:
         return out[OUTPUT_NAME][0, -1]
 
     def _fresh_states(self) -> dict[str, Any]:
-        from coreai.runtime import NDArray
-
-        return {
-            name: NDArray(np.zeros(list(desc.shape), _numpy_dtype(desc.dtype)))
-            for name, desc in self._states.items()
-        }
+        return self.session.zero_states("decode")
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -328,14 +323,6 @@ def _eos_ids(eos_token_id: int | Sequence[int] | None, tokenizer: Any) -> set[in
     if isinstance(eos_token_id, (int, np.integer)) and not isinstance(eos_token_id, bool):
         return {int(eos_token_id)}
     return set(_token_list(eos_token_id, "eos_token_id"))
-
-
-def _numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
 
 
 def load_tokenizer(tokenizer: Any) -> Any:

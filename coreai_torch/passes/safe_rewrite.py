@@ -244,7 +244,57 @@ def _protect_reshaped_matmul_operands(module: ir.Module, ops: list[ir.Operation]
     return protected
 
 
-_GUARDS = (_protect_constant_shifts, _protect_reshaped_matmul_operands)
+def _adds_leading_unit_dims(reshape: ir.Operation) -> int:
+    """How many leading unit dimensions ``reshape`` puts before its input's (unchanged)
+    dimensions; 0 when it does something else."""
+    source, result = reshape.operands[0].type, reshape.result.type
+    if not (ir.RankedTensorType.isinstance(source) and ir.RankedTensorType.isinstance(result)):
+        return 0
+    before, after = list(ir.RankedTensorType(source).shape), list(ir.RankedTensorType(result).shape)
+    lead = len(after) - len(before)
+    if lead <= 0 or any(d != 1 for d in after[:lead]):
+        return 0
+    dynamic = ir.ShapedType.get_dynamic_size()
+    if any(b != a and dynamic not in (a, b) for a, b in zip(before, after[lead:], strict=True)):
+        return 0
+    if sum(d == dynamic for d in before) > 1 or (dynamic in before and dynamic not in after):
+        return 0  # several run-time sizes: the reshape may regroup them
+    return lead
+
+
+def _protect_unit_dim_reshapes_of_broadcast_operands(
+    module: ir.Module, ops: list[ir.Operation]
+) -> int:
+    """The rewrite moves ``reshape(r, [1, -1, D])`` (leading unit dimensions) behind an
+    elementwise op that broadcasts it against an operand with a run-time batch size
+    (``x[B, T, D] + reshape(r[T, D])`` becomes ``reshape(x + r, [1, -1, D])``, whose result is
+    ``[1, B*T, D]``); the equivalent ``expand_dims`` is left alone."""
+    protected = 0
+    with module.context:
+        for op in ops:
+            if not (op.name.startswith(_ELEMENTWISE_PREFIX) or op.name in _ELEMENTWISE_OPS):
+                continue
+            if op.name == "coreai.decomposable.broadcasting_batch_matmul":
+                continue
+            for index, operand in enumerate(list(op.operands)):
+                source = _owner(operand)
+                if source is None or source.name != "coreai.reshape":
+                    continue
+                lead = _adds_leading_unit_dims(source)
+                if not lead:
+                    continue
+                with ir.InsertionPoint(op), op.location:
+                    expanded = cai.expand_dims(source.operands[0], np.arange(lead, dtype=np.int32))
+                op.operands[index] = expanded
+                protected += 1
+    return protected
+
+
+_GUARDS = (
+    _protect_constant_shifts,
+    _protect_reshaped_matmul_operands,
+    _protect_unit_dim_reshapes_of_broadcast_operands,
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -279,3 +279,38 @@ class RenormalizedEmbedding(nn.Module):
 
 def test_optimize_of_a_lookup_of_a_state() -> None:
     check_module(RenormalizedEmbedding(), (torch.tensor([[0, 1], [4, 1]]),))
+
+
+class UnitDimReshape(nn.Module):
+    """A ``[T, D]`` value reshaped to ``[1, T, D]`` and added to a ``[B, T, D]`` one (BERT's
+    position embeddings once their lookup is compressed)."""
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return x + r.reshape(1, -1, 8)
+
+
+def _unit_dim_program() -> tuple[object, tuple[torch.Tensor, torch.Tensor]]:
+    batch, tokens = torch.export.Dim("batch", max=64), torch.export.Dim("tokens", max=64)
+    args = (torch.randn(2, 5, 8), torch.randn(5, 8))
+    ep = export_decomposed(
+        UnitDimReshape(), args, dynamic_shapes=({0: batch, 1: tokens}, {0: tokens})
+    )
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    return program, (torch.randn(3, 4, 8), torch.randn(4, 8))
+
+
+def test_optimize_keeps_unit_dim_reshapes_of_broadcast_operands_exact() -> None:
+    """The rewrite moves ``reshape(r, [1, -1, D])`` behind the add when the batch is dynamic
+    (the result becomes ``[1, B*T, D]``); optimize() turns the reshape into expand_dims."""
+    program, args = _unit_dim_program()
+    program.optimize()
+    assert verify(UnitDimReshape(), args, program=program).ok
+
+
+def test_raw_core_ai_rewrite_still_misfolds_unit_dim_reshapes() -> None:
+    """Documents the upstream bug behind the unit-dim reshape guard (see the test above)."""
+    program, args = _unit_dim_program()
+    module = program.mlir_module
+    with module.context:
+        run_pre_compilation_rewrite(module=module)
+    assert not verify(UnitDimReshape(), args, program=program).ok

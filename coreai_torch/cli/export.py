@@ -1,0 +1,75 @@
+"""``coreai-torch export --task TASK MODEL_DIR -o OUT_DIR``: a Hugging Face model directory ->
+a directory that the task's ``CoreAIModelFor…`` class loads with ``from_pretrained`` (the
+``.aimodel``, ``config.json``, ``generation_config.json``, tokenizer / processor files;
+:func:`coreai_torch.hf.export.export_directory`).
+
+    coreai-torch export --task text-generation MODEL_DIR -o OUT_DIR [--max-context N] \\
+        [--precision fp16] [--compress int4 [--block-size N]]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from coreai_torch.cli.options import (
+    EXIT_OK,
+    CliError,
+    add_compression_arguments,
+    add_precision_arguments,
+    compression_config,
+    emit,
+    requested_precision,
+)
+from coreai_torch.hf.tasks import CLASSES, TASKS
+
+
+def cmd_export(opts: argparse.Namespace) -> int:
+    from coreai_torch.hf.export import export_directory
+
+    if opts.max_context is not None and opts.task == "feature-extraction":
+        raise CliError("--max-context applies to generative tasks, not feature-extraction")
+    data = export_directory(
+        opts.task,
+        opts.model_dir,
+        opts.output,
+        max_context=opts.max_context,
+        precision=requested_precision(opts),
+        compress=compression_config(opts),
+    )
+    form = ", ".join([data["precision"], *([data["compression"]] if data["compression"] else [])])
+    context = f", KV cache of {data['max_context']} positions" if data.get("max_context") else ""
+    text = (
+        f"{opts.model_dir} -> {opts.output} ({data['asset_bytes'] / 2**20:.1f} MiB, {form}"
+        f"{context}): load it with coreai_torch.hf.{CLASSES[opts.task]}.from_pretrained; "
+        f"exported in {data['seconds']['export']:.1f} s"
+    )
+    emit(opts, data, text)
+    return EXIT_OK
+
+
+def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """The ``export`` command, on the top-level sub-parsers."""
+    export = commands.add_parser(
+        "export",
+        parents=[common],
+        help="a Hugging Face model directory -> a directory the CoreAIModelFor... classes load",
+        description="Export a Hugging Face model directory for a task: "
+        + "; ".join(
+            f"{task}: {CLASSES[task]} ({', '.join(types)})" for task, types in TASKS.items()
+        ),
+    )
+    export.add_argument(
+        "--task", required=True, choices=list(TASKS), help="what the model is used for"
+    )
+    export.add_argument("model_dir", metavar="MODEL_DIR", help="written by save_pretrained")
+    export.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="a new directory")
+    export.add_argument(
+        "--max-context",
+        type=int,
+        help="KV-cache positions of generative tasks (default: the model's own limit, at most "
+        "2048)",
+    )
+    add_precision_arguments(export)
+    add_compression_arguments(export)
+    export.set_defaults(func=cmd_export)

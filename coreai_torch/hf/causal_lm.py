@@ -1,0 +1,375 @@
+"""``CoreAIModelForCausalLM``: a Hugging Face causal LM on the Core AI runtime, with
+``generate`` (``transformers``' ``GenerationMixin``), ``model(**inputs)`` and the
+``text-generation`` pipeline.
+
+The program (:func:`export_causal_lm`) is :func:`coreai_torch.llm.export`'s, with one more
+entry point; all three share the weights (stored once) and the KV cache (Core AI state)::
+
+    prefill(input_ids [1, T], start_position [1]) -> logits [1, 1, vocab]   the last position
+    forward(input_ids [1, T], start_position [1]) -> logits [1, T, vocab]   every position
+    decode(input_ids [1, 1], start_position [1])  -> logits [1, 1, vocab]
+
+A batch runs row by row, each row with its own cache buffers; left padding (from the
+attention mask) is dropped, so a padded row computes exactly what the unpadded one does.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+from transformers import GenerationMixin
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from coreai_torch.hf.base import CoreAIModel, check_model_type
+from coreai_torch.hf.tasks import CAUSAL_LM_TYPES
+
+#: generation modes ``generate`` supports (``GenerationMode`` values)
+SUPPORTED_GENERATION_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
+
+
+def export_causal_lm(
+    model: nn.Module,
+    max_context: int,
+    precision: Any = None,
+    compress: Any = None,
+    *,
+    all_logits_entry_point: bool = True,
+    restore: bool = True,
+) -> Any:
+    """The ``AIProgram`` of a ``transformers`` causal LM: ``prefill``, ``decode`` and (with
+    ``all_logits_entry_point``) ``forward``, sharing weights and the KV cache
+    (:func:`coreai_torch.llm.export.convert_causal_lm`; a model that
+    :func:`~coreai_torch.llm.export.load_causal_lm` streams from its checkpoint is read one
+    weight at a time while the asset is written)."""
+    from coreai_torch.llm.export import (
+        check_max_context,
+        compression_config,
+        convert_causal_lm,
+        precision_policy,
+    )
+
+    policy = precision_policy(precision)
+    compression = compression_config(compress)
+    check_max_context(model, max_context)
+    return convert_causal_lm(
+        model, max_context, policy, compression, forward=all_logits_entry_point, restore=restore
+    )
+
+
+def describe_options(precision: Any, compress: Any) -> dict[str, Any]:
+    """``precision`` / ``compression`` as recorded in ``coreai_config.json``."""
+    from coreai_torch.llm.export import compression_config, precision_policy
+
+    policy = precision_policy(precision)
+    compression = compression_config(compress)
+    return {
+        "precision": policy.name,
+        "compression": compression.describe() if compression is not None else None,
+    }
+
+
+def check_generation_mode(model: Any, kwargs: dict[str, Any]) -> None:
+    """Raise ``NotImplementedError`` (before anything runs) unless ``generate(**kwargs)``
+    would use one of :data:`SUPPORTED_GENERATION_MODES`."""
+    args = dict(kwargs)
+    config, _ = model._prepare_generation_config(
+        args.pop("generation_config", None), args.pop("use_model_defaults", None), **args
+    )
+    mode = config.get_generation_mode(kwargs.get("assistant_model"))
+    mode = getattr(mode, "value", mode)
+    if mode not in SUPPORTED_GENERATION_MODES:
+        raise NotImplementedError(
+            f"{type(model).__name__}.generate supports greedy search, sampling and beam search "
+            f"(no assistant model, beam groups, constraints, contrastive search or DoLa); "
+            f"'{mode}' is not supported"
+        )
+
+
+class RuntimeCache:
+    """The KV caches of one generation: a set of runtime state buffers per batch row, and
+    how many tokens each row holds.  ``generate`` passes it around as ``past_key_values``."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = rows
+        #: real (unpadded) tokens each row's cache holds
+        self.lengths = [0] * len(rows)
+        #: input columns (padding included) consumed so far
+        self.seen = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.seen
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def reorder_cache(self, beam_idx: torch.Tensor) -> None:
+        """Row ``i`` continues row ``beam_idx[i]`` (beam search): its buffers are copied."""
+        from coreai.runtime import NDArray
+
+        from coreai_torch.runtime import to_numpy
+
+        order = [int(i) for i in beam_idx]
+        self.rows = [
+            {name: NDArray(to_numpy(value).copy()) for name, value in self.rows[i].items()}
+            for i in order
+        ]
+        self.lengths = [self.lengths[i] for i in order]
+
+
+class CoreAICausalLMBase(CoreAIModel):
+    """The prefill / decode loop over a KV cache held as runtime state (shared with the
+    vision-language class)."""
+
+    #: the asset holding the ``prefill`` / ``decode`` entry points
+    _decoder_asset = "model"
+
+    def _new_cache(self, batch_size: int) -> RuntimeCache:
+        return RuntimeCache(
+            [self._fresh_states(self._decoder_asset, "decode") for _ in range(batch_size)]
+        )
+
+    # -- GenerationMixin hooks ----------------------------------------------------------------
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        check_generation_mode(self, kwargs)
+        return super().generate(*args, **kwargs)
+
+    def _prepare_cache_for_generation(
+        self,
+        generation_config: Any,
+        model_kwargs: dict,
+        generation_mode: Any,
+        batch_size: int,
+        max_cache_length: int,
+    ) -> None:
+        if model_kwargs.get("past_key_values") is not None:
+            if not isinstance(model_kwargs["past_key_values"], RuntimeCache):
+                raise TypeError(
+                    f"{type(self).__name__}.generate takes past_key_values only as the "
+                    f"RuntimeCache a previous call returned, got "
+                    f"{type(model_kwargs['past_key_values']).__name__}"
+                )
+            return
+        extra = self._extra_cache_positions(model_kwargs)
+        needed = max_cache_length + extra
+        if self.max_context is not None and needed > self.max_context:
+            raise ValueError(
+                f"generating up to max_length={generation_config.max_length} tokens (prompt "
+                f"included) needs a context of {needed} positions; the model was exported with "
+                f"max_context={self.max_context}: export with a larger max_context, or shorten "
+                "the prompt or max_new_tokens"
+            )
+        generation_config.use_cache = True  # the runtime's cache is always used
+        # rows once generate has expanded the inputs for beams / returned sequences
+        expand = max(generation_config.num_beams, generation_config.num_return_sequences)
+        model_kwargs["past_key_values"] = self._new_cache(batch_size * expand)
+
+    def _extra_cache_positions(self, model_kwargs: dict) -> int:
+        """Cache positions taken beyond the token ids (image tokens expanded, ...)."""
+        return 0
+
+    # -- running the decoder ------------------------------------------------------------------
+
+    def _run_rows(
+        self,
+        cache: RuntimeCache,
+        rows: list[tuple[Any, int]],
+        all_logits: bool,
+    ) -> list[np.ndarray]:
+        """Feed each row's new inputs (token ids ``[n]`` or embeddings ``[n, hidden]``) to its
+        cache; returns each row's logits (``[n, vocab]`` with ``all_logits``, else
+        ``[1, vocab]``).  Every row is checked before the first runs."""
+        for r, (_, n) in enumerate(rows):
+            if self.max_context is not None and cache.lengths[r] + n > self.max_context:
+                raise ValueError(
+                    f"row {r}: {cache.lengths[r]} cached + {n} new tokens exceed the model's "
+                    f"max_context={self.max_context} (export with a larger max_context, or "
+                    "shorten the prompt)"
+                )
+        if all_logits and "forward" not in self._entry_points():
+            raise ValueError(
+                "this model was exported without the 'forward' entry point (every position's "
+                "logits); pass logits_to_keep=1 or export it again"
+            )
+        results = []
+        for r, (values, n) in enumerate(rows):
+            start = cache.lengths[r]
+            results.append(self._step(values, n, start, cache.rows[r], all_logits))
+            cache.lengths[r] += n
+        return results
+
+    def _step(
+        self, ids: Any, n: int, start: int, states: dict[str, Any], all_logits: bool
+    ) -> np.ndarray:
+        entry = "decode" if n == 1 else ("forward" if all_logits else "prefill")
+        out = self._run(
+            self._decoder_asset,
+            entry,
+            {
+                "input_ids": np.asarray(ids, np.int64).reshape(1, n),
+                "start_position": np.asarray([start], np.int64),
+            },
+            state=states,
+        )
+        return out["logits"][0]
+
+    def _entry_points(self) -> list[str]:
+        return list(self.sessions[self._decoder_asset].model.function_names)
+
+
+def split_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, seen: int, lengths: list[int]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per row: ``(kept column indices, ids)`` of the new columns whose mask is 1.  Padding
+    must come first (left padding): a row with a masked column after a real token raises."""
+    batch, new = input_ids.shape
+    if attention_mask is None:
+        keep = torch.ones(batch, new, dtype=torch.bool)
+    else:
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch:
+            raise ValueError(
+                f"attention_mask must be [batch, sequence] = [{batch}, {seen + new}], got "
+                f"{list(attention_mask.shape)}"
+            )
+        if attention_mask.shape[1] == seen + new:
+            mask = attention_mask[:, seen:]
+        elif attention_mask.shape[1] == new:
+            mask = attention_mask
+        else:
+            raise ValueError(
+                f"attention_mask has {attention_mask.shape[1]} columns; the cache holds {seen} "
+                f"and input_ids adds {new}: expected {seen + new}"
+            )
+        keep = mask.bool()
+    rows = []
+    for r in range(batch):
+        cols = torch.nonzero(keep[r]).flatten()
+        first = int(cols[0]) if len(cols) else new
+        holes = (cols.numel() and int(cols[-1]) - first + 1 != cols.numel()) or (
+            lengths[r] > 0 and first > 0
+        )
+        if holes or (len(cols) and int(cols[-1]) != new - 1):
+            raise ValueError(
+                f"attention_mask row {r} masks a token after a real one (right padding or a "
+                "hole); only left padding is supported: tokenize with padding_side='left'"
+            )
+        if not len(cols) and lengths[r] == 0:
+            raise ValueError(f"attention_mask row {r} masks every token of the prompt")
+        rows.append((cols, input_ids[r, cols]))
+    return rows
+
+
+class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
+    """A Hugging Face causal LM (Llama, Qwen2, Mistral, Gemma, Phi-3, mixtures of experts, …)
+    exported to one Core AI program and run on the Core AI runtime::
+
+        model = CoreAIModelForCausalLM.from_pretrained("model_dir", export=True)
+        model.save_pretrained("out_dir")            # loads again without torch weights
+        out = model.generate(**tokenizer("Hi", return_tensors="pt"), max_new_tokens=32)
+        pipeline("text-generation", model=model, tokenizer=tokenizer)
+
+    ``generate`` is ``transformers``' (greedy search, sampling, beam search; assisted,
+    contrastive and constrained generation raise).  ``model(**inputs)`` returns
+    ``CausalLMOutputWithPast`` with the logits of every position (or the last, with
+    ``logits_to_keep=1``) and the runtime cache as ``past_key_values``.
+    """
+
+    task = "text-generation"
+
+    @classmethod
+    def _export_model(
+        cls,
+        model: nn.Module | None,
+        path: Path | None,
+        *,
+        max_context: int | None,
+        precision: Any,
+        compress: Any,
+        all_logits_entry_point: bool = True,
+    ) -> CoreAIModelForCausalLM:
+        from coreai_torch.llm.export import default_max_context, load_causal_lm
+
+        describe = describe_options(precision, compress)  # bad options fail before loading
+        if path is not None:
+            from coreai_torch.hf.base import load_hf_config
+
+            check_model_type(load_hf_config(path), CAUSAL_LM_TYPES, cls.__name__, str(path))
+        else:
+            check_model_type(
+                getattr(model, "config", None), CAUSAL_LM_TYPES, cls.__name__, type(model).__name__
+            )
+        # a directory's weights stay in its checkpoint until the asset is written
+        restore = model is not None
+        model = load_causal_lm(model if model is not None else path)
+        if max_context is None:
+            max_context = default_max_context(model.config)
+        program = export_causal_lm(
+            model,
+            max_context,
+            precision,
+            compress,
+            all_logits_entry_point=all_logits_entry_point,
+            restore=restore,
+        )
+        meta = {"max_context": max_context, **describe}
+        return cls._from_programs(model, {"model": program}, meta, path)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: RuntimeCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int = 0,
+        return_dict: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs: Any,
+    ) -> CausalLMOutputWithPast | tuple:
+        """Feed ``input_ids`` (``[batch, tokens]``) after what ``past_key_values`` holds (a
+        fresh cache if None); ``logits_to_keep=1`` returns only the last position's logits."""
+        if inputs_embeds is not None:
+            raise NotImplementedError(
+                f"{type(self).__name__} takes input_ids, not inputs_embeds (the token "
+                "embeddings are inside the Core AI program)"
+            )
+        if output_attentions or output_hidden_states:
+            raise NotImplementedError(
+                f"{type(self).__name__} returns logits only (no attentions or hidden states)"
+            )
+        if input_ids is None or input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(
+                "input_ids must be a [batch, tokens] tensor of token ids with at least one token"
+            )
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise NotImplementedError(
+                f"logits_to_keep must be an int >= 0 here, got {logits_to_keep!r}"
+            )
+        cache = past_key_values if past_key_values is not None else self._new_cache(len(input_ids))
+        if not isinstance(cache, RuntimeCache) or len(cache) != len(input_ids):
+            raise ValueError(
+                "past_key_values must be the RuntimeCache returned for the same batch size"
+            )
+        rows = split_rows(input_ids, attention_mask, cache.seen, cache.lengths)
+        new = input_ids.shape[1]
+        all_logits = logits_to_keep != 1
+        logits = self._run_rows(cache, [(ids.numpy(), len(ids)) for _, ids in rows], all_logits)
+        cache.seen += new
+        vocab = logits[0].shape[-1]
+        if all_logits:
+            out = torch.zeros(len(rows), new, vocab, dtype=torch.float32)
+            for r, ((cols, _), row) in enumerate(zip(rows, logits, strict=True)):
+                out[r, cols] = torch.from_numpy(np.ascontiguousarray(row, np.float32))
+            if logits_to_keep > 0:
+                out = out[:, -logits_to_keep:]
+        else:
+            out = torch.from_numpy(np.stack([row[-1:] for row in logits]).astype(np.float32))
+        result = CausalLMOutputWithPast(
+            logits=out, past_key_values=cache if use_cache is not False else None
+        )
+        return result if return_dict is not False else result.to_tuple()
