@@ -30,6 +30,7 @@ from coreai_torch.cli.options import (
     add_compression_arguments,
     add_hash_option,
     add_precision_arguments,
+    add_progress_option,
     add_setup_option,
     compression_config,
     decomposed_source,
@@ -303,13 +304,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     convert.add_argument("--no-optimize", action="store_true", help="skip program.optimize()")
     add_precision_arguments(convert)
     add_compression_arguments(convert)
-    convert.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="progress bar while converting, optimizing and saving (default: when stderr is a "
-        "terminal)",
-    )
+    add_progress_option(convert, "converting, optimizing and saving")
     add_setup_option(convert)
     convert.set_defaults(func=cmd_convert)
 

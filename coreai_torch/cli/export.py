@@ -17,8 +17,10 @@ from coreai_torch.cli.options import (
     CliError,
     add_compression_arguments,
     add_precision_arguments,
+    add_progress_option,
     compression_config,
     emit,
+    progress_reporting,
     requested_precision,
 )
 from coreai_torch.hf.tasks import CLASSES, TASKS
@@ -29,14 +31,15 @@ def cmd_export(opts: argparse.Namespace) -> int:
 
     if opts.max_context is not None and opts.task == "feature-extraction":
         raise CliError("--max-context applies to generative tasks, not feature-extraction")
-    data = export_directory(
-        opts.task,
-        opts.model_dir,
-        opts.output,
-        max_context=opts.max_context,
-        precision=requested_precision(opts),
-        compress=compression_config(opts),
-    )
+    with progress_reporting(opts):
+        data = export_directory(
+            opts.task,
+            opts.model_dir,
+            opts.output,
+            max_context=opts.max_context,
+            precision=requested_precision(opts),
+            compress=compression_config(opts),
+        )
     form = ", ".join([data["precision"], *([data["compression"]] if data["compression"] else [])])
     context = f", KV cache of {data['max_context']} positions" if data.get("max_context") else ""
     text = (
@@ -72,4 +75,5 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     add_precision_arguments(export)
     add_compression_arguments(export)
+    add_progress_option(export, "loading, tracing, converting, compressing and saving")
     export.set_defaults(func=cmd_export)

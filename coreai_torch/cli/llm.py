@@ -20,8 +20,10 @@ from coreai_torch.cli.options import (
     add_compression_arguments,
     add_hash_option,
     add_precision_arguments,
+    add_progress_option,
     compression_config,
     emit,
+    progress_reporting,
     requested_precision,
 )
 from coreai_torch.llm.export import export
@@ -34,16 +36,17 @@ def cmd_export(opts: argparse.Namespace) -> int:
         raise CliError(f"the output path must end in .aimodel, got {output}")
     precision, compression = requested_precision(opts), compression_config(opts)
     start = time.perf_counter()
-    program = export(
-        opts.model_dir,
-        max_context=opts.max_context,
-        precision=precision,
-        compress=compression,
-        all_logits=opts.all_logits,
-    )
-    converted = time.perf_counter() - start
+    with progress_reporting(opts):
+        program = export(
+            opts.model_dir,
+            max_context=opts.max_context,
+            precision=precision,
+            compress=compression,
+            all_logits=opts.all_logits,
+        )
+        converted = time.perf_counter() - start
+        program.save_asset(output)
     max_context = int(next(iter(program.signatures["decode"].initial_states.values())).shape[2])
-    program.save_asset(output)
     size = sum(f.stat().st_size for f in output.rglob("*") if f.is_file())
     data = {
         "model": str(opts.model_dir),
@@ -135,6 +138,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     add_precision_arguments(export)
     add_compression_arguments(export)
     export.add_argument("--all-logits", action="store_true", help="return every position's logits")
+    add_progress_option(export, "loading, tracing, converting, compressing and saving")
     export.set_defaults(func=cmd_export)
 
     generate = sub.add_parser(

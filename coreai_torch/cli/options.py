@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from coreai_torch.frontend import hints
 from coreai_torch.frontend.export import decomposed
 from coreai_torch.locations import user_frame
 from coreai_torch.precision import from_spec
-from coreai_torch.progress import stderr_is_terminal
+from coreai_torch.progress import progress_bar, stderr_is_terminal
 
 EXIT_OK, EXIT_MISMATCH, EXIT_ERROR = 0, 1, 2
 
@@ -238,10 +240,31 @@ def compression_config(opts: argparse.Namespace) -> Any:
         raise CliError(f"--compress: {error}") from None
 
 
+def add_progress_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--progress`` / ``--no-progress``: a progress bar on stderr while ``what`` runs."""
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"progress bar while {what} (default: when stderr is a terminal)",
+    )
+
+
 def show_progress(opts: argparse.Namespace) -> bool:
     if opts.progress is not None:
         return opts.progress
     return stderr_is_terminal() and importlib.util.find_spec("rich") is not None
+
+
+@contextlib.contextmanager
+def progress_reporting(opts: argparse.Namespace) -> Iterator[None]:
+    """Inside the block, every phase of a conversion (loading, tracing, lowering, compressing,
+    optimizing, saving) moves a progress bar on stderr when ``--progress`` asks for one."""
+    if not show_progress(opts):
+        yield
+        return
+    with progress_bar():
+        yield
 
 
 def emit(opts: argparse.Namespace, data: dict[str, Any], text: str) -> None:

@@ -217,3 +217,19 @@ def test_a_generator_needs_a_program_from_llm_export() -> None:
         llm.Generator(program)
     with pytest.raises(FileNotFoundError, match=r"no such \.aimodel"):
         llm.Generator("missing.aimodel")
+
+
+def test_llm_export_progress_shows_every_phase_of_a_streamed_export(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``--progress``: loading (the checkpoint bound, nothing read), tracing, lowering,
+    optimizing and writing (where a streamed model's weights are read) each move the bar."""
+    _, _, model_dir = save_model_dir(tmp_path)
+    asset = tmp_path / "model.aimodel"
+    args = ["llm", "export", str(model_dir), "-o", str(asset), "--max-context", "32"]
+    assert main([*args, "--progress"]) == 0
+    err = capsys.readouterr().err
+    for phase in ("load", "trace", "lowering prefill", "lowering decode", "optimize", "save"):
+        assert phase in err, (phase, err)
+    assert main([*args, "--no-progress"]) == 0
+    assert "trace" not in capsys.readouterr().err
