@@ -294,6 +294,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-moe", help=argparse.SUPPRESS)
     parser.add_argument("--one-hf", help=argparse.SUPPRESS)
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face table")
+    parser.add_argument("--one-streaming", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-streaming", action="store_true", help="skip the 1B Llama streamed from its checkpoint"
+    )
+    parser.add_argument(
+        "--8b",
+        dest="eight_b",
+        action="store_true",
+        help="also stream an 8B Llama, fp16 and fp16+int4 (about 35 GB of free disk)",
+    )
     args = parser.parse_args(argv)
 
     if args.one:  # child process: measure one model, print JSON
@@ -331,6 +341,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.hf import measure_hf
 
         print("RESULT " + json.dumps(measure_hf(args.one_hf, args.runs)))
+        return 0
+    if args.one_streaming:
+        from benchmarks.streaming import measure_streaming
+
+        print("RESULT " + json.dumps(measure_streaming(args.one_streaming), default=str))
         return 0
     if args.one_moe:
         from benchmarks.moe import measure_moe
@@ -391,6 +406,12 @@ def main(argv: list[str] | None = None) -> int:
         for row in HF_ROWS:
             print(f"== Hugging Face classes (benchmarks/hf.py): {row}", flush=True)
             hf_rows.append(_child("--one-hf", row, min(args.runs, 5)))
+    streamed = []
+    if not args.no_streaming:
+        specs = ["1b:int4", *(["8b:int4", "8b:none"] if args.eight_b else [])]
+        for spec in specs:
+            print(f"== streaming export (benchmarks/streaming.py): {spec}", flush=True)
+            streamed.append(_child("--one-streaming", spec, 1))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
@@ -405,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                 "llm": llms,
                 "moe": moe,
                 "hf": hf_rows,
+                "streaming": streamed,
             },
             indent=2,
         )
@@ -455,6 +477,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nHugging Face classes (coreai_torch.hf), median of the runs.\n")
         print(hf_table(hf_rows))
+    if streamed:
+        from benchmarks.streaming import table as streaming_table
+
+        print(
+            "\nStreamed export (llm.export from a bf16 checkpoint, max_context 512, fp16; "
+            "whole-process peak RSS).\n"
+        )
+        print(streaming_table(streamed))
     print(f"\nJSON: {out}")
     measured = [
         *results,
@@ -466,6 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         *llms,
         *moe,
         *hf_rows,
+        *streamed,
     ]
     failed = any("error" in r for r in measured)
     return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0

@@ -204,6 +204,9 @@ def table(results: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r.get('compress')} | error: {r['error']} |||||")
+            continue
         phases = ", ".join(
             f"{p} {s:.1f} s / {m / GIB:.2f}" for p, (s, m) in r["phases"].items() if p != "start"
         )
@@ -219,6 +222,23 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{mark} |"
         )
     return "\n".join(lines)
+
+
+def measure_streaming(spec: str) -> dict[str, Any]:
+    """``benchmarks.run`` child: ``spec`` is ``MODEL:FORM`` (``1b:int4``, ``8b:none``); the
+    checkpoint is written in a temporary directory (``$COREAI_BENCH_DIR`` if set, where it is
+    kept for the next run) and the asset removed."""
+    name, _, form = spec.partition(":")
+    compress = None if form in ("", "none") else form
+    kept = os.environ.get("COREAI_BENCH_DIR")
+    directory = Path(kept) if kept else Path(tempfile.mkdtemp(prefix="coreai-streaming-"))
+    try:
+        return run(name, compress, directory, keep=False)
+    except Exception as error:  # reported in the table, the other rows still run
+        return {"model": name, "compress": compress, "error": f"{type(error).__name__}: {error}"}
+    finally:
+        if not kept:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:
