@@ -73,13 +73,18 @@ def pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
     mask = np.uint8((1 << bits) - 1)
     if 8 % bits == 0:  # whole codes per byte: shift and OR the columns of a [bytes, k] view
         per_byte = 8 // bits
-        padded = np.zeros(math.ceil(flat.size / per_byte) * per_byte, np.uint8)
-        padded[: flat.size] = flat & mask
-        lanes = padded.reshape(-1, per_byte)
-        out = lanes[:, 0].copy()
-        for i in range(1, per_byte):
-            out |= lanes[:, i] << np.uint8(i * bits)
-        return out
+        codes_t = torch.from_numpy(flat if flat.flags.writeable else flat.copy())
+        if flat.size % per_byte:
+            codes_t = torch.cat([codes_t, codes_t.new_zeros(per_byte - flat.size % per_byte)])
+        lanes = codes_t.view(-1, per_byte)  # torch: multi-threaded bitwise kernels
+        packed = torch.empty(lanes.shape[0], dtype=torch.uint8)
+        step = 1 << 24  # bytes per step: the temporaries stay small beside the codes
+        for first in range(0, lanes.shape[0], step):
+            part, out = lanes[first : first + step], packed[first : first + step]
+            torch.bitwise_and(part[:, 0], int(mask), out=out)
+            for i in range(1, per_byte):
+                out |= (part[:, i] & int(mask)) << (i * bits)
+        return packed.numpy()
     out = np.zeros(math.ceil(flat.size * bits / 8), np.uint8)
     chunk = 1 << 20  # codes per step (a multiple of 8, so chunks start on byte boundaries)
     for start in range(0, flat.size, chunk):
@@ -435,7 +440,9 @@ def _uniform(array: np.ndarray) -> bool:
     flat = array.reshape(-1)
     if flat.dtype in _FLOAT_ATTR_TYPES:
         flat = flat.view(np.uint8)
-    return bool(flat.size) and bool(np.all(flat == flat[0]))
+    if not flat.size or not np.all(flat[:256] == flat[0]):  # most arrays differ early
+        return False
+    return bool(np.all(flat == flat[0]))
 
 
 def splat_attr(ttype: ir.RankedTensorType, value: object) -> ir.Attribute:

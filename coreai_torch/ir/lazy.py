@@ -432,11 +432,32 @@ def tracing() -> Iterator[None]:
         yield
 
 
+#: ops whose result holds the same data as their input (copies or aliases)
+_SAME_DATA = {
+    torch.ops.aten.clone.default,
+    torch.ops.aten.detach.default,
+    torch.ops.aten.alias.default,
+    torch.ops.aten.lift_fresh.default,
+    torch.ops.aten.lift_fresh_copy.default,
+}
+
+
 def key(tensor: torch.Tensor) -> tuple:
     """A key that is equal for two tensors holding the same data (storage and layout; for
-    lazy tensors: the tensor itself)."""
+    lazy tensors: the expression they read, seen through copies and aliases, as a weight
+    detached in each traced entry point is still one weight)."""
     if isinstance(tensor, FakeTensor):
-        return ("fake", id(tensor))
+        source = getattr(tensor, _SOURCE, None)
+        if source is None:
+            return ("fake", id(tensor))
+        while (
+            isinstance(source, Call)
+            and source.func in _SAME_DATA
+            and source.args
+            and isinstance(source.args[0], Expr)
+        ):
+            source = source.args[0]
+        return ("lazy", id(source), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
     return (
         tensor.untyped_storage().data_ptr(),
         tensor.storage_offset(),

@@ -11,6 +11,7 @@ tensor before anything is traced.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -159,3 +160,21 @@ def test_a_directory_without_safetensors_is_an_error(tmp_path: Path) -> None:
         file.unlink()
     with pytest.raises(CheckpointError, match=r"no \*\.safetensors files"):
         llm.export(directory, max_context=MAX_CONTEXT)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_prefill_and_decode_read_one_copy_of_each_streamed_weight(
+    tmp_path: Path, precision: str
+) -> None:
+    """Each entry point's trace detaches the weights it reads; the half-precision copy of a
+    streamed weight is still made once and both entry points read that one resource."""
+    program = llm.export(
+        _checkpoint(tmp_path, "llama"), max_context=MAX_CONTEXT, precision=precision
+    )
+    graphs = str(program.structural_module).split("coreai.graph")[1:]
+    read = {
+        graph.split("(")[0].strip(): set(re.findall(r"dense_resource<([^>]+)>", graph))
+        for graph in graphs
+    }
+    assert read["@prefill"] and read["@prefill"] == read["@decode"]
+    assert len(program.weights.pending) == len(read["@prefill"])
