@@ -348,6 +348,19 @@ class CoreAIModel(PreTrainedModel):
     ) -> dict[str, np.ndarray]:
         return self.sessions[asset].run(inputs, entrypoint=entrypoint, state=state)
 
+    def _run_each_row(
+        self, entrypoint: str, name: str, batch: torch.Tensor, output: str
+    ) -> torch.Tensor:
+        """``entrypoint`` of the ``model`` asset run on each row of ``batch`` (its input
+        ``name``, a batch of one), the rows of its ``output`` concatenated (float32)."""
+        rows = [
+            self._run("model", entrypoint, {name: np.ascontiguousarray(row[None].float().numpy())})[
+                output
+            ]
+            for row in batch
+        ]
+        return torch.from_numpy(np.concatenate(rows).astype(np.float32))
+
     def _fresh_states(self, asset: str, entrypoint: str) -> dict[str, Any]:
         """Zeroed runtime buffers for the states of ``entrypoint``."""
         return self.sessions[asset].zero_states(entrypoint)

@@ -228,15 +228,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
                 f"pixel_values must be [images, {channels}, {size}, {size}] (as the model's "
                 f"image processor makes them), got {shape}"
             )
-        rows = [
-            self._run(
-                "model",
-                "image_features",
-                {"pixel_values": np.ascontiguousarray(image[None].float().numpy())},
-            )["image_features"]
-            for image in pixel_values
-        ]
-        return torch.from_numpy(np.concatenate(rows).astype(np.float32))
+        return self._run_each_row("image_features", "pixel_values", pixel_values, "image_features")
 
     def _embed(self, ids: torch.Tensor) -> np.ndarray:
         ids = np.ascontiguousarray(ids.numpy(), np.int64).reshape(1, -1)

@@ -310,15 +310,7 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
                 f"input_features must be [batch, {expected[0]}, {expected[1]}] (log-mel "
                 f"features of 30 s of audio, as the feature extractor makes them), got {shape}"
             )
-        rows = [
-            self._run(
-                "model",
-                "encode",
-                {"input_features": np.ascontiguousarray(row[None].float().numpy())},
-            )["last_hidden_state"]
-            for row in input_features
-        ]
-        return torch.from_numpy(np.concatenate(rows).astype(np.float32))
+        return self._run_each_row("encode", "input_features", input_features, "last_hidden_state")
 
     # -- GenerationMixin hooks ----------------------------------------------------------------
 

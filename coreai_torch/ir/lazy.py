@@ -176,14 +176,17 @@ class Loaded(Expr):
         return f"the loader of '{self.name}'"
 
 
-#: ops that compute each row of their result from the same row of their first argument
-_ROW_WISE = {
-    torch.ops.aten._to_copy.default,
+#: ops whose result holds the same data as their input (copies or aliases)
+_SAME_DATA = {
     torch.ops.aten.clone.default,
     torch.ops.aten.detach.default,
     torch.ops.aten.alias.default,
     torch.ops.aten.lift_fresh.default,
+    torch.ops.aten.lift_fresh_copy.default,
 }
+
+#: ops that compute each row of their result from the same row of their first argument
+_ROW_WISE = {torch.ops.aten._to_copy.default, *_SAME_DATA}
 
 
 class Call(Expr):
@@ -430,16 +433,6 @@ def tracing() -> Iterator[None]:
     """Trace (``torch.export``) a module holding lazy tensors: their ops are not recorded."""
     with MODE.paused():
         yield
-
-
-#: ops whose result holds the same data as their input (copies or aliases)
-_SAME_DATA = {
-    torch.ops.aten.clone.default,
-    torch.ops.aten.detach.default,
-    torch.ops.aten.alias.default,
-    torch.ops.aten.lift_fresh.default,
-    torch.ops.aten.lift_fresh_copy.default,
-}
 
 
 def key(tensor: torch.Tensor) -> tuple:
