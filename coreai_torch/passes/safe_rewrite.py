@@ -255,7 +255,11 @@ def _adds_leading_unit_dims(reshape: ir.Operation) -> int:
     if lead <= 0 or any(d != 1 for d in after[:lead]):
         return 0
     dynamic = ir.ShapedType.get_dynamic_size()
-    if any(b != a and dynamic not in (a, b) for a, b in zip(before, after[lead:], strict=True)):
+    differ = [(b, a) for b, a in zip(before, after[lead:], strict=True) if a != b]
+    # a size known in the input and run-time in the result is the same size only when the
+    # element count fixes it (one such dimension, every other size known); a run-time input
+    # size against a known result size is a regrouping ([1, ?, 8, 16] -> [1, ?, 8, 8, 16])
+    if differ and (len(differ) > 1 or differ[0][1] != dynamic or dynamic in before):
         return 0
     if sum(d == dynamic for d in before) > 1 or (dynamic in before and dynamic not in after):
         return 0  # several run-time sizes: the reshape may regroup them

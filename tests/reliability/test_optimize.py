@@ -314,3 +314,24 @@ def test_raw_core_ai_rewrite_still_misfolds_unit_dim_reshapes() -> None:
     with module.context:
         run_pre_compilation_rewrite(module=module)
     assert not verify(UnitDimReshape(), args, program=program).ok
+
+
+class RegroupedTokens(nn.Module):
+    """Tokens regrouped into chunks of 8 (``[1, T, 8, 16] -> [1, T/8, 8, 8, 16]``, as Bamba's
+    chunked scan does) and scaled by a per-chunk factor: the reshape keeps the rank's leading
+    1 but is no unit-dim reshape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        chunks = x.reshape(1, -1, 8, 8, 16)
+        return chunks * chunks.sum(-1, keepdim=True)
+
+
+def test_optimize_leaves_reshapes_that_regroup_a_run_time_size_alone() -> None:
+    """The unit-dim guard above only rewrites reshapes that add leading unit dimensions;
+    one that splits a run-time size (here into chunks of 8) stays a reshape."""
+    chunks = torch.export.Dim("chunks", max=16)
+    args = (torch.randn(1, 16, 8, 16),)
+    ep = export_decomposed(RegroupedTokens(), args, dynamic_shapes=({1: 8 * chunks},))
+    program = TorchConverter().add_exported_program(ep).to_coreai().optimize()
+    for length in (16, 24, 128):
+        assert verify(RegroupedTokens(), (torch.randn(1, length, 8, 16),), program=program).ok
