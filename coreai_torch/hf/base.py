@@ -492,6 +492,18 @@ def check_model_type(config: Any, supported: tuple[str, ...], who: str, what: st
         )
 
 
+def checked_config(model_or_dir: nn.Module | Path, supported: tuple[str, ...], who: str) -> Any:
+    """The configuration of a model instance or of a local directory (read from its
+    ``config.json``, no weight loaded), after :func:`check_model_type`."""
+    if isinstance(model_or_dir, nn.Module):
+        config = getattr(model_or_dir, "config", None)
+        check_model_type(config, supported, who, type(model_or_dir).__name__)
+    else:
+        config = load_hf_config(model_or_dir)
+        check_model_type(config, supported, who, str(model_or_dir))
+    return config
+
+
 def _open_sessions(assets: Mapping[str, Path], verify_hash: bool) -> dict[str, Any]:
     from coreai_torch.runtime import Session
 

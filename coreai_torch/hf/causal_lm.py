@@ -24,7 +24,7 @@ import torch.nn as nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from coreai_torch.hf.base import CoreAIModel, check_model_type
+from coreai_torch.hf.base import CoreAIModel, checked_config
 from coreai_torch.hf.tasks import CAUSAL_LM_TYPES
 
 #: generation modes ``generate`` supports (``GenerationMode`` values)
@@ -294,14 +294,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         from coreai_torch.llm.export import default_max_context, load_causal_lm
 
         describe = describe_options(precision, compress)  # bad options fail before loading
-        if path is not None:
-            from coreai_torch.hf.base import load_hf_config
-
-            check_model_type(load_hf_config(path), CAUSAL_LM_TYPES, cls.__name__, str(path))
-        else:
-            check_model_type(
-                getattr(model, "config", None), CAUSAL_LM_TYPES, cls.__name__, type(model).__name__
-            )
+        checked_config(model if model is not None else path, CAUSAL_LM_TYPES, cls.__name__)
         # a directory's weights stay in its checkpoint until the asset is written
         restore = model is not None
         model = load_causal_lm(model if model is not None else path)

@@ -22,7 +22,11 @@ import torch
 import torch.nn as nn
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from coreai_torch.hf.base import CoreAIModel, check_model_type, load_for_export, load_hf_config
+from coreai_torch.hf.base import (
+    CoreAIModel,
+    checked_config,
+    load_for_export,
+)
 from coreai_torch.hf.tasks import FEATURE_EXTRACTION_TYPES
 from coreai_torch.ir import lazy
 
@@ -93,17 +97,10 @@ class _Encoder(nn.Module):
 def load_encoder(model_or_dir: nn.Module | Path, who: str) -> nn.Module:
     """The base encoder (``AutoModel``) of a model instance or a local directory, its model
     type checked before any weight is read."""
+    config = checked_config(model_or_dir, FEATURE_EXTRACTION_TYPES, who)
     if isinstance(model_or_dir, nn.Module):
-        check_model_type(
-            getattr(model_or_dir, "config", None),
-            FEATURE_EXTRACTION_TYPES,
-            who,
-            type(model_or_dir).__name__,
-        )
         base = getattr(model_or_dir, "base_model", model_or_dir)
         return base.eval()
-    config = load_hf_config(model_or_dir)
-    check_model_type(config, FEATURE_EXTRACTION_TYPES, who, str(model_or_dir))
     from transformers import AutoModel
 
     return load_for_export(AutoModel, config, model_or_dir)

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from coreai_torch.hf.base import check_model_type, load_for_export, load_hf_config
+from coreai_torch.hf.base import checked_config, load_for_export
 from coreai_torch.hf.causal_lm import (
     CoreAIModelForCausalLM,
     RuntimeCache,
@@ -186,17 +186,13 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         from coreai_torch.llm.export import default_max_context
 
         describe = describe_options(precision, compress)
+        source = model if model is not None else path
+        config = checked_config(source, IMAGE_TEXT_TO_TEXT_TYPES, cls.__name__)
+        _check_decoder(config, str(path) if model is None else type(model).__name__)
         if model is None:
-            config = load_hf_config(path)
-            check_model_type(config, IMAGE_TEXT_TO_TEXT_TYPES, cls.__name__, str(path))
-            _check_decoder(config, str(path))
             from transformers import AutoModelForImageTextToText
 
             model = load_for_export(AutoModelForImageTextToText, config, path)
-        else:
-            config = getattr(model, "config", None)
-            check_model_type(config, IMAGE_TEXT_TO_TEXT_TYPES, cls.__name__, type(model).__name__)
-            _check_decoder(config, type(model).__name__)
         model = model.eval()
         if max_context is None:
             max_context = default_max_context(model.config)

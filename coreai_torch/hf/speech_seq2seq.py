@@ -31,7 +31,11 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
 
-from coreai_torch.hf.base import CoreAIModel, check_model_type, load_for_export, load_hf_config
+from coreai_torch.hf.base import (
+    CoreAIModel,
+    checked_config,
+    load_for_export,
+)
 from coreai_torch.hf.causal_lm import RuntimeCache, check_generation_mode, describe_options
 from coreai_torch.hf.tasks import SPEECH_SEQ2SEQ_TYPES
 from coreai_torch.ir import lazy
@@ -262,19 +266,13 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
         compress: Any,
     ) -> CoreAIModelForSpeechSeq2Seq:
         describe = describe_options(precision, compress)
+        config = checked_config(
+            model if model is not None else path, SPEECH_SEQ2SEQ_TYPES, cls.__name__
+        )
         if model is None:
-            config = load_hf_config(path)
-            check_model_type(config, SPEECH_SEQ2SEQ_TYPES, cls.__name__, str(path))
             from transformers import AutoModelForSpeechSeq2Seq
 
             model = load_for_export(AutoModelForSpeechSeq2Seq, config, path)
-        else:
-            check_model_type(
-                getattr(model, "config", None),
-                SPEECH_SEQ2SEQ_TYPES,
-                cls.__name__,
-                type(model).__name__,
-            )
         if not hasattr(model, "proj_out"):
             raise ValueError(
                 f"{type(model).__name__} has no language-model head; export a "

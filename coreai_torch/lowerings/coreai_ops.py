@@ -385,17 +385,30 @@ def quantize(
         raise cx.unsupported(f"quantize of a {x_dtype} input (float inputs only)")
     shape, axis_value = _layout(cx, input, scale, axis)
     s = _parameter(cx, args["scale"], scale, shape, x_dtype)
-    if minval is not None:
-        offset1 = _splat(low, shape, code)
-        offset2 = _parameter(cx, args["minval"], minval, shape, x_dtype)
-    else:
-        offset1 = (
-            _parameter(cx, args["zero_point"], zero_point, shape, code)
-            if zero_point is not None
-            else _splat(0, shape, code)
-        )
-        offset2 = _splat(0.0, shape, x_dtype)
+    offset1, offset2 = _offsets(cx, args, zero_point, minval, shape, (code, low), x_dtype)
     return cai.quantize(input, s, offset1, offset2, axis_value)
+
+
+def _offsets(
+    cx: LoweringContext,
+    args: Any,
+    zero_point: ir.Value | None,
+    minval: ir.Value | None,
+    shape: Any,
+    code_range: tuple[torch.dtype, int],
+    float_dtype: torch.dtype,
+) -> tuple[ir.Value, ir.Value]:
+    """The integer and float offsets of Core AI's ``quantize`` / ``dequantize``: ``(qmin,
+    minval)`` in the min-value form, else ``(zero_point or 0, 0.0)``."""
+    code, low = code_range
+    if minval is not None:
+        return _splat(low, shape, code), _parameter(cx, args["minval"], minval, shape, float_dtype)
+    offset1 = (
+        _parameter(cx, args["zero_point"], zero_point, shape, code)
+        if zero_point is not None
+        else _splat(0, shape, code)
+    )
+    return offset1, _splat(0.0, shape, float_dtype)
 
 
 @lowering("coreai::dequantize.default")
@@ -418,16 +431,7 @@ def dequantize(
     out = cx.out_dtype
     shape, axis_value = _layout(cx, input, scale, axis)
     s = _parameter(cx, args["scale"], scale, shape, out)
-    if minval is not None:
-        offset1 = _splat(low, shape, code)
-        offset2 = _parameter(cx, args["minval"], minval, shape, out)
-    else:
-        offset1 = (
-            _parameter(cx, args["zero_point"], zero_point, shape, code)
-            if zero_point is not None
-            else _splat(0, shape, code)
-        )
-        offset2 = _splat(0.0, shape, out)
+    offset1, offset2 = _offsets(cx, args, zero_point, minval, shape, (code, low), out)
     result = cai.dequantize(input, s, offset1, offset2, axis_value)
     compressed.check_decompression(result, f"{cx.node.name}")
     return result
