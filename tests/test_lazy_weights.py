@@ -187,3 +187,46 @@ def test_an_unbound_fake_tensor_is_a_clear_error() -> None:
     bound = lazy.lazy_tensor(lazy.Held(torch.ones(4)))
     with pytest.raises(CheckpointError, match="fake tensor whose data is unknown"):
         bound + unknown
+
+
+def test_statistics_computed_in_the_background_are_the_ones_read_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``statistics_in_background`` reads each checkpoint tensor once, on another thread, and
+    what it found is what :func:`lazy.statistics` returns afterwards without reading again."""
+    torch.manual_seed(0)
+    weights = {"a": torch.randn(300, 64) * 7, "b": torch.randn(5)}
+    weights["b"][2] = float("inf")
+    save_file(weights, tmp_path / "w.safetensors")
+    source = coreai_torch.WeightSource(tmp_path / "w.safetensors")
+    with coreai_torch.empty_parameters():
+        model = nn.Module()
+        model.a = nn.Parameter(torch.empty(300, 64))
+        model.b = nn.Parameter(torch.empty(5))
+    source.bind(model)
+    monkeypatch.setattr(lazy, "STATISTICS_BLOCK", 4096)  # several blocks of rows
+    with lazy.statistics_in_background([model.a, model.b, model.a]):
+        pass
+
+    def no_more_reads(*args: object) -> None:
+        raise AssertionError("the checkpoint was read again")
+
+    monkeypatch.setattr(lazy._Reader, "read_into", no_more_reads)
+    a, b = lazy.statistics(model.a), lazy.statistics(model.b)
+    assert a == lazy.statistics(weights["a"])
+    assert a.finite_peak == float(weights["a"].abs().max())
+    assert (b.inf, b.nan, b.finite_peak) == (1, 0, float(weights["b"][[0, 1, 3, 4]].abs().max()))
+
+
+def test_a_tensor_the_background_cannot_read_is_left_to_the_caller(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    save_file({"weight": torch.randn(64, 64)}, tmp_path / "w.safetensors")
+    with coreai_torch.empty_parameters():
+        model = nn.Linear(64, 64, bias=False)
+    coreai_torch.WeightSource(tmp_path / "w.safetensors").bind(model)
+    with open(tmp_path / "w.safetensors", "r+b") as f:  # truncated after binding
+        f.truncate(f.seek(0, 2) - 100)
+    with lazy.statistics_in_background([model.weight]):
+        pass
+    with pytest.raises(CheckpointError, match="truncated"):
+        lazy.statistics(model.weight)

@@ -66,17 +66,7 @@ def _embeds_lm(model: nn.Module, max_context: int, all_logits: bool) -> nn.Modul
 
     class CachedEmbedsLM(CachedCausalLM):
         def forward(self, inputs_embeds: torch.Tensor, start_position: torch.Tensor) -> Any:
-            positions = start_position + torch.arange(inputs_embeds.shape[1])
-            out = self.model(
-                inputs_embeds=inputs_embeds,
-                position_ids=positions[None],
-                cache_position=positions,
-                past_key_values=self.cache,
-                attention_mask=None,
-                use_cache=True,
-                logits_to_keep=0 if self.all_logits else 1,
-            )
-            return out.logits
+            return self.logits(start_position, inputs_embeds=inputs_embeds)
 
     return CachedEmbedsLM(model, max_context, all_logits=all_logits).eval()
 

@@ -34,7 +34,7 @@ import math
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,9 +121,12 @@ class Stored(Expr):
     def evaluate(self) -> torch.Tensor:
         return self.rows(0, self.shape[0] if self.shape else 1)
 
-    def rows(self, first: int, count: int) -> torch.Tensor:
+    def rows(self, first: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows ``first .. first + count - 1``, read into ``out`` if given (contiguous, of
+        those rows' shape and dtype: a buffer reused across reads costs no new pages)."""
         shape = self.shape or (1,)
-        out = torch.empty((count, *shape[1:]), dtype=self.dtype)
+        if out is None:
+            out = torch.empty((count, *shape[1:]), dtype=self.dtype)
         row_bytes = self.entry.nbytes // max(1, shape[0])
         self.reader.read_into(self.entry.path, self.entry.offset + first * row_bytes, out)
         return out if self.shape else out.reshape(())
@@ -399,7 +402,14 @@ def _source_statistics(source: Expr) -> Statistics:
     if found is None:
         rows = source.shape[0] if source.shape else 1
         step = max(1, STATISTICS_BLOCK // max(1, source.nbytes // max(1, rows)))
-        if source.shape and source.rows(0, min(step, rows)) is not None:
+        if isinstance(source, Stored) and source.shape:
+            buffer = torch.empty((min(step, rows), *source.shape[1:]), dtype=source.dtype)
+            found = _statistics(
+                source.rows(first, len(part), out=part)
+                for first in range(0, rows, step)
+                for part in (buffer[: min(step, rows - first)],)
+            )
+        elif source.shape and source.rows(0, min(step, rows)) is not None:
             found = _statistics(
                 source.rows(first, min(step, rows - first)) for first in range(0, rows, step)
             )
@@ -407,6 +417,33 @@ def _source_statistics(source: Expr) -> Statistics:
             found = _statistics([source.evaluate()])
     source._statistics = found  # type: ignore[attr-defined]
     return found
+
+
+@contextlib.contextmanager
+def statistics_in_background(tensors: Iterable[torch.Tensor]) -> Iterator[None]:
+    """Compute the :func:`statistics` of the lazy ``tensors`` on another thread while the
+    block runs (the checkpoint is read on a second core while, say, the model is traced), and
+    wait for them at its end.  A tensor whose statistics cannot be computed is left for the
+    caller's own :func:`statistics` call to report."""
+    sources = list({id(s): s for s in map(source_of, filter(is_lazy, tensors))}.values())
+    stop = threading.Event()
+
+    def work() -> None:
+        for source in sources:
+            if stop.is_set():
+                return
+            with contextlib.suppress(Exception):
+                _source_statistics(source)
+
+    thread = threading.Thread(target=work, name="coreai-weight-statistics", daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        thread.join()
 
 
 def _statistics(blocks: Any) -> Statistics:

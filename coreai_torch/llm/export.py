@@ -24,9 +24,13 @@ same stacked expert weights, stored once.
 
 Hugging Face's export recipes (``transformers.integrations.executorch``) are reused where
 they fit: the cache is ``transformers``' own ``StaticLayer`` (the ``StaticCache`` layer
-``TorchExportableModuleWithStaticCache`` registers as buffers), and the program is traced with
-``strict=True`` as those recipes do (non-strict export lifts the cache tensors a second time as
-constants, and ``run_decompositions`` then fails).  The recipe modules themselves do not fit:
+``TorchExportableModuleWithStaticCache`` registers as buffers).  The program is traced
+non-strict, which takes a third of the time of the recipes' ``strict=True`` (no bytecode
+analysis): the cache layers are pointed at the buffers in each call, so the writes reach the
+tensors export traces with rather than being lifted a second time as constants.  The decode
+step of a dense model is the prefill's graph specialized to one token
+(:func:`~coreai_torch.frontend.specialize.specialize`), not a second trace.  The recipe
+modules themselves do not fit:
 
 * ``TorchExportableModuleWithStaticCache`` / ``...WithHybridCache`` give sliding-window layers
   a ``StaticSlidingWindowLayer``, whose update branches in Python on how many tokens it has
@@ -37,14 +41,13 @@ constants, and ``run_decompositions`` then fails).  The recipe modules themselve
   instead of a start position, and require ``generation_config.cache_implementation ==
   "static"`` on the user's model;
 * their ``sdpa_without_vmap`` mask puts the sliding window into the masks of Gemma 2's
-  full-attention layers too; ``strict=True`` tracing handles Hugging Face's own masks.
+  full-attention layers too; the trace here uses Hugging Face's own masks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -58,6 +61,7 @@ from coreai_torch.composite_ops.moe import GatedExperts
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
+from coreai_torch.frontend.specialize import SpecializationError, specialize
 from coreai_torch.ir import lazy
 from coreai_torch.ir.lazy import WeightSource
 from coreai_torch.precision import Precision, from_spec
@@ -160,7 +164,11 @@ def convert_causal_lm(
     prompts = {"prefill": all_logits, **({"forward": True} if forward else {})}
     exported: dict[str, torch.export.ExportedProgram] = {}
     listener = progress_events.resolve(None)
+    # the checks of half precision and compression read every weight's statistics: a streamed
+    # checkpoint is read on the other core while the model is traced
+    checked = policy.is_half or compression is not None
     with (
+        lazy.statistics_in_background(model.state_dict(keep_vars=True).values() if checked else ()),
         traceable_attention(model),
         _static_moe(model, restore=restore) as experts,
         progress_events.phase(listener, "trace", len(prompts) + 1, "entry points") as traced,
@@ -173,9 +181,11 @@ def convert_causal_lm(
                 wrapper.all_logits = every_position
                 exported[name] = trace_cached(wrapper, token_args(2), ({1: tokens}, None))
                 traced(len(exported), len(prompts) + 1)
-            experts("gather")
             wrapper.all_logits = all_logits
-            exported["decode"] = trace_cached(wrapper, token_args(1), None)
+            if experts("gather"):  # the decode step reads its token's experts only
+                exported["decode"] = trace_cached(wrapper, token_args(1), None)
+            else:  # the prefill of one token
+                exported["decode"] = decode_step(exported["prefill"], wrapper)
     converter = TorchConverter(compute_precision=policy)
     for name, ep in exported.items():
         converter.add_exported_program(
@@ -336,9 +346,19 @@ class CachedCausalLM(nn.Module):
         self.layers = nn.ModuleList(_CacheBuffers(layer) for layer in self.cache.layers)
 
     def forward(self, input_ids: torch.Tensor, start_position: torch.Tensor) -> torch.Tensor:
-        positions = start_position + torch.arange(input_ids.shape[1])
+        return self.logits(start_position, input_ids=input_ids)
+
+    def logits(self, start_position: torch.Tensor, **tokens: torch.Tensor) -> torch.Tensor:
+        """The model's logits for ``tokens`` (``input_ids=`` or ``inputs_embeds=``, one
+        prompt of T tokens) written to the cache at ``start_position .. + T - 1``."""
+        # The cache layers write the module's buffers themselves: a non-strict export swaps
+        # the buffers for the tensors it traces with, which the layers must then see too.
+        for layer, buffers in zip(self.cache.layers, self.layers, strict=True):
+            layer.keys, layer.values = buffers.k_cache, buffers.v_cache
+        (prompt,) = tokens.values()
+        positions = start_position + torch.arange(prompt.shape[1])
         out = self.model(
-            input_ids=input_ids,
+            **tokens,
             position_ids=positions[None],
             cache_position=positions,
             past_key_values=self.cache,
@@ -389,37 +409,48 @@ def token_args(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(1, tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
 
 
+def decode_step(
+    prefill: torch.export.ExportedProgram, wrapper: nn.Module
+) -> torch.export.ExportedProgram:
+    """The ``decode`` entry point: the ``prefill`` program specialized to one token
+    (:func:`~coreai_torch.frontend.specialize.specialize`), or ``wrapper`` traced for one
+    token where the prefill's graph cannot be specialized."""
+    try:
+        return specialize(prefill, token_args(1))
+    except SpecializationError:
+        return trace_cached(wrapper, token_args(1), None)
+
+
 def trace_cached(
     wrapper: nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any
 ) -> torch.export.ExportedProgram:
     """Export (decomposed) a module that writes the KV cache of its ``cache`` attribute in
-    place (:class:`CachedCausalLM` and modules like it), traced with ``strict=True`` as the
-    module documentation explains; the cache is reset afterwards."""
+    place (:class:`CachedCausalLM` and modules like it), traced non-strict as the module
+    documentation explains; the cache is reset afterwards."""
     try:
-        with warnings.catch_warnings():
-            # the cache writes are the side effects dynamo reports; export records them
-            warnings.filterwarnings("ignore", message=".*found certain side effects")
-            return export_decomposed(wrapper, args, dynamic_shapes=dynamic_shapes, strict=True)
+        return export_decomposed(wrapper, args, dynamic_shapes=dynamic_shapes, strict=False)
     finally:
         wrapper.cache.reset()  # tracing does not write, but start from a clean cache anyway
 
 
 @contextlib.contextmanager
-def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], None]]:
+def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], bool]]:
     """Trace with the model's sparse-MoE blocks replaced by static ones (:func:`rewrite_moe`),
     then put the user's blocks back if ``restore``.  Yields ``experts(strategy)``, which sets
     how the experts run in the entry point traced next: ``"dense"`` for the prefill (a dynamic
-    token count), ``"gather"`` for the decode step (only its token's experts are read).
-    ``strategy="auto"`` cannot choose for a strict (dynamo) export: it sees the example's
-    token count as an int, so the prefill would be traced for that count only."""
+    token count), ``"gather"`` for the decode step (only its token's experts are read), and
+    returns whether the model has experts."""
 
     before = dict(model.named_modules()) if restore else {}
     rewrite_moe(model, strategy="dense")
 
-    def experts(strategy: str) -> None:
+    def experts(strategy: str) -> bool:
+        found = False
         for module in model.modules():
             if isinstance(module, GatedExperts):
                 module.strategy = strategy
+                found = True
+        return found
 
     try:
         yield experts

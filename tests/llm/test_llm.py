@@ -65,6 +65,7 @@ def test_one_program_shares_weights_and_the_kv_cache(exported: dict[str, Any]) -
         cache = session.descriptor("decode").state_descriptor("layers.1.v_cache")
         assert list(cache.shape) == [1, 2, MAX_CONTEXT, 32]  # (batch, kv heads, positions, dim)
         assert list(session.descriptor("prefill").input_descriptor("input_ids").shape) == [1, -1]
+        assert list(session.descriptor("decode").input_descriptor("input_ids").shape) == [1, 1]
         assert generator.max_context == MAX_CONTEXT
     text = str(ca.AIModelAsset.load(exported["asset"]).program)
     found = set(re.findall(r'composite_declaration<"(\w+)"', text))
@@ -233,3 +234,37 @@ def test_llm_export_progress_shows_every_phase_of_a_streamed_export(
         assert phase in err, (phase, err)
     assert main([*args, "--no-progress"]) == 0
     assert "trace" not in capsys.readouterr().err
+
+
+def test_a_dense_model_is_traced_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode step is the prefill's graph specialized to one token, not a second trace;
+    where the graph cannot be specialized, the decode step is traced."""
+    import importlib
+
+    from coreai_torch.frontend import specialize
+
+    exporting = importlib.import_module("coreai_torch.llm.export")
+    traced: list[tuple[int, ...]] = []
+    trace = exporting.trace_cached
+
+    def counted(wrapper: torch.nn.Module, args: tuple, dynamic_shapes: Any) -> Any:
+        traced.append(tuple(args[0].shape))
+        return trace(wrapper, args, dynamic_shapes)
+
+    monkeypatch.setattr(exporting, "trace_cached", counted)
+    model = causal_lm("llama")
+    program = llm.export(model, max_context=MAX_CONTEXT)
+    assert traced == [(1, 2)]
+    ids = [5, 6, 7]
+    with llm.Generator(program) as generator:
+        check_generation(generator, model, ids, 4)
+
+    def refuse(*args: Any) -> Any:
+        raise specialize.SpecializationError("not this graph")
+
+    monkeypatch.setattr(exporting, "specialize", refuse)
+    traced.clear()
+    program = llm.export(model, max_context=MAX_CONTEXT)
+    assert traced == [(1, 2), (1, 1)]
+    with llm.Generator(program) as generator:
+        check_generation(generator, model, ids, 4)
