@@ -21,6 +21,7 @@ the same passes (for models quantized with torchao).
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +39,7 @@ from coreai_torch.compression.config import (
     Palettization,
     Pruning,
 )
-from coreai_torch.compression.fitting import palettize, prune, quantize_linear
+from coreai_torch.compression.fitting import Scratch, palettize, prune, quantize_linear
 from coreai_torch.ir import compressed, lazy
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.weights import WeightStore, derived_arrays, resource_name
@@ -172,11 +173,15 @@ def _selected(config: CompressionConfig, plan: Plan) -> str | None:
 
 
 def _fit(
-    config: CompressionConfig, weight: np.ndarray | _LazyLayout, plan: Plan, dtype: torch.dtype
+    config: CompressionConfig,
+    weight: np.ndarray | _Converted,
+    plan: Plan,
+    dtype: torch.dtype,
+    scratch: Scratch | None = None,
 ) -> tuple[Any, str] | str:
     """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
     configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
-    parameters of its own."""
+    parameters of its own.  ``scratch``: the fitting's buffers, kept between weights."""
     shape = weight.shape
     channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
     if isinstance(config, Pruning):
@@ -196,6 +201,7 @@ def _fit(
             config.bits,
             symmetric=config.symmetric,
             scale_dtype=config.scale_dtype or dtype,
+            scratch=scratch,
         )
     group = config.group_size
     if group is not None and group < channels and channels % group:
@@ -220,18 +226,23 @@ def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
     return t.permute(perm).numpy()
 
 
-class _LazyLayout:
-    """A lazy weight in its stored layout, read by the blocks fitting asks for: blocks of rows
-    of the weight as the checkpoint holds it are read alone (a 128k-row embedding or output
-    head is never whole in memory), anything else reads the whole weight once."""
+class _Converted:
+    """A weight that is not float32 in memory (a lazy weight, a half-precision one) in its
+    stored layout, converted to float32 by the slices fitting asks for: slices of a weight
+    in memory alone, blocks of rows of the weight as the checkpoint holds it alone (a
+    128k-row embedding or output head is never whole in memory), anything else from the
+    whole weight, read once.  Slices may be asked for from several threads."""
 
     def __init__(self, tensor: torch.Tensor, perm: tuple[int, ...]) -> None:
         self.tensor, self.perm = tensor, perm
         self.shape = tuple(tensor.shape[p] for p in perm)
         self.ndim = len(perm)
         self._whole: np.ndarray | None = None
+        self._lock = threading.Lock()
 
     def __getitem__(self, index: tuple[slice, ...]) -> np.ndarray:
+        if not lazy.is_lazy(self.tensor):
+            return self.tensor.detach().permute(self.perm)[index].float().numpy()
         cut = [a for a, s in enumerate(index) if s != slice(None)]
         if self._whole is None and len(cut) == 1 and self.perm[cut[0]] == 0:
             part = index[cut[0]]
@@ -242,14 +253,17 @@ class _LazyLayout:
         return np.asarray(self)[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        if self._whole is None:
-            self._whole = _as_float32(self.tensor, self.perm)
+        with self._lock:
+            if self._whole is None:
+                self._whole = _as_float32(self.tensor, self.perm)
         return self._whole if dtype is None else self._whole.astype(dtype, copy=False)
 
 
-def _stored(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray | _LazyLayout:
+def _stored(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray | _Converted:
     """The weight in its stored layout, as fitting reads it."""
-    return _LazyLayout(tensor, perm) if lazy.is_lazy(tensor) else _as_float32(tensor, perm)
+    if tensor.dtype == torch.float32 and not lazy.is_lazy(tensor):
+        return _as_float32(tensor, perm)
+    return _Converted(tensor, perm)
 
 
 # ------------------------------------------------------------------------------- rewrite ---
@@ -387,11 +401,12 @@ def compress(
         total = sum(
             store.by_name[r].numel() * store.by_name[r].element_size() for _, r, _, _ in candidates
         )
+        scratch = Scratch()
         with progress_events.phase(listener, "compress", total, "bytes") as advance:
             finished = 0
             for name, resource, constants, dtype in candidates:
                 tensor = store.by_name[resource]
-                entry = _compress_one(store, config, name, tensor, constants, dtype)
+                entry = _compress_one(store, config, name, tensor, constants, dtype, scratch)
                 if isinstance(entry, str):
                     report.skipped.append((name, entry))
                 else:
@@ -411,13 +426,14 @@ def _compress_one(
     tensor: torch.Tensor,
     constants: list[ir.Operation],
     dtype: torch.dtype,
+    scratch: Scratch,
 ) -> CompressedWeight | str:
     """Compress one weight (its constants in every graph), or say why not."""
     plan = read_plan(name, constants, tensor.dim())
     reason = plan if isinstance(plan, str) else _selected(config, plan)
     if reason is not None:
         return reason
-    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype)
+    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype, scratch)
     if isinstance(fitted, str):
         return fitted
     codes, snr = fitted
