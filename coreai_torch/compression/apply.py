@@ -46,7 +46,7 @@ from coreai_torch.compression.config import (
     Palettization,
     Pruning,
 )
-from coreai_torch.compression.fitting import Scratch, palettize, prune, quantize_linear
+from coreai_torch.compression.fitting import Workers, palettize, prune, quantize_linear
 from coreai_torch.ir import compressed, lazy
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.saving import SPACE_MARGIN, free_space
@@ -185,11 +185,11 @@ def _fit(
     weight: np.ndarray | _Converted,
     plan: Plan,
     dtype: torch.dtype,
-    scratch: Scratch | None = None,
+    workers: Workers | None = None,
 ) -> tuple[Any, str] | str:
     """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
     configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
-    parameters of its own.  ``scratch``: the fitting's buffers, kept between weights."""
+    parameters of its own.  ``workers``: the fitting's threads, kept between weights."""
     shape = weight.shape
     channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
     if isinstance(config, Pruning):
@@ -209,7 +209,7 @@ def _fit(
             config.bits,
             symmetric=config.symmetric,
             scale_dtype=config.scale_dtype or dtype,
-            scratch=scratch,
+            workers=workers,
         )
     group = config.group_size
     if group is not None and group < channels and channels % group:
@@ -468,13 +468,16 @@ def compress(
         total = sum(
             store.by_name[r].numel() * store.by_name[r].element_size() for _, r, _, _ in candidates
         )
-        spilling, scratch = _Spilling(), Scratch()
-        with progress_events.phase(listener, "compress", total, "bytes") as advance:
+        spilling = _Spilling()
+        with (
+            Workers() as workers,
+            progress_events.phase(listener, "compress", total, "bytes") as advance,
+        ):
             finished = 0
             for name, resource, constants, dtype in candidates:
                 tensor = store.by_name[resource]
                 entry = _compress_one(
-                    store, config, name, tensor, constants, dtype, spilling, scratch
+                    store, config, name, tensor, constants, dtype, spilling, workers
                 )
                 if isinstance(entry, str):
                     report.skipped.append((name, entry))
@@ -496,14 +499,14 @@ def _compress_one(
     constants: list[ir.Operation],
     dtype: torch.dtype,
     spilling: _Spilling,
-    scratch: Scratch,
+    workers: Workers,
 ) -> CompressedWeight | str:
     """Compress one weight (its constants in every graph), or say why not."""
     plan = read_plan(name, constants, tensor.dim())
     reason = plan if isinstance(plan, str) else _selected(config, plan)
     if reason is not None:
         return reason
-    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype, scratch)
+    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype, workers)
     if isinstance(fitted, str):
         return fitted
     codes, snr = fitted

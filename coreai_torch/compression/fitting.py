@@ -15,7 +15,6 @@ few passes over the weight whatever its size; centroids start at the weighted qu
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import threading
@@ -132,19 +131,24 @@ def quantize_linear(
     *,
     symmetric: bool = True,
     scale_dtype: torch.dtype = torch.float32,
-    scratch: Scratch | None = None,
+    workers: Workers | None = None,
 ) -> tuple[LinearCodes, float]:
     """``weight`` as ``bits``-bit codes with one scale (and zero point) per block, and the
     fit's SNR in dB.  ``weight`` may be any strided view, or anything that gives float32
     views of its slices (``weight[index]``): it is read in steps of ``LINEAR_CHUNK``
-    elements, on as many threads as torch has (:func:`_in_parallel`), with the buffers of
-    ``scratch`` (default: buffers of its own).
+    elements, shared by the threads of ``workers`` (an entered :class:`Workers`; default:
+    workers of its own).
 
     Symmetric: ``scale = max|w| / (2**(bits-1) - 1)``, codes in ``[-2**(bits-1), 2**(bits-1)-1]``.
     Asymmetric: ``scale = (max - min) / (2**bits - 1)`` over the block's range widened to
     include 0, ``zero_point = round(-min / scale)``, unsigned codes.  Scales are rounded to
     ``scale_dtype`` before the codes are computed, so codes and stored scales agree.
     """
+    if workers is None:
+        with Workers() as own:
+            return quantize_linear(
+                weight, params, bits, symmetric=symmetric, scale_dtype=scale_dtype, workers=own
+            )
     params = list(params)
     shape = list(weight.shape)
     fit = _LinearFit(
@@ -159,7 +163,7 @@ def quantize_linear(
     steps = list(_chunks(shape, params, LINEAR_CHUNK))
     noise = _Noise()
     largest = max(_elements(shape, index) for index, _ in steps)
-    for signal, error in _in_parallel(fit, steps, largest, scratch or Scratch()):
+    for signal, error in workers.map(fit, steps, largest):
         noise.add_norms(signal, error)
     _return_freed_memory()
     return (
@@ -269,72 +273,69 @@ def _dense_order(tensor: torch.Tensor) -> list[int] | None:
     return order if tensor.permute(order).is_contiguous() else None
 
 
-class Scratch:
-    """The float32 scratch buffers of the fitting threads, kept from one weight to the
-    next: fresh memory costs a page fault per 4 KiB page the first time it is written,
-    more than the arithmetic on it."""
+_Step = TypeVar("_Step")
+_Result = TypeVar("_Result")
+
+
+class Workers:
+    """The threads fits share their steps among (as many as torch has intra-op threads, up to
+    ``MAX_THREADS``) and their scratch buffers, kept from one weight to the next (fresh
+    memory costs a page fault per 4 KiB page the first time it is written, more than the
+    arithmetic on it).
+
+    While entered, torch's kernels run on one thread: each fitting thread runs its own on a
+    core (torch's kernels release the GIL), and neither they nor the kernels of the thread
+    that entered (bit-packing the codes) wait at every kernel for a thread of their team that
+    another process holds, as kernels split over threads do on a busy machine."""
 
     def __init__(self) -> None:
+        self.threads = max(1, min(torch.get_num_threads(), MAX_THREADS))
         self._buffers: list[torch.Tensor] = []
+        self._before: list[int] = []
 
-    def buffers(self, count: int, elements: int) -> list[torch.Tensor]:
-        """``count`` buffers of ``[4, elements]`` float32 (one per thread)."""
+    def __enter__(self) -> Workers:
+        self._before.append(torch.get_num_threads())
+        torch.set_num_threads(1)  # threads started meanwhile take it too
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self._before.pop())
+
+    def map(
+        self, work: Callable[[_Step, torch.Tensor], _Result], steps: list[_Step], elements: int
+    ) -> list[_Result]:
+        """``[work(step, buffer) for step in steps]``, the steps shared by the threads, each
+        with a ``[4, elements]`` float32 buffer of its own."""
+        threads = min(self.threads, len(steps))
+        buffers = self._scratch(max(1, threads), elements)
+        if threads <= 1:
+            return [work(step, buffers[0]) for step in steps]
+        results: list[Any] = [None] * len(steps)
+        failed = threading.Event()
+
+        def run(first: int) -> None:
+            for i in range(first, len(steps), threads):
+                if failed.is_set():
+                    return
+                try:
+                    results[i] = work(steps[i], buffers[first])
+                except BaseException:
+                    failed.set()
+                    raise
+
+        with ThreadPoolExecutor(threads) as pool:
+            for future in [pool.submit(run, k) for k in range(threads)]:
+                future.result()
+        return results
+
+    def _scratch(self, count: int, elements: int) -> list[torch.Tensor]:
+        """``count`` buffers of ``[4, elements]`` float32."""
         while len(self._buffers) < count:
             self._buffers.append(torch.empty(0))
         for k in range(count):
             if self._buffers[k].numel() < 4 * elements:
                 self._buffers[k] = torch.empty(4 * elements)
         return [b[: 4 * elements].view(4, elements) for b in self._buffers[:count]]
-
-
-_Step = TypeVar("_Step")
-_Result = TypeVar("_Result")
-
-
-def _in_parallel(
-    work: Callable[[_Step, torch.Tensor], _Result],
-    steps: list[_Step],
-    elements: int,
-    scratch: Scratch,
-) -> list[_Result]:
-    """``[work(step, buffer) for step in steps]``, the steps shared by as many threads as
-    torch has intra-op threads (up to ``MAX_THREADS``), each with a ``[4, elements]``
-    float32 buffer of its own (from ``scratch``) and torch's kernels on one thread.
-    Torch's kernels release the GIL: the threads run on as many cores, and a thread
-    waiting for its data (a checkpoint read) or for a core another process holds does not
-    stall the others, as a kernel's own threads would."""
-    threads = min(torch.get_num_threads(), MAX_THREADS, len(steps))
-    buffers = scratch.buffers(max(1, threads), elements)
-    if threads <= 1:
-        return [work(step, buffers[0]) for step in steps]
-    results: list[Any] = [None] * len(steps)
-    failed = threading.Event()
-
-    def run(first: int) -> None:
-        for i in range(first, len(steps), threads):
-            if failed.is_set():
-                return
-            try:
-                results[i] = work(steps[i], buffers[first])
-            except BaseException:
-                failed.set()
-                raise
-
-    with _torch_threads(1), ThreadPoolExecutor(threads) as pool:
-        for future in [pool.submit(run, k) for k in range(threads)]:
-            future.result()
-    return results
-
-
-@contextlib.contextmanager
-def _torch_threads(count: int) -> Iterator[None]:
-    """Torch's intra-op threads set to ``count`` meanwhile (threads started inside take it)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------------------ palettes ---
