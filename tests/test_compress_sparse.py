@@ -118,7 +118,7 @@ def _mlp() -> nn.Module:
 
 def test_pruning_lazy_weights_keeps_no_sparse_data(tmp_path: Path) -> None:
     """Weights still in their checkpoint are read once to be pruned; the kept values and the
-    mask are pruned again while the asset is written instead of being held."""
+    mask wait in a temporary file until the asset is written instead of being held."""
     torch.manual_seed(0)
     model = _mlp().eval()
     save_file(model.state_dict(), str(tmp_path / "model.safetensors"))

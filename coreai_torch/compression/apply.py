@@ -10,6 +10,10 @@ convolution kernels, embedding lookups and the stacked expert weights of mixture
 layers (batched, or gathered per token), possibly through casts and transposes; anything else
 keeps the weight as it is, and the report says why.
 
+Weights still in their checkpoint (:mod:`coreai_torch.ir.lazy`) are read and fitted once, one
+at a time, and their codes wait in a temporary file until the asset is written
+(:class:`_Spilling`): neither the weights nor their codes are held in memory.
+
 Weights already compressed (by an earlier ``compress()`` or because the model was
 quantized with torchao) are listed as such and left alone: compressing twice would compound
 the error.  The decompressions are then placed where the runtime runs them fastest
@@ -20,9 +24,13 @@ the same passes (for models quantized with torchao).
 
 from __future__ import annotations
 
+import os
 import re
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,10 +46,11 @@ from coreai_torch.compression.config import (
     Palettization,
     Pruning,
 )
-from coreai_torch.compression.fitting import palettize, prune, quantize_linear
+from coreai_torch.compression.fitting import Workers, palettize, prune, quantize_linear
 from coreai_torch.ir import compressed, lazy
 from coreai_torch.ir.checks import verify_module
-from coreai_torch.ir.weights import WeightStore, derived_arrays, resource_name
+from coreai_torch.ir.saving import SPACE_MARGIN, free_space
+from coreai_torch.ir.weights import SpillFile, WeightStore, derived_arrays, resource_name
 from coreai_torch.passes import pipeline
 from coreai_torch.passes.pretranspose import weight_constants
 from coreai_torch.passes.weight_reads import (
@@ -172,11 +181,15 @@ def _selected(config: CompressionConfig, plan: Plan) -> str | None:
 
 
 def _fit(
-    config: CompressionConfig, weight: np.ndarray | _LazyLayout, plan: Plan, dtype: torch.dtype
+    config: CompressionConfig,
+    weight: np.ndarray | _Converted,
+    plan: Plan,
+    dtype: torch.dtype,
+    workers: Workers | None = None,
 ) -> tuple[Any, str] | str:
     """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
     configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
-    parameters of its own."""
+    parameters of its own.  ``workers``: the fitting's threads, kept between weights."""
     shape = weight.shape
     channels, reduced = shape[plan.channel_axis], shape[plan.reduction_axis]
     if isinstance(config, Pruning):
@@ -196,6 +209,7 @@ def _fit(
             config.bits,
             symmetric=config.symmetric,
             scale_dtype=config.scale_dtype or dtype,
+            workers=workers,
         )
     group = config.group_size
     if group is not None and group < channels and channels % group:
@@ -220,18 +234,23 @@ def _as_float32(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray:
     return t.permute(perm).numpy()
 
 
-class _LazyLayout:
-    """A lazy weight in its stored layout, read by the blocks fitting asks for: blocks of rows
-    of the weight as the checkpoint holds it are read alone (a 128k-row embedding or output
-    head is never whole in memory), anything else reads the whole weight once."""
+class _Converted:
+    """A weight that is not float32 in memory (a lazy weight, a half-precision one) in its
+    stored layout, converted to float32 by the slices fitting asks for: slices of a weight
+    in memory alone, blocks of rows of the weight as the checkpoint holds it alone (a
+    128k-row embedding or output head is never whole in memory), anything else from the
+    whole weight, read once.  Slices may be asked for from several threads."""
 
     def __init__(self, tensor: torch.Tensor, perm: tuple[int, ...]) -> None:
         self.tensor, self.perm = tensor, perm
         self.shape = tuple(tensor.shape[p] for p in perm)
         self.ndim = len(perm)
         self._whole: np.ndarray | None = None
+        self._lock = threading.Lock()
 
     def __getitem__(self, index: tuple[slice, ...]) -> np.ndarray:
+        if not lazy.is_lazy(self.tensor):
+            return self.tensor.detach().permute(self.perm)[index].float().numpy()
         cut = [a for a, s in enumerate(index) if s != slice(None)]
         if self._whole is None and len(cut) == 1 and self.perm[cut[0]] == 0:
             part = index[cut[0]]
@@ -242,14 +261,76 @@ class _LazyLayout:
         return np.asarray(self)[index]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        if self._whole is None:
-            self._whole = _as_float32(self.tensor, self.perm)
+        with self._lock:
+            if self._whole is None:
+                self._whole = _as_float32(self.tensor, self.perm)
         return self._whole if dtype is None else self._whole.astype(dtype, copy=False)
 
 
-def _stored(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray | _LazyLayout:
+def _stored(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray | _Converted:
     """The weight in its stored layout, as fitting reads it."""
-    return _LazyLayout(tensor, perm) if lazy.is_lazy(tensor) else _as_float32(tensor, perm)
+    if tensor.dtype == torch.float32 and not lazy.is_lazy(tensor):
+        return _as_float32(tensor, perm)
+    return _Converted(tensor, perm)
+
+
+# ------------------------------------------------------------------------------ spilling ---
+
+
+class _Spilling:
+    """Where ``compress()`` keeps the codes of lazy weights until the asset is written
+    (they are fitted once, for the report, and not held in memory): one anonymous
+    temporary file (:class:`~coreai_torch.ir.weights.SpillFile`) in the temporary
+    directory, while its file system has room for them and, beside them, for the asset
+    that holds them again.  Without room (or in a temporary directory held in memory) the
+    codes are fitted again while the asset is written."""
+
+    def __init__(self) -> None:
+        self.directory: str | None = None  # known once a weight is to be spilled
+        self.usable = True
+        self.file: SpillFile | None = None
+
+    def file_for(self, nbytes: int) -> SpillFile | None:
+        """The spill file when it has room for ``nbytes`` more (else None)."""
+        if self.directory is None:
+            self.directory = tempfile.gettempdir()
+            self.usable = not _memory_backed(self.directory)
+        if not self.usable:
+            return None
+        spilled = self.file.size if self.file is not None else 0
+        try:
+            if free_space(Path(self.directory)) < 2 * nbytes + spilled + SPACE_MARGIN:
+                return None
+            if self.file is None:
+                self.file = SpillFile(self.directory)
+        except OSError:  # a temporary directory that cannot be written
+            self.usable = False
+            return None
+        return self.file
+
+
+def _memory_backed(directory: str) -> bool:
+    """Whether ``directory`` is on a file system held in memory (Linux's tmpfs, ramfs)."""
+    try:
+        mounts = Path("/proc/self/mounts").read_text().splitlines()
+    except OSError:
+        return False
+    path = os.path.realpath(directory)
+    best, kind = "", ""
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return kind in ("tmpfs", "ramfs")
+
+
+def _array_bytes(codes: Any) -> int:
+    """Bytes of the arrays of fitted codes: at least what their constants store."""
+    return sum(v.nbytes for v in vars(codes).values() if isinstance(v, np.ndarray))
 
 
 # ------------------------------------------------------------------------------- rewrite ---
@@ -387,11 +468,17 @@ def compress(
         total = sum(
             store.by_name[r].numel() * store.by_name[r].element_size() for _, r, _, _ in candidates
         )
-        with progress_events.phase(listener, "compress", total, "bytes") as advance:
+        spilling = _Spilling()
+        with (
+            Workers() as workers,
+            progress_events.phase(listener, "compress", total, "bytes") as advance,
+        ):
             finished = 0
             for name, resource, constants, dtype in candidates:
                 tensor = store.by_name[resource]
-                entry = _compress_one(store, config, name, tensor, constants, dtype)
+                entry = _compress_one(
+                    store, config, name, tensor, constants, dtype, spilling, workers
+                )
                 if isinstance(entry, str):
                     report.skipped.append((name, entry))
                 else:
@@ -411,13 +498,15 @@ def _compress_one(
     tensor: torch.Tensor,
     constants: list[ir.Operation],
     dtype: torch.dtype,
+    spilling: _Spilling,
+    workers: Workers,
 ) -> CompressedWeight | str:
     """Compress one weight (its constants in every graph), or say why not."""
     plan = read_plan(name, constants, tensor.dim())
     reason = plan if isinstance(plan, str) else _selected(config, plan)
     if reason is not None:
         return reason
-    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype)
+    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype, workers)
     if isinstance(fitted, str):
         return fitted
     codes, snr = fitted
@@ -429,13 +518,14 @@ def _compress_one(
         return compressed.decompression(target, name, codes, dtype)  # palettes, sparse
 
     if lazy.is_lazy(tensor):
-        # keep none of the codes: the data is fitted again (the same) while it is written
+        # keep none of the codes in memory: they wait in the spill file or, without room
+        # there, the data is fitted again (the same) while the asset is written
         def refit() -> list[np.ndarray]:
             again = _fit(config, _stored(tensor, plan.perm), plan, dtype)
             assert not isinstance(again, str)
             return derived_arrays(lambda target: decompress(target, again[0]), store)
 
-        with store.deferring(refit):
+        with store.deferring(refit, spilling.file_for(_array_bytes(codes))):
             decompression = decompress(store, codes)
         del codes
     else:

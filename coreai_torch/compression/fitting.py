@@ -1,6 +1,6 @@
 """Fitting compressed codes to float weights: linear quantization per block (torch kernels
-over numpy views), palettes by weighted k-means (numpy) and magnitude pruning (the kept values
-and a mask).  ``AIProgram.compress()``
+over numpy views, in cache-sized steps on every core), palettes by weighted k-means (numpy)
+and magnitude pruning (the kept values and a mask).  ``AIProgram.compress()``
 (:mod:`coreai_torch.compression.apply`) calls these and emits the results with
 :mod:`coreai_torch.ir.compressed`.
 
@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -40,17 +43,17 @@ def _blocked(shape: Sequence[int], params: Sequence[int]) -> tuple[list[int], tu
 
 
 def _chunks(
-    shape: Sequence[int], params: Sequence[int]
+    shape: Sequence[int], params: Sequence[int], size: int = CHUNK
 ) -> Iterator[tuple[tuple[slice, ...], list[int]]]:
-    """``(index, params of the chunk)`` for slices of the weight along an axis whose every
-    index has its own parameters (so that no block spans two chunks); the same index
-    selects the chunk's parameters."""
+    """``(index, params of the chunk)`` for slices of about ``size`` elements of the weight
+    along an axis whose every index has its own parameters (so that no block spans two
+    chunks); the same index selects the chunk's parameters."""
     axis = next((a for a, (s, p) in enumerate(zip(shape, params, strict=True)) if s == p), None)
     total = int(np.prod(shape))
-    if axis is None or total <= CHUNK:
+    if axis is None or total <= size:
         yield tuple(slice(None) for _ in shape), list(params)
         return
-    step = max(1, CHUNK * shape[axis] // total)
+    step = max(1, size * shape[axis] // total)
     for start in range(0, shape[axis], step):
         index = [slice(None)] * len(shape)
         index[axis] = slice(start, start + step)
@@ -68,8 +71,12 @@ class _Noise:
 
     def add(self, weight: np.ndarray | torch.Tensor, error: np.ndarray | torch.Tensor) -> None:
         """Add a chunk of the weight and the error of its approximation (same shape)."""
-        self.signal += _norm(weight) ** 2
-        self.noise += _norm(error) ** 2
+        self.add_norms(_norm(weight), _norm(error))
+
+    def add_norms(self, weight: float, error: float) -> None:
+        """Add a chunk given by the norms of the weight and of the error."""
+        self.signal += weight**2
+        self.noise += error**2
 
     @property
     def snr_db(self) -> float:
@@ -124,58 +131,211 @@ def quantize_linear(
     *,
     symmetric: bool = True,
     scale_dtype: torch.dtype = torch.float32,
+    workers: Workers | None = None,
 ) -> tuple[LinearCodes, float]:
     """``weight`` as ``bits``-bit codes with one scale (and zero point) per block, and the
-    fit's SNR in dB.  ``weight`` may be any strided view: it is read chunk by chunk (with
-    torch's multi-threaded kernels).
+    fit's SNR in dB.  ``weight`` may be any strided view, or anything that gives float32
+    views of its slices (``weight[index]``): it is read in steps of ``LINEAR_CHUNK``
+    elements, shared by the threads of ``workers`` (an entered :class:`Workers`; default:
+    workers of its own).
 
     Symmetric: ``scale = max|w| / (2**(bits-1) - 1)``, codes in ``[-2**(bits-1), 2**(bits-1)-1]``.
     Asymmetric: ``scale = (max - min) / (2**bits - 1)`` over the block's range widened to
     include 0, ``zero_point = round(-min / scale)``, unsigned codes.  Scales are rounded to
     ``scale_dtype`` before the codes are computed, so codes and stored scales agree.
     """
+    if workers is None:
+        with Workers() as own:
+            return quantize_linear(
+                weight, params, bits, symmetric=symmetric, scale_dtype=scale_dtype, workers=own
+            )
     params = list(params)
     shape = list(weight.shape)
-    scale = np.empty(params, np.float32)
-    zero_point = None if symmetric else np.empty(params, np.int32)
-    codes = np.empty(shape, np.int8 if symmetric else np.uint8)
-    high = (1 << (bits - 1)) - 1 if symmetric else (1 << bits) - 1
+    fit = _LinearFit(
+        weight,
+        bits,
+        symmetric,
+        scale_dtype,
+        codes=np.empty(shape, np.int8 if symmetric else np.uint8),
+        scale=np.empty(params, np.float32),
+        zero_point=None if symmetric else np.empty(params, np.int32),
+    )
+    steps = list(_chunks(shape, params, LINEAR_CHUNK))
     noise = _Noise()
-    # chunk-sized scratch tensors, reused by every chunk: no allocation per step (which
-    # fragments the heap: the process would keep a third of the weights' size more)
-    scratch = torch.empty(3, min(CHUNK, max(1, math.prod(shape))))
-    for index, p in _chunks(shape, params):
-        w = torch.from_numpy(np.asarray(weight[index], dtype=np.float32))
-        split, inner = _blocked(w.shape, p)
+    largest = max(_elements(shape, index) for index, _ in steps)
+    for signal, error in workers.map(fit, steps, largest):
+        noise.add_norms(signal, error)
+    _return_freed_memory()
+    return (
+        LinearCodes(fit.codes, bits, fit.scale, fit.zero_point, signed=symmetric),
+        noise.snr_db,
+    )
+
+
+#: weight elements per step of :func:`quantize_linear`: the step's float32 temporaries stay
+#: in a core's cache (memory traffic, not arithmetic, bounds the fit: steps of 4M elements
+#: take 1.5x longer)
+LINEAR_CHUNK = 1 << 18
+#: threads fitting at most (each runs torch's kernels on one core; Python's share of a step
+#: would serialise more)
+MAX_THREADS = 8
+
+
+class _LinearFit:
+    """One step of :func:`quantize_linear`: the codes, scales (and zero points) of a slice
+    of the weight, written into the whole weight's arrays."""
+
+    def __init__(
+        self,
+        weight: np.ndarray,
+        bits: int,
+        symmetric: bool,
+        scale_dtype: torch.dtype,
+        *,
+        codes: np.ndarray,
+        scale: np.ndarray,
+        zero_point: np.ndarray | None,
+    ) -> None:
+        self.weight, self.symmetric, self.scale_dtype = weight, symmetric, scale_dtype
+        self.high = (1 << (bits - 1)) - 1 if symmetric else (1 << bits) - 1
+        self.codes, self.scale, self.zero_point = codes, scale, zero_point
+
+    def __call__(
+        self, step: tuple[tuple[slice, ...], list[int]], scratch: torch.Tensor
+    ) -> tuple[float, float]:
+        """Fit the slice ``step`` (index, its parameters' shape); ``scratch``: ``[4, n]``
+        float32 for the step's temporaries.  Returns the slice's ``(‖w‖, ‖w - ŵ‖)``."""
+        index, params = step
+        w = torch.from_numpy(np.asarray(self.weight[index], dtype=np.float32))
         size = w.numel()
-        if w.is_contiguous():
-            blocks = w.view(split)
-        else:  # a strided view of the weight (read transposed): gathered into the scratch
-            blocks = scratch[0, :size].view(w.shape).copy_(w).view(split)
+        order = _dense_order(w)
+        if order is None:  # not a permutation of a dense block: gathered into the scratch
+            w = scratch[0, :size].view(w.shape).copy_(w)
+            order = list(range(w.dim()))
+        # computed in the order the slice's elements lie in memory (a weight stored
+        # transposed is read by rows): the blocks are the same, only the loops differ
+        w = w.permute(order)
+        params = [params[a] for a in order]
+        codes = torch.from_numpy(self.codes[index])
+        scale = torch.from_numpy(self.scale[index]).permute(order)
+        split, inner = _blocked(w.shape, params)
+        blocks = w.view(split)
         q, error = scratch[1, :size].view(split), scratch[2, :size].view(split)
-        if symmetric:
-            s = blocks.abs().amax(dim=inner, keepdim=True) / high
+        high = self.high
+        if self.symmetric:
+            s = torch.abs(blocks, out=q).amax(dim=inner, keepdim=True) / high
         else:
             lo = blocks.amin(dim=inner, keepdim=True).clamp_(max=0)
             hi = blocks.amax(dim=inner, keepdim=True).clamp_(min=0)
             s = (hi - lo) / high
-        s = s.to(scale_dtype).float()
+        s = s.to(self.scale_dtype).float()
         s[s == 0] = 1.0  # an all-zero block (or a scale below the storage precision)
-        torch.round(torch.div(blocks, s, out=q), out=q)
-        scale[index] = s.reshape(p).numpy()
-        if symmetric:
+        torch.div(blocks, s, out=q).round_()
+        scale.copy_(s.view(params))
+        if self.symmetric:
             q.clamp_(-high - 1, high)
             torch.addcmul(blocks, q, s, value=-1, out=error)
         else:
             zp = torch.round(-lo / s).clamp_(0, high)
-            zero_point[index] = zp.reshape(p).numpy()  # type: ignore[index]
+            assert self.zero_point is not None
+            torch.from_numpy(self.zero_point[index]).permute(order).copy_(zp.view(params))
             q.add_(zp).clamp_(0, high)
             torch.addcmul(blocks, torch.sub(q, zp, out=error), s, value=-1, out=error)
-        noise.add(blocks, error)
-        torch.from_numpy(codes[index]).copy_(q.view(w.shape))
-    del scratch
-    _return_freed_memory()
-    return LinearCodes(codes, bits, scale, zero_point, signed=symmetric), noise.snr_db
+        staged = scratch[3].view(codes.dtype)  # the codes, before they are laid out
+        _write(codes, staged[:size].view(w.shape).copy_(q.view(w.shape)), order, staged[size:])
+        return _norm(blocks), _norm(error)
+
+
+def _write(
+    target: torch.Tensor, values: torch.Tensor, order: list[int], staging: torch.Tensor
+) -> None:
+    """``target[...] = values.permute(inverse of order)``: through a contiguous block of
+    ``staging`` (of ``values``'s dtype) when ``target`` is a strided slice (torch transposes
+    2-D blocks a cache-sized tile at a time only into contiguous memory)."""
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    values = values.permute(inverse)
+    if target.is_contiguous() or values.is_contiguous():
+        target.copy_(values)
+    else:
+        target.copy_(staging[: values.numel()].view(values.shape).copy_(values))
+
+
+def _elements(shape: Sequence[int], index: tuple[slice, ...]) -> int:
+    """Elements of ``weight[index]`` (at least 1), ``weight`` of ``shape``."""
+    sizes = [len(range(*part.indices(n))) for n, part in zip(shape, index, strict=True)]
+    return max(1, math.prod(sizes))
+
+
+def _dense_order(tensor: torch.Tensor) -> list[int] | None:
+    """The permutation of ``tensor``'s axes that makes it contiguous (axes by decreasing
+    stride), or None if none does."""
+    order = sorted(range(tensor.dim()), key=lambda a: -tensor.stride(a))
+    return order if tensor.permute(order).is_contiguous() else None
+
+
+_Step = TypeVar("_Step")
+_Result = TypeVar("_Result")
+
+
+class Workers:
+    """The threads fits share their steps among (as many as torch has intra-op threads, up to
+    ``MAX_THREADS``) and their scratch buffers, kept from one weight to the next (fresh
+    memory costs a page fault per 4 KiB page the first time it is written, more than the
+    arithmetic on it).
+
+    While entered, torch's kernels run on one thread: each fitting thread runs its own on a
+    core (torch's kernels release the GIL), and neither they nor the kernels of the thread
+    that entered (bit-packing the codes) wait at every kernel for a thread of their team that
+    another process holds, as kernels split over threads do on a busy machine."""
+
+    def __init__(self) -> None:
+        self.threads = max(1, min(torch.get_num_threads(), MAX_THREADS))
+        self._buffers: list[torch.Tensor] = []
+        self._before: list[int] = []
+
+    def __enter__(self) -> Workers:
+        self._before.append(torch.get_num_threads())
+        torch.set_num_threads(1)  # threads started meanwhile take it too
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self._before.pop())
+
+    def map(
+        self, work: Callable[[_Step, torch.Tensor], _Result], steps: list[_Step], elements: int
+    ) -> list[_Result]:
+        """``[work(step, buffer) for step in steps]``, the steps shared by the threads, each
+        with a ``[4, elements]`` float32 buffer of its own."""
+        threads = min(self.threads, len(steps))
+        buffers = self._scratch(max(1, threads), elements)
+        if threads <= 1:
+            return [work(step, buffers[0]) for step in steps]
+        results: list[Any] = [None] * len(steps)
+        failed = threading.Event()
+
+        def run(first: int) -> None:
+            for i in range(first, len(steps), threads):
+                if failed.is_set():
+                    return
+                try:
+                    results[i] = work(steps[i], buffers[first])
+                except BaseException:
+                    failed.set()
+                    raise
+
+        with ThreadPoolExecutor(threads) as pool:
+            for future in [pool.submit(run, k) for k in range(threads)]:
+                future.result()
+        return results
+
+    def _scratch(self, count: int, elements: int) -> list[torch.Tensor]:
+        """``count`` buffers of ``[4, elements]`` float32."""
+        while len(self._buffers) < count:
+            self._buffers.append(torch.empty(0))
+        for k in range(count):
+            if self._buffers[k].numel() < 4 * elements:
+                self._buffers[k] = torch.empty(4 * elements)
+        return [b[: 4 * elements].view(4, elements) for b in self._buffers[:count]]
 
 
 # ------------------------------------------------------------------------------ palettes ---

@@ -184,10 +184,7 @@ def check_free_space(path: Path, module: ir.Module, weights: WeightStore | None)
     the asset's weights need, before anything is written (an asset that replaces another
     counts the room the old one frees)."""
     needed = weight_bytes(module, weights) + SPACE_MARGIN
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
+    free = free_space(path)
     if path.is_dir():
         free += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
     if free < needed:
@@ -197,6 +194,14 @@ def check_free_space(path: Path, module: ir.Module, weights: WeightStore | None)
             f"system of '{path}' has {free / 2**30:.2f} GiB free; free some space or save "
             "it elsewhere",
         )
+
+
+def free_space(path: Path) -> int:
+    """Bytes free on the file system of ``path`` (of its nearest existing parent)."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return shutil.disk_usage(existing).free
 
 
 def save_in_process(

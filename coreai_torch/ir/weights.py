@@ -17,7 +17,9 @@ model needs no second copy of its weights.  Whatever else reads constants' data 
 must see the real data: :meth:`WeightStore.materialize` fills the placeholders in place (one
 copy, as an eager transpose would make), and ``AIProgram.mlir_module`` calls it.  A transposed
 weight whose constants a later pass replaced (``compress()``) is dropped instead
-(:meth:`WeightStore.prune`), never made.
+(:meth:`WeightStore.prune`), never made.  The compressed codes of a weight still in its
+checkpoint are not held either: they wait in a temporary file (:class:`SpillFile`), or are
+computed again, until they are written (:meth:`WeightStore.deferring`).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import itertools
 import mmap
 import os
 import re
+import tempfile
 import weakref
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -196,15 +199,71 @@ class PendingLazy(PendingData):
             self._whole = None
 
 
-class _Recipe:
-    """Recomputes the derived buffers of one weight (its compressed codes, scales, ...) when
-    the first of them is needed, and lets them go once all are written."""
+class SpillFile:
+    """An anonymous temporary file holding buffers until they are needed: written once,
+    read back by ranges with ``pread`` (no memory map, so its pages are the system's page
+    cache, never the process's memory).  Closed, and its space freed, when nothing refers
+    to it any more."""
 
-    def __init__(self, compute: Callable[[], list[np.ndarray]], context: ir.Context) -> None:
+    def __init__(self, directory: str | None = None) -> None:
+        # closed by the finalizer, once nothing refers to the spill file
+        self._file = tempfile.TemporaryFile(dir=directory, buffering=0)  # noqa: SIM115
+        self._fd = self._file.fileno()
+        self._closer = weakref.finalize(self, self._file.close)
+        #: bytes written
+        self.size = 0
+
+    def write(self, data: np.ndarray) -> int:
+        """Append ``data``'s bytes; returns where they start.  ``OSError`` when they cannot be
+        written (nothing is then counted as written)."""
+        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        offset, done = self.size, 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], offset + done)
+        self.size += len(view)
+        return offset
+
+    def read_into(self, offset: int, out: torch.Tensor) -> None:
+        """``out``'s bytes (a contiguous tensor) from ``offset``."""
+        view = memoryview(out.view(torch.uint8).numpy().reshape(-1))
+        done = 0
+        while done < len(view):
+            count = os.preadv(self._fd, [view[done:]], offset + done)
+            if count <= 0:
+                raise OSError(f"the temporary file of derived constants ends at {offset + done}")
+            done += count
+
+    def close(self) -> None:
+        """Close the file now (its buffers can no longer be read)."""
+        self._closer()
+
+
+class _Recipe:
+    """Makes the derived buffers of one weight (its compressed codes, scales, ...) when they
+    are needed: those written to a :class:`SpillFile` are read back, the others computed
+    again (all at once, when the first of them is needed, and let go once all are written)."""
+
+    def __init__(
+        self,
+        compute: Callable[[], list[np.ndarray]],
+        context: ir.Context,
+        spill: SpillFile | None = None,
+    ) -> None:
         self.compute = compute
         self.context = context
+        self.spill = spill
         self.arrays: list[np.ndarray] | None = None
         self.waiting: set[int] = set()
+
+    def keep(self, data: np.ndarray) -> int | None:
+        """Where ``data`` went in the spill file, or None (no file, or it could not be
+        written: the buffer is computed again)."""
+        if self.spill is None:
+            return None
+        try:
+            return self.spill.write(data)
+        except OSError:
+            return None
 
     def array(self, index: int) -> np.ndarray:
         if self.arrays is None:
@@ -222,25 +281,32 @@ class _Recipe:
 
 @dataclass
 class PendingDerived(PendingData):
-    """A derived buffer (:meth:`WeightStore.derived`) computed again when it is needed, from a
-    lazy weight: see :meth:`WeightStore.deferring`."""
+    """A derived buffer (:meth:`WeightStore.derived`) made when it is needed, from a lazy
+    weight: read back from the spill file at ``offset``, or (None) computed again.  See
+    :meth:`WeightStore.deferring`."""
 
     name: str
     tag: bytes
     placeholder: torch.Tensor
     recipe: _Recipe
     index: int
+    offset: int | None = None
 
     def fill(self, first: int, out: torch.Tensor) -> None:
+        count = out.numel() * out.element_size()
+        start = first * self.row_bytes
+        target = out.view(torch.uint8).reshape(-1)
+        if self.offset is not None:
+            assert self.recipe.spill is not None
+            self.recipe.spill.read_into(self.offset + start, target)
+            return
         data = self.recipe.array(self.index)
         if data.size != self.nbytes:
             raise RuntimeError(
                 f"derived constant '{self.name}' was computed again with {data.size} bytes "
                 f"instead of {self.nbytes}: its computation is not deterministic"
             )
-        count = out.numel() * out.element_size()
-        start = first * self.row_bytes
-        out.view(torch.uint8).reshape(-1).copy_(torch.from_numpy(data[start : start + count]))
+        target.copy_(torch.from_numpy(data[start : start + count]))
         if start + count >= self.nbytes:
             self.recipe.done(self.index)
 
@@ -502,19 +568,24 @@ class WeightStore:
                 tag, placeholder = self._new_placeholder(
                     torch.empty(buffer.size, dtype=torch.uint8)
                 )
-                self.pending[tag] = PendingDerived(unique, tag, placeholder, recipe, index)
-                recipe.waiting.add(index)
+                offset = recipe.keep(buffer)
+                self.pending[tag] = PendingDerived(unique, tag, placeholder, recipe, index, offset)
+                if offset is None:
+                    recipe.waiting.add(index)
                 buffer = placeholder.numpy()
         self.derived_by_name[unique] = buffer
         return ir.DenseResourceElementsAttr.get_from_buffer(buffer, unique, tensor_type)
 
     @contextlib.contextmanager
-    def deferring(self, compute: Callable[[], list[np.ndarray]]) -> Iterator[None]:
-        """Inside the block, the buffers handed to :meth:`derived` are not kept: their
-        resources hold placeholders, and ``compute()`` (which must return the same buffers,
-        in the same order) makes them again when they are needed.  How a lazy weight is
-        stored compressed without holding its codes until the asset is written."""
-        self._recipe = _Recipe(compute, ir.Context.current)
+    def deferring(
+        self, compute: Callable[[], list[np.ndarray]], spill: SpillFile | None = None
+    ) -> Iterator[None]:
+        """Inside the block, the buffers handed to :meth:`derived` are not kept in memory:
+        their resources hold placeholders, filled when they are needed from ``spill``, where
+        they are written now, or (no file, or no room in it) by ``compute()``, which must
+        return the same buffers in the same order.  How a lazy weight is stored compressed
+        without holding its codes until the asset is written, and fitted once."""
+        self._recipe = _Recipe(compute, ir.Context.current, spill)
         self._recipe_count = 0
         try:
             yield
