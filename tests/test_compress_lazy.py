@@ -83,6 +83,16 @@ def _bytecode(program: Any, path: Path, **options: Any) -> bytes:
     return (path / "main.mlirb").read_bytes()
 
 
+def _streamed_and_expected(tmp_path: Path, fits: list[tuple[int, ...]]) -> tuple[Any, bytes]:
+    """The streamed program (not compressed yet) and the bytecode of the in-memory one,
+    compressed; ``fits`` is cleared of the in-memory fits."""
+    streamed, in_memory = _programs(tmp_path)
+    in_memory.compress(CONFIG)
+    expected = _bytecode(in_memory.optimize(), tmp_path / "m.aimodel")
+    fits.clear()
+    return streamed, expected
+
+
 def _derived(program: Any) -> list[PendingDerived]:
     return [e for e in program.weights.pending.values() if isinstance(e, PendingDerived)]
 
@@ -123,10 +133,7 @@ def test_the_spill_file_is_released_with_the_program(tmp_path: Path) -> None:
 def test_without_room_for_the_spill_file_the_codes_are_fitted_again(
     tmp_path: Path, fits: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    streamed, in_memory = _programs(tmp_path)
-    in_memory.compress(CONFIG)
-    expected = _bytecode(in_memory.optimize(), tmp_path / "m.aimodel")
-    fits.clear()
+    streamed, expected = _streamed_and_expected(tmp_path, fits)
 
     monkeypatch.setattr(apply, "free_space", lambda path: 0)
     streamed.compress(CONFIG)
@@ -138,10 +145,7 @@ def test_without_room_for_the_spill_file_the_codes_are_fitted_again(
 def test_a_spill_file_that_cannot_be_written_falls_back_to_fitting_again(
     tmp_path: Path, fits: list[tuple[int, ...]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    streamed, in_memory = _programs(tmp_path)
-    in_memory.compress(CONFIG)
-    expected = _bytecode(in_memory.optimize(), tmp_path / "m.aimodel")
-    fits.clear()
+    streamed, expected = _streamed_and_expected(tmp_path, fits)
 
     write = SpillFile.write
     written: list[int] = []
