@@ -28,6 +28,13 @@ from coreai_torch.bundles.convention import (
     classify_states,
     detect_structure,
 )
+from coreai_torch.bundles.driver import (
+    FRESH_MEMORY,
+    PipelinedEngine,
+    SequentialEngine,
+    StaticShapeEngine,
+    open_engine,
+)
 from coreai_torch.bundles.manifest import (
     METADATA_VERSION,
     DiffusionConfig,
@@ -48,6 +55,7 @@ from coreai_torch.bundles.writer import (
 from coreai_torch.errors import BundleError, BundleNotFoundError, CallingConventionError
 
 __all__ = [
+    "FRESH_MEMORY",
     "METADATA_VERSION",
     "AssetMetadata",
     "Bundle",
@@ -58,7 +66,10 @@ __all__ = [
     "FunctionSignature",
     "LanguageConfig",
     "Manifest",
+    "PipelinedEngine",
     "SchedulerDefaults",
+    "SequentialEngine",
+    "StaticShapeEngine",
     "TensorSpec",
     "TokenizerInfo",
     "VisionConfig",
@@ -71,6 +82,7 @@ __all__ = [
     "function_signatures",
     "language_config_from_hf",
     "metadata_from_model_dir",
+    "open_engine",
     "read_asset_metadata",
     "read_tokenizer",
     "resolve_asset_path",
