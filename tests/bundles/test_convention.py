@@ -108,7 +108,7 @@ def test_the_convention_itself_passes() -> None:
 def test_a_decoder_breaking_the_convention_is_refused(
     function: FunctionSignature, message: str
 ) -> None:
-    with pytest.raises(CallingConventionError, match="m.aimodel") as error:
+    with pytest.raises(CallingConventionError, match=r"m\.aimodel") as error:
         check(function)
     assert message in str(error.value)
 

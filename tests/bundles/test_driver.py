@@ -182,6 +182,8 @@ def test_open_engine_picks_the_apps_engine(bundles: dict) -> None:
 
 
 def test_generation_past_the_context_is_refused(bundles: dict) -> None:
-    with PipelinedEngine(bundles["small"], stop_token_ids=()) as engine:
-        with pytest.raises(BundleError, match="context length exceeded"):
-            engine.generate(long_prompt(300), 4)
+    with (
+        PipelinedEngine(bundles["small"], stop_token_ids=()) as engine,
+        pytest.raises(BundleError, match="context length exceeded"),
+    ):
+        engine.generate(long_prompt(300), 4)

@@ -186,7 +186,7 @@ def test_llm_manifest_errors_name_the_key(path: str, value: Any, message: str) -
     data = APPLE_LLM
     if path == "language.prefill_chunk_size":
         data = _with(data, "language.prefill_chunk_threshold", 1024)
-    with pytest.raises(BundleError, match="metadata.json") as error:
+    with pytest.raises(BundleError, match=r"metadata\.json") as error:
         Manifest.from_json(_with(data, path, value))
     assert message in str(error.value)
 
@@ -229,7 +229,7 @@ def test_diffusion_manifest_errors(path: str, value: Any, message: str) -> None:
 
 
 def test_manifest_built_in_code_is_validated_with_the_same_rules() -> None:
-    with pytest.raises(BundleError, match="language.vocab_size must be an integer"):
+    with pytest.raises(BundleError, match=r"language\.vocab_size must be an integer"):
         Manifest("llm", "m", {"main": "m.aimodel"}, LanguageConfig("t", 10.0, 64)).validate()
     with pytest.raises(BundleError, match="language is missing"):
         Manifest("llm", "m", {"main": "m.aimodel"}).validate()

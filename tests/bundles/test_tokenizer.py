@@ -112,7 +112,7 @@ def test_read_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
     config = json.loads(config_path.read_text())
     del config["tokenizer_class"]
     config_path.write_text(json.dumps(config))
-    with pytest.raises(BundleError, match="no tokenizer_class.*missingTokenizerClassInConfig"):
+    with pytest.raises(BundleError, match=r"no tokenizer_class.*missingTokenizerClassInConfig"):
         read_tokenizer(tmp_path)
     config["tokenizer_class"] = "SentencePieceThing"
     config_path.write_text(json.dumps(config))
@@ -124,5 +124,5 @@ def test_a_slow_only_tokenizer_directory_is_converted_or_refused(tmp_path: Path)
     source = tmp_path / "src"
     source.mkdir()
     (source / "tokenizer_config.json").write_text('{"tokenizer_class": "GPT2Tokenizer"}')
-    with pytest.raises(BundleError, match="has no tokenizer.json"):
+    with pytest.raises(BundleError, match=r"has no tokenizer\.json"):
         write_tokenizer(tmp_path / "t", source)

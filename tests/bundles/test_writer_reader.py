@@ -163,13 +163,13 @@ def test_write_bundle_argument_errors(tmp_path: Path, assets: Path, model_dirs: 
         "llm", "m", language=bundle_language(), assets={"main": "m.aimodel", "vision": "v.aimodel"}
     )
     with pytest.raises(
-        BundleError, match="assets.vision names 'v.aimodel', which nothing provides"
+        BundleError, match=r"assets\.vision names 'v\.aimodel', which nothing provides"
     ):
         write_bundle(tmp_path / "x", manifest, {"main": asset}, tokenizer=model_dirs["qwen"])
     manifest = Manifest("llm", "m", language=bundle_language())
     with pytest.raises(BundleError, match="embedded_tokenizer is true but no tokenizer"):
         write_bundle(tmp_path / "x", manifest, {"main": asset})
-    with pytest.raises(BundleError, match="not the .aimodel itself"):
+    with pytest.raises(BundleError, match=r"not the \.aimodel itself"):
         write_bundle(tmp_path / "x.aimodel", manifest, {"main": asset})
     with pytest.raises(BundleError, match="must be a path inside the bundle"):
         write_bundle(tmp_path / "x", manifest, {"main": asset}, files={"/etc/x": asset})
@@ -207,7 +207,7 @@ def test_load_errors_name_the_file_and_the_fix(bundle: Path, tmp_path: Path) -> 
         Bundle.load(tmp_path / "nowhere")
     (tmp_path / "checkpoint").mkdir()
     (tmp_path / "checkpoint" / "config.json").write_text("{}")
-    with pytest.raises(BundleNotFoundError, match="missingMetadata.*holds config.json"):
+    with pytest.raises(BundleNotFoundError, match=r"missingMetadata.*holds config\.json"):
         Bundle.load(tmp_path / "checkpoint")
     (bundle / "metadata.json").write_text("{not json")
     with pytest.raises(BundleError, match="is not valid JSON"):
@@ -216,7 +216,7 @@ def test_load_errors_name_the_file_and_the_fix(bundle: Path, tmp_path: Path) -> 
 
 def test_a_manifest_naming_an_absent_asset(bundle: Path) -> None:
     _edit_manifest(bundle, assets={"main": "other.aimodel"})
-    with pytest.raises(BundleNotFoundError, match="asset 'main' not found at .*other.aimodel"):
+    with pytest.raises(BundleNotFoundError, match=r"asset 'main' not found at .*other\.aimodel"):
         Bundle.load(bundle)
 
 
@@ -230,7 +230,7 @@ def test_a_compiled_asset_is_found_but_not_checked(bundle: Path) -> None:
 def test_a_symlinked_asset_is_refused(bundle: Path, tmp_path: Path) -> None:
     shutil.move(bundle / "b.aimodel", tmp_path / "elsewhere.aimodel")
     os.symlink(tmp_path / "elsewhere.aimodel", bundle / "b.aimodel")
-    with pytest.raises(BundleError, match="symbolic link.*does not follow"):
+    with pytest.raises(BundleError, match=r"symbolic link.*does not follow"):
         Bundle.load(bundle)
 
 
@@ -258,7 +258,7 @@ def test_tokenizer_problems_at_load(bundle: Path) -> None:
 def test_an_asset_breaking_the_convention_is_refused_at_load(bundle: Path, tmp_path: Path) -> None:
     shutil.rmtree(bundle / "b.aimodel")
     _bad_program().save_asset(bundle / "b.aimodel")
-    with pytest.raises(CallingConventionError, match="b.aimodel: function 'main': input 0"):
+    with pytest.raises(CallingConventionError, match=r"b\.aimodel: function 'main': input 0"):
         Bundle.load(bundle)
     assert Bundle.load(bundle, check_assets=False).structure is None
 
