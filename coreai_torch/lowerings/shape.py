@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.ir.values import (
@@ -437,6 +438,22 @@ def copy(cx: LoweringContext, self: ir.Value, src: ir.Value, non_blocking: bool 
     dtype = dtype_of(self)
     value = cast(wrap_integer(src, dtype), dtype)
     if None in shape_of(self):
+        if _same_shapes(cx.node.args[0], cx.node.args[1]):
+            return refine(value, shape_of(self))  # no broadcast (its shape would be read)
         sizes = [dim_size(self, d) for d in range(rank_of(self))]
         return broadcast_dynamic(value, sizes, shape_of(self))
     return broadcast_to(value, static_shape(cx, self))
+
+
+def _same_shapes(a: object, b: object) -> bool:
+    """Whether the FX values ``a`` and ``b`` are known (from the export's symbolic shapes) to
+    have the same shape, runtime sizes included."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    left = getattr(a, "meta", {}).get("val")
+    right = getattr(b, "meta", {}).get("val")
+    if not isinstance(left, torch.Tensor) or not isinstance(right, torch.Tensor):
+        return False
+    return left.dim() == right.dim() and all(
+        statically_known_true(x == y) for x, y in zip(left.shape, right.shape, strict=True)
+    )

@@ -25,6 +25,7 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
+    index_value,
     is_symbolic,
     normalize_dim,
     rank_of,
@@ -82,6 +83,35 @@ def slice_axis(
     if not runtime and size is None:
         return out
     return refine(out, [*shape[:axis], size, *shape[axis + 1 :]])
+
+
+def slice_bound(bound: Size | None, size: Size, default: Size) -> Size:
+    """A bound of ``x[start:end]`` along a dim of ``size`` elements with Python's rules
+    (``None`` is ``default``, negative counts from the end, clamped to ``[0, size]``): an int
+    when it is known at conversion time, else a runtime si32 value of one element
+    (:func:`bound_vector`)."""
+    if bound is None:
+        return default
+    if isinstance(bound, int) and isinstance(size, int):
+        return slice(bound, None).indices(size)[0]
+    if isinstance(bound, int) and bound >= INT32_MAX:
+        return size  # "to the end"
+    if bound == 0:
+        return 0
+    i, n = bound_vector(bound), bound_vector(size)
+    if isinstance(bound, int) and bound > 0:
+        return cai.minimum(i, n)
+    zero = cai.constant(np.zeros(1, np.int32))
+    wrapped = cai.where(cai.greater(zero, i), cai.add(i, n), i)
+    return cai.minimum(cai.maximum(wrapped, zero), n)
+
+
+def bound_vector(size: Size) -> ir.Value:
+    """A size or index as a 1-D si32 value of one element (the pieces shape operands are
+    concatenated from; runtime bound arithmetic stays in this form)."""
+    if isinstance(size, ir.Value) and shape_of(size) == [1]:
+        return cast(size, torch.int32)
+    return cai.reshape(index_value(size), i32([1]))
 
 
 def slice_region(x: ir.Value, sizes: Sequence[Size]) -> ir.Value:
