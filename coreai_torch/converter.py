@@ -23,7 +23,12 @@ from coreai_torch.frontend.export import check_decomposed
 from coreai_torch.frontend.externalize import prepare_externalization
 from coreai_torch.frontend.fusions import fuse_patterns
 from coreai_torch.frontend.half_precision import to_half
-from coreai_torch.frontend.precision_checks import check_selectors, range_policy, sample_args_for
+from coreai_torch.frontend.precision_checks import (
+    RangeCheck,
+    check_selectors,
+    plan_range_check,
+    range_policy,
+)
 from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
 from coreai_torch.importer.externalized import import_externalized
 from coreai_torch.importer.graph import (
@@ -72,6 +77,9 @@ class ConversionStats:
     seconds: dict[str, float] = field(default_factory=dict)
     verify_seconds: float = 0.0
     weight_bytes: int = 0
+    #: half precision: the activation range check of each entry point (included in
+    #: ``seconds``), see ``TorchConverter(check_range=...)``
+    range_checks: dict[str, RangeCheck] = field(default_factory=dict)
 
 
 def _check_entrypoint_name(name: object) -> str:
@@ -106,13 +114,16 @@ class TorchConverter:
     whatever ``keep_fp32_ops`` (``{"aten::mm"}``), ``keep_fp32_modules`` (module paths,
     class names or classes: ``["lm_head", LlamaRMSNorm]``) and ``keep_fp32`` (a predicate on
     the FX node) select; a selector naming no op or module of the program is an error.
-    Weights beyond the half type's range stay in float32 (with a warning), and
-    ``check_range=sample_inputs`` (forward() arguments; a dict per entry point when there are
-    several) runs the float32 program once and keeps the nodes whose values overflow the half
-    type in float32.  Inputs and outputs keep their dtypes unless ``io_dtype`` says
-    otherwise.  The default, ``torch.float32``, converts the program as exported.  Products
-    of 16-bit operands accumulate in float32 like ATen's (``fp32_accumulation=False``: in
-    16 bits).
+    Weights beyond the half type's range stay in float32 (with a warning), and the float32
+    program runs once on the ``torch.export`` program's example inputs (when its weights take
+    at most ``precision_checks.AUTO_MAX_WEIGHT_BYTES``, for at most ``AUTO_MAX_SECONDS``) to
+    keep the nodes whose values overflow the half type in float32 (with a warning naming
+    them): ``check_range=sample_inputs`` (forward() arguments; a dict per entry point when
+    there are several) runs it on those instead, ``True`` on the example inputs whatever it
+    costs, ``False`` not at all (``last_stats.range_checks`` says what ran).  Inputs and
+    outputs keep their dtypes unless ``io_dtype`` says otherwise.  The default,
+    ``torch.float32``, converts the program as exported.  Products of 16-bit operands
+    accumulate in float32 like ATen's (``fp32_accumulation=False``: in 16 bits).
     """
 
     def __init__(
@@ -127,11 +138,13 @@ class TorchConverter:
         keep_fp32: NodePredicate | None = None,
         fp32_islands: bool = True,
         fp32_accumulation: bool = True,
-        check_range: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
+        check_range: Sequence[Any] | Mapping[str, Sequence[Any]] | bool | None = None,
     ) -> None:
         self.fold_constants = fold_constants
-        #: sample inputs a half-precision conversion runs the float32 program on, keeping the
-        #: nodes whose values leave the half type's range in float32 (``docs/precision.md``)
+        #: the inputs a half-precision conversion runs the float32 program on, keeping the
+        #: nodes whose values leave the half type's range in float32 (``docs/precision.md``):
+        #: None the exported programs' example inputs (within a cost cap), True the same
+        #: without the cap, False none, or sample inputs
         self.check_range = check_range
         self.aten_composites = aten_composites
         #: the precision policy (``coreai_torch.precision.Precision``)
@@ -144,7 +157,7 @@ class TorchConverter:
             fp32_islands=fp32_islands,
             fp32_accumulation=fp32_accumulation,
         )
-        if check_range is not None and not self.precision.is_half:
+        if check_range not in (None, False, True) and not self.precision.is_half:
             raise ValueError(
                 "check_range= is for half-precision conversions: it keeps in float32 the "
                 "nodes whose values leave the half type's range; give compute_precision='fp16' "
@@ -436,7 +449,7 @@ class TorchConverter:
                     check_complex(
                         staged.exported_program, name, user_lowered=self._lowerings.is_own_node
                     )
-                    imported[name] = self._import(builder, staged)
+                    imported[name] = self._import(builder, staged, stats, progress)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()
                 pipeline.run(
@@ -466,15 +479,34 @@ class TorchConverter:
         program.precision = self.precision
         return program
 
-    def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> StagedProgram:
+    def _import(
+        self,
+        builder: ProgramBuilder,
+        staged: StagedProgram,
+        stats: ConversionStats,
+        progress: Any = None,
+    ) -> StagedProgram:
         """Import one staged program; returns it as converted (in half precision: the
         rewritten program and its signature)."""
         if self.precision.is_half:
-            sample = sample_args_for(self.check_range, staged.entrypoint, list(self._staged))
+            name = staged.entrypoint
+            check = plan_range_check(
+                self.check_range, staged.exported_program, name, self.entrypoints
+            )
+            if check is not None:
+                stats.range_checks[name] = check
+
+            def report(done: int, total: int) -> None:
+                if progress is not None:
+                    progress.update(f"range check {name}", done, total, "nodes run")
+
+            policy = range_policy(
+                staged.exported_program, self.precision, check=check, progress=report
+            )
             ep, signature = to_half(
                 staged.exported_program,
                 staged.signature,
-                range_policy(staged.exported_program, self.precision, sample),
+                policy,
                 builder.half_weights,
                 usable=self._lowerings.is_free_of_own_rules,
             )
