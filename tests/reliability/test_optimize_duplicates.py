@@ -1,10 +1,12 @@
-"""``AIProgram.optimize()`` never makes a program read its weights more often.
+"""``AIProgram.optimize()`` never makes a program read its weights more often, and
+``compress()`` covers every weight in either order.
 
 Core AI's rewrite folds a per-channel scale of a convolution's result into the kernel even when
 the result is read elsewhere too (PReLU after a convolution, as in MTCNN): every convolution
 then ran twice, on an anonymous scaled copy of its kernel that made the asset larger and that
 ``compress()`` after ``optimize()`` left in float32.  ``coreai_torch.passes.safe_rewrite``
-guards against it.
+guards against it; the kernels the rewrite does fold (batch norm) are named after their weight
+(``coreai_torch.passes.folded_weights``), so ``compress()`` finds them.
 """
 
 from __future__ import annotations
@@ -211,3 +213,40 @@ def test_batch_norm_is_still_folded_into_its_convolution() -> None:
     text = str(program)
     assert "broadcasting_mul" not in text and "broadcasting_divide" not in text  # folded
     assert verify(model, args, program=program).ok
+
+
+def _batch_norm_net() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(16, 32, 3), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.BatchNorm2d(64)
+    ).eval()
+    with torch.no_grad():
+        for norm in (model[1], model[4]):
+            norm.running_var.uniform_(0.5, 2.0)
+            norm.running_mean.uniform_(-1.0, 1.0)
+    return model, (torch.randn(1, 16, 16, 16),)
+
+
+def test_compress_after_optimize_covers_the_kernels_batch_norm_was_folded_into() -> None:
+    """optimize() folds batch norm into an anonymous copy of the kernel; compress() after it
+    left that copy in float32 (int8 asset 1.0x the float32 one) and called the weight no longer
+    read.  The copy is now the weight ``<name>.folded``."""
+    model, args = _batch_norm_net()
+    config = LinearQuantization(bits=8)
+    ratios, names = [], []
+    for optimize_first in (True, False):
+        program = _convert(model, args)
+        size = asset_bytes(program)
+        if optimize_first:
+            program.optimize()
+            assert "dense_resource<resource_" not in str(program)  # no anonymous weight
+        report = program.compress(config)
+        if not optimize_first:
+            program.optimize()
+        assert report.skipped == []  # every weight the program reads is listed
+        names.append(sorted(w.name for w in report.weights))
+        ratios.append(asset_bytes(program) / size)
+        assert verify(model, args, program=program, atol=0.05, rtol=0.05).ok
+    assert names == [["0.weight.folded", "3.weight.folded"], ["0.weight", "3.weight"]]
+    # (compressed first, batch norm stays a scale and shift after the decompression)
+    assert ratios[0] == pytest.approx(ratios[1], abs=0.03) and max(ratios) < 0.32
