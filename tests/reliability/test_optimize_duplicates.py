@@ -218,7 +218,11 @@ def test_batch_norm_is_still_folded_into_its_convolution() -> None:
 def _batch_norm_net() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     model = nn.Sequential(
-        nn.Conv2d(16, 32, 3), nn.BatchNorm2d(32), nn.ReLU(), nn.Conv2d(32, 64, 3), nn.BatchNorm2d(64)
+        nn.Conv2d(16, 32, 3),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 3),
+        nn.BatchNorm2d(64),
     ).eval()
     with torch.no_grad():
         for norm in (model[1], model[4]):
