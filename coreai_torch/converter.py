@@ -46,11 +46,14 @@ from coreai_torch.ir.checks import check_runtime_hazards, verify_module
 from coreai_torch.locations import describe, names_in_location
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
 from coreai_torch.lowerings.registry import (
-    LoweringFn,
     LoweringOptions,
     LoweringTable,
     check_user_lowering_name,
+    context_parameter_problem,
     lowering_key,
+    resolve_op,
+    rule_parameter_problem,
+    schema_bound,
 )
 from coreai_torch.passes import pipeline
 from coreai_torch.precision.policy import ModuleSelector, NodePredicate, Precision, from_spec
@@ -90,6 +93,27 @@ def _check_entrypoint_name(name: object) -> str:
             f"entrypoint_name {name!r} may only contain letters, digits, '_', '.' and '-'"
         )
     return name
+
+
+def _lowering_signature_problem(
+    fn: Callable[..., Any], signature: inspect.Signature, name: str, bind: bool
+) -> str | None:
+    """Why ``fn`` cannot be called in its form (``""`` or ``": reason"``), None if it can.
+
+    A ``bind=True`` lowering is checked against the op's schema when the op is defined now
+    (else when it is first called).
+    """
+    if not bind:
+        try:
+            signature.bind(None, None, None)
+        except TypeError:
+            return ""
+        return None
+    op = resolve_op(name)
+    problem = (
+        context_parameter_problem(fn) if op is None else rule_parameter_problem(fn, op._schema)
+    )
+    return None if problem is None else f": {problem}"
 
 
 class TorchConverter:
@@ -327,10 +351,17 @@ class TorchConverter:
     # -- lowerings ----------------------------------------------------------------------------
 
     def register_torch_lowering(
-        self, qualified_name: str, allow_override: bool = False
-    ) -> Callable[[LoweringFn], LoweringFn]:
-        """Decorator registering ``fn(values_map, node, loc) -> Value | list[Value]`` as this
-        converter's lowering for ``qualified_name``.
+        self, qualified_name: str, allow_override: bool = False, *, bind: bool = False
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering a lowering for ``qualified_name`` on this converter.
+
+        The simple form (``bind=False``, the default) registers ``fn(values_map, node, loc) ->
+        Value | list[Value]``.  With ``bind=True`` the lowering is written like the built-in
+        ones, ``fn(cx, **arguments)``: the node's arguments are bound to the op's schema by name
+        (tensors as Core AI values, defaults filled in), ``cx`` is the node's
+        :class:`~coreai_torch.lowerings.LoweringContext`, and an argument ``fn`` does not
+        declare must keep its default, otherwise the node is reported as unsupported.  In both
+        forms what the lowering returns is checked against PyTorch's result.
 
         The name is ``"namespace::op_name.overload"`` (ops defined with
         ``@torch.library.custom_op`` use ``.default``); without the overload the lowering
@@ -339,7 +370,9 @@ class TorchConverter:
 
         Raises ``ValueError`` for a malformed name, any name in a reserved namespace (``aten``,
         ``higher_order``, ``coreai``, ``coreaix``) or a name already registered here, unless
-        ``allow_override=True`` (which replaces silently).
+        ``allow_override=True`` (which replaces silently); ``TypeError`` for a lowering that
+        cannot be called in its form (with ``bind=True``, one whose parameters the op's schema
+        does not have, when the op is defined by then).
         """
         if callable(qualified_name):
             fn_name = getattr(qualified_name, "__name__", repr(qualified_name))
@@ -349,15 +382,20 @@ class TorchConverter:
                 "@converter.register_torch_lowering('namespace::op_name.overload') (with "
                 "parentheses)"
             )
-        if not isinstance(allow_override, bool):
-            raise TypeError(
-                f"register_torch_lowering: allow_override must be True or False, got "
-                f"{type(allow_override).__name__} {allow_override!r}"
-            )
+        for flag, value in (("allow_override", allow_override), ("bind", bind)):
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"register_torch_lowering: {flag} must be True or False, got "
+                    f"{type(value).__name__} {value!r}"
+                )
         check_user_lowering_name(qualified_name, self._lowerings, allow_override)
 
-        def decorate(fn: LoweringFn) -> LoweringFn:
-            expected = "fn(values_map, node, loc) returning a Core AI value (or a list of them)"
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            expected = (
+                "fn(cx, **arguments) with the op's arguments by name"
+                if bind
+                else "fn(values_map, node, loc) returning a Core AI value (or a list of them)"
+            )
             if not callable(fn):
                 raise TypeError(
                     f"register_torch_lowering({qualified_name!r}) decorates a lowering "
@@ -368,16 +406,17 @@ class TorchConverter:
             except (TypeError, ValueError):  # builtins without a signature: trust the caller
                 signature = None
             if signature is not None:
-                try:
-                    signature.bind(None, None, None)
-                except TypeError:
+                problem = _lowering_signature_problem(fn, signature, qualified_name, bind)
+                if problem is not None:
                     raise TypeError(
                         f"register_torch_lowering({qualified_name!r}): the lowering "
                         f"{getattr(fn, '__qualname__', fn)!r} takes {signature}, but lowerings "
-                        f"are called as {expected}"
-                    ) from None
+                        f"{'registered with bind=True ' if bind else ''}are called as "
+                        f"{expected}{problem}"
+                    )
             check_user_lowering_name(qualified_name, self._lowerings, allow_override)
-            self._lowerings.register(qualified_name, fn, allow_override=True)
+            callback = schema_bound(fn) if bind else fn
+            self._lowerings.register(qualified_name, callback, allow_override=True)
             return fn
 
         return decorate
