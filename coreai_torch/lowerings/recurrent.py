@@ -13,12 +13,12 @@ Here each layer becomes one loop over time whose size does not depend on the seq
 * the directions of a layer share one loop; the next layer reads their concatenated outputs.
 
 16-bit layers compute in float32 inside, like the norms (and as their products accumulate
-everywhere, :mod:`coreai_torch.lowerings.accumulation`): the input and the initial states are
-cast once, the weights once before the loops (they stay stored in 16 bits), and the results
-are rounded to the half type once, at the end.  The loops then run exactly as in a float32
-program: the Linux runtime's float16 matmuls are slow as well as inexact (one step of a
-256-unit LSTM: 28 ms against 0.5 ms in float32), and each step in 16 bits made float16 LSTMs
-60 to 280 times slower than float32 ones.
+everywhere, :mod:`coreai_torch.lowerings.helpers.accumulation`): the input and the initial
+states are cast once, the weights once before the loops (they stay stored in 16 bits), and
+the results are rounded to the half type once, at the end.  The loops then run exactly as in
+a float32 program: the Linux runtime's float16 matmuls are slow as well as inexact (one step
+of a 256-unit LSTM: 28 ms against 0.5 ms in float32), and each step in 16 bits made float16
+LSTMs 60 to 280 times slower than float32 ones.
 
 Packed sequences (the ``.data`` overloads) and training-mode dropout between layers are not
 supported.
@@ -44,7 +44,7 @@ from coreai_torch.ir.values import (
     u32,
     unsqueeze,
 )
-from coreai_torch.lowerings.accumulation import accumulation_dtype
+from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
