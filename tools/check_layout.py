@@ -52,6 +52,7 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("coreai_torch.verify",),
     ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
+    ("coreai_torch.serve",),  # the HTTP server over llm/
     ("coreai_torch.cli", "coreai_torch"),
 ]
 
