@@ -29,6 +29,7 @@ from coreai_torch.cli.options import (
 )
 from coreai_torch.llm.export import export
 from coreai_torch.llm.generate import Generator, decode
+from coreai_torch.llm.text import TextStream, chat_ids, eos_ids
 
 
 def cmd_export(opts: argparse.Namespace) -> int:
@@ -85,7 +86,7 @@ def cmd_generate(opts: argparse.Namespace) -> int:
     prompt: Any = [int(t) for t in opts.prompt.split(",")] if _is_ids(opts.prompt) else opts.prompt
     with Generator(opts.asset, tokenizer=opts.tokenizer, verify_hash=opts.verify_hash) as generator:
         if opts.chat:
-            prompt = chat_ids(generator.tokenizer, _messages(opts.system, [("user", opts.prompt)]))
+            prompt = _chat_ids(generator.tokenizer, _messages(opts.system, [("user", opts.prompt)]))
         stream = sys.stdout if not opts.json else None
         tokens = _generate(generator, prompt, opts, stream)
         stats = generator.stats
@@ -107,8 +108,7 @@ def _generate(generator: Generator, prompt: Any, opts: argparse.Namespace, strea
     """Generate for ``prompt`` as the options say, writing the text to ``stream`` as it comes
     (the end-of-sequence token not shown); the token ids."""
     tokens: list[int] = []
-    shown = ""
-    eos = getattr(generator.tokenizer, "eos_token_id", None)
+    text = TextStream(generator.tokenizer, eos_ids(generator.tokenizer))
     for token in generator.generate(
         prompt,
         max_new_tokens=opts.max_new_tokens,
@@ -119,36 +119,26 @@ def _generate(generator: Generator, prompt: Any, opts: argparse.Namespace, strea
         seed=opts.seed,
     ):
         tokens.append(token)
-        if stream is None or token == eos:
-            continue
-        if generator.tokenizer is None:
-            stream.write(f"{token} ")
-        else:
-            text = _text(generator.tokenizer, tokens)
-            if text.endswith("\ufffd"):  # half a character: wait for the rest
-                continue
-            stream.write(text[len(shown) :])
-            shown = text
-        stream.flush()
+        if stream is not None:
+            stream.write(text.push(token))
+            stream.flush()
+    if stream is not None:
+        stream.write(text.finish())
     return tokens
 
 
 def _text(tokenizer: Any, tokens: list[int]) -> str | None:
     if tokenizer is None:
         return None
-    eos = getattr(tokenizer, "eos_token_id", None)
-    return decode(tokenizer, [t for t in tokens if t != eos])
+    stop = eos_ids(tokenizer)
+    return decode(tokenizer, [t for t in tokens if t not in stop])
 
 
-def chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of ``messages`` in the tokenizer's chat template, ready for the reply."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise CliError(
-            "the tokenizer has no chat template (chat_template in tokenizer_config.json or "
-            "chat_template.jinja); drop --chat and give the prompt as text"
-        )
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    try:
+        return chat_ids(tokenizer, messages)
+    except ValueError as error:
+        raise CliError(f"{error}; drop --chat and give the prompt as text") from None
 
 
 def _messages(system: str | None, turns: list[tuple[str, str]]) -> list[dict[str, str]]:
@@ -175,14 +165,14 @@ def _chat_session(opts: argparse.Namespace) -> int:
                 pending = line.rstrip("\n")
             turns.append(("user", pending))
             pending = None
-            prompt = chat_ids(generator.tokenizer, _messages(opts.system, turns))
+            prompt = _chat_ids(generator.tokenizer, _messages(opts.system, turns))
             while len(prompt) + opts.max_new_tokens - 1 > generator.max_context and len(turns) > 1:
                 turns = turns[2:] if len(turns) > 2 else turns[-1:]
                 print(
                     "coreai-torch: the conversation outgrew the context; dropped the oldest turn",
                     file=sys.stderr,
                 )
-                prompt = chat_ids(generator.tokenizer, _messages(opts.system, turns))
+                prompt = _chat_ids(generator.tokenizer, _messages(opts.system, turns))
             tokens = _generate(generator, prompt, opts, sys.stdout)
             sys.stdout.write("\n")
             sys.stdout.flush()

@@ -6,11 +6,11 @@ found across token boundaries, never half a UTF-8 character)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
-from coreai_torch.llm.generate import Generator, decode, encode
+from coreai_torch.llm.generate import Generator, encode
+from coreai_torch.llm.text import TextStream, chat_ids, eos_ids
 from coreai_torch.serve.protocol import RequestError, Sampling
 from coreai_torch.serve.queue import RequestQueue
 
@@ -66,14 +66,11 @@ class Engine:
                 code="no_chat_template",
             )
         try:
-            ids = self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=True
-            )
+            return chat_ids(self.tokenizer, messages)
         except Exception as error:  # a template may raise on roles it does not know
             raise RequestError(
                 f"the chat template cannot format these messages: {error}", param="messages"
             ) from error
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
 
     def text_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, list):
@@ -161,67 +158,4 @@ class Engine:
         return "".join([piece async for piece in self.stream(generation)])
 
     def _stop_ids(self) -> set[int]:
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        if eos is None:
-            return set()
-        return {int(eos)} if isinstance(eos, int) else {int(t) for t in eos}
-
-
-class TextStream:
-    """Generated token ids -> text pieces: a token of ``stop_ids`` ends the text (not shown);
-    text that might be the start of a stop string is held back until it is known not to be;
-    a trailing partial UTF-8 character waits for the next token."""
-
-    def __init__(self, tokenizer: Any, stop_ids: set[int], stops: Sequence[str]) -> None:
-        self.tokenizer = tokenizer
-        self.stop_ids = stop_ids
-        self.stops = list(stops)
-        self.tokens: list[int] = []
-        self.decoded = ""  # text of self.tokens, as far as it is complete
-        self.sent = 0  # characters of the visible text given out
-        self.stopped = False
-
-    def push(self, token: int) -> str:
-        if self.stopped:
-            return ""
-        if token in self.stop_ids:
-            self.stopped = True
-            return self._release(len(self.decoded))
-        self.tokens.append(token)
-        if self.tokenizer is None:
-            self.decoded += f"{token} "
-        else:
-            text = decode(self.tokenizer, self.tokens)
-            if text.endswith("\ufffd"):  # half a character: wait for the rest
-                return ""
-            self.decoded = text
-        for stop in self.stops:
-            at = self.decoded.find(stop)
-            if at != -1:
-                self.stopped = True
-                self.decoded = self.decoded[:at]
-                return self._release(at)
-        return self._release(len(self.decoded) - self._held_back())
-
-    def finish(self) -> str:
-        """What is left once the generation ended (text held back for a stop string that did
-        not come)."""
-        if self.tokenizer is not None and not self.stopped:
-            self.decoded = decode(self.tokenizer, self.tokens)
-        return self._release(len(self.decoded))
-
-    def _held_back(self) -> int:
-        """Characters at the end of the text that could begin a stop string."""
-        longest = 0
-        for stop in self.stops:
-            for size in range(min(len(stop) - 1, len(self.decoded)), longest, -1):
-                if self.decoded.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest
-
-    def _release(self, end: int) -> str:
-        if end <= self.sent:
-            return ""
-        piece, self.sent = self.decoded[self.sent : end], end
-        return piece
+        return eos_ids(self.tokenizer)

@@ -210,66 +210,47 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def chat_response(
-    rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        ],
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
-
-
-def completion_response(
-    rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int
-) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        "usage": usage(prompt_tokens, completion_tokens),
-    }
-
-
-def chat_chunk(rid: str, model: str, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-    }
-
-
-def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
-    return {
-        "id": rid,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-    }
-
-
-def usage_chunk(rid: str, model: str, kind: str, prompt: int, completion: int) -> dict[str, Any]:
-    """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
+def _envelope(rid: str, model: str, kind: str, choices: list, **extra: Any) -> dict[str, Any]:
+    """What every response and chunk carries around its choices."""
     return {
         "id": rid,
         "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [],
-        "usage": usage(prompt, completion),
+        "choices": choices,
+        **extra,
     }
+
+
+def chat_response(
+    rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    message = {"role": "assistant", "content": text}
+    choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+    return _envelope(
+        rid, model, "chat.completion", [choice], usage=usage(prompt_tokens, completion_tokens)
+    )
+
+
+def completion_response(
+    rid: str, model: str, text: str, finish: str, prompt_tokens: int, completion_tokens: int
+) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return _envelope(
+        rid, model, "text_completion", [choice], usage=usage(prompt_tokens, completion_tokens)
+    )
+
+
+def chat_chunk(rid: str, model: str, delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+    return _envelope(rid, model, "chat.completion.chunk", [choice])
+
+
+def completion_chunk(rid: str, model: str, text: str, finish: str | None) -> dict[str, Any]:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+    return _envelope(rid, model, "text_completion", [choice])
+
+
+def usage_chunk(rid: str, model: str, kind: str, prompt: int, completion: int) -> dict[str, Any]:
+    """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
+    return _envelope(rid, model, kind, [], usage=usage(prompt, completion))

@@ -59,8 +59,11 @@ def test_chat_without_a_template_is_a_clear_error(tmp_path: Path, capsys: Any) -
     from tests.llm.support import tiny_tokenizer
 
     tiny_tokenizer().save_pretrained(tmp_path)
-    from coreai_torch.cli.llm import CliError, chat_ids
     from coreai_torch.llm.generate import load_tokenizer
+    from coreai_torch.llm.text import chat_ids
 
-    with pytest.raises(CliError, match="no chat template"):
+    with pytest.raises(ValueError, match="no chat template"):
         chat_ids(load_tokenizer(tmp_path), [{"role": "user", "content": "hi"}])
+    asset = str(tmp_path / "m.aimodel")
+    assert main(["llm", "generate", asset, "--tokenizer", str(tmp_path), "--chat"]) == 2
+    assert "--prompt is needed" in capsys.readouterr().err

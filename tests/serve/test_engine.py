@@ -12,8 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
+from coreai_torch.llm.text import TextStream
 from coreai_torch.serve.app import ServerOptions, create_app
-from coreai_torch.serve.engine import Engine, TextStream
+from coreai_torch.serve.engine import Engine
 from coreai_torch.serve.queue import QueueFull, RequestQueue, ShuttingDown
 from tests.serve.support import NAME, save_model
 
