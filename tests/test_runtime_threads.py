@@ -213,3 +213,12 @@ os.write(2, b"after\\n")
 def test_other_stderr_output_during_a_load_is_kept_in_order() -> None:
     done = subprocess.run([sys.executable, "-c", QUIET], capture_output=True, text=True)
     assert done.stderr == "another thread's line\nthe runtime's other words\nafter\n"
+
+
+def test_verify_inside_a_running_event_loop() -> None:
+    from coreai_torch.verify import verify
+
+    async def cell() -> bool:
+        return verify(Scale(), (torch.randn(4),)).ok
+
+    assert asyncio.run(cell())

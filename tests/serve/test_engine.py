@@ -141,3 +141,51 @@ def test_non_local_bind_needs_a_flag(tmp_path: Path, capsys: Any) -> None:
 
     assert main(["serve", str(tmp_path / "m.aimodel"), "--host", "0.0.0.0"]) == 2
     assert "--allow-remote" in capsys.readouterr().err
+
+
+def test_what_serve_loads(tmp_path: Path) -> None:
+    """A Hugging Face directory (exported on the fly), a saved CoreAIModelForCausalLM
+    directory and a bundle give the same generations; other inputs are clear errors."""
+    import json
+    import shutil
+
+    from coreai_torch.hf import CoreAIModelForCausalLM
+    from coreai_torch.serve.models import load_generator
+    from tests.llm.support import causal_lm
+    from tests.serve.support import CHAT_TEMPLATE, MAX_CONTEXT, tiny_tokenizer
+
+    hf = tmp_path / "hf"
+    causal_lm("llama").save_pretrained(hf)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.save_pretrained(hf)
+    generator, name = load_generator(hf, max_context=MAX_CONTEXT)
+    with generator:
+        assert name == "hf" and generator.tokenizer is not None
+        expected = list(generator.generate("the quick", max_new_tokens=5))
+    with CoreAIModelForCausalLM.from_pretrained(hf, export=True, max_context=MAX_CONTEXT) as m:
+        m.save_pretrained(tmp_path / "saved")
+    generator, name = load_generator(tmp_path / "saved")
+    with generator:
+        assert name == "saved"
+        assert list(generator.generate("the quick", max_new_tokens=5)) == expected
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tmp_path / "saved" / "model.aimodel", bundle / "chat.aimodel")
+    shutil.copytree(hf, bundle / "tokenizer", ignore=shutil.ignore_patterns("*.safetensors"))
+    meta = {
+        "metadata_version": "0.2",
+        "kind": "llm",
+        "name": "chat",
+        "assets": {"main": "chat.aimodel"},
+    }
+    (bundle / "metadata.json").write_text(json.dumps(meta))
+    generator, name = load_generator(bundle)
+    with generator:
+        assert name == "chat"
+        assert list(generator.generate("the quick", max_new_tokens=5)) == expected
+    with pytest.raises(FileNotFoundError, match="no such model"):
+        load_generator(tmp_path / "missing")
+    with pytest.raises(ValueError, match="already exported; precision apply only"):
+        load_generator(tmp_path / "saved", precision="fp16")
+    with pytest.raises(FileNotFoundError, match=r"neither an \.aimodel"):
+        load_generator(tmp_path)
