@@ -7,7 +7,10 @@ runtime's messages are logged (logger ``coreai_torch.runtime``, level DEBUG) and
 written meanwhile -- by another thread, say -- is written to stderr as it came, so nothing is
 lost, only delayed by the load.
 
-To see the messages on stderr as the runtime prints them, enable DEBUG for the logger::
+If the runtime aborted the process while a function loads, what it wrote in that moment would
+be lost with the temporary file: with DEBUG enabled nothing is redirected, so run with it to
+see a crash's last words.  To see the messages on stderr as the runtime prints them, enable
+DEBUG for the logger::
 
     logging.getLogger("coreai_torch.runtime").setLevel(logging.DEBUG)
 
