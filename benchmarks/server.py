@@ -24,7 +24,7 @@ PROMPT_TOKENS = 32
 NEW_TOKENS = 16
 LEVELS = (1, 4, 8)
 #: requests per client at each level
-REQUESTS_PER_CLIENT = 4
+REQUESTS_PER_CLIENT = 3
 
 
 def measure_server(name: str, runs: int) -> dict[str, Any]:
@@ -62,6 +62,7 @@ def measure_server(name: str, runs: int) -> dict[str, Any]:
                 latencies = _requests(url, prompt, clients, REQUESTS_PER_CLIENT)
                 wall = time.perf_counter() - start
                 ordered = sorted(latencies)
+                print(f"   {clients} client(s): {wall:.1f} s", file=sys.stderr, flush=True)
                 result["levels"].append(
                     {
                         "clients": clients,
@@ -117,7 +118,7 @@ def _requests(url: str, prompt: list[int], clients: int, per_client: int) -> lis
 
     def client(_: int) -> list[float]:
         latencies = []
-        with httpx.Client(timeout=600) as http:
+        with httpx.Client(timeout=3600) as http:
             for _ in range(per_client):
                 start = time.perf_counter()
                 r = http.post(f"{url}/completions", json=body)

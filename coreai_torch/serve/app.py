@@ -75,6 +75,9 @@ def create_app(engine: Engine, options: ServerOptions | None = None) -> Starlett
                 )
             except ShuttingDown:
                 return _refused(503, "the server is shutting down", "shutting_down")
+            except ValueError as error:  # the program's logits cannot be sampled (NaN, ...)
+                body = error_body(str(error), kind="server_error", code="generation_failed")
+                return JSONResponse(body, status_code=500)
 
         return endpoint
 

@@ -189,3 +189,18 @@ def test_what_serve_loads(tmp_path: Path) -> None:
         load_generator(tmp_path / "saved", precision="fp16")
     with pytest.raises(FileNotFoundError, match=r"neither an \.aimodel"):
         load_generator(tmp_path)
+
+
+def test_unsampleable_logits_are_a_clear_server_error(engine: Engine, monkeypatch: Any) -> None:
+    import numpy as np
+
+    def nan_logits(outputs: dict) -> np.ndarray:
+        return np.full(engine.generator.vocab_size, np.nan, np.float32)
+
+    monkeypatch.setattr(engine.generator, "_step_logits", nan_logits)
+    app = create_app(engine)
+    failed = _post(app, BODY)
+    assert failed.status_code == 500
+    assert failed.json()["error"]["code"] == "generation_failed"
+    assert "NaN" in failed.json()["error"]["message"]
+    assert engine.generator.active_generations == 0
