@@ -15,7 +15,7 @@ NUMPY ?=
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[test,cli]"
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[test,cli,serve]"
 	touch $(STAMP)
 
 ## Convert the bundled example model, run it on the Core AI runtime, compare with PyTorch.

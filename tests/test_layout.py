@@ -96,6 +96,19 @@ def test_lowering_families_may_import_helpers_and_the_registry(tmp_path: Path) -
     assert check_layout.check(root) == []
 
 
+def test_every_lowering_family_has_its_test_module(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"lowerings/registry.py": "", "lowerings/helpers/h.py": ""})
+    (root / "coreai_torch" / "lowerings" / "norm.py").write_text("")
+    assert check_layout.check(root) == []  # no tests/ folder: not checked
+    (root / "tests" / "lowerings").mkdir(parents=True)
+    assert check_layout.check(root) == [
+        f"{root / 'coreai_torch' / 'lowerings' / 'norm.py'}: the lowering family "
+        "coreai_torch.lowerings.norm has no test module tests/lowerings/test_norm.py"
+    ]
+    (root / "tests" / "lowerings" / "test_norm.py").write_text("")
+    assert check_layout.check(root) == []
+
+
 def test_a_package_init_importing_its_own_modules_is_no_cycle(tmp_path: Path) -> None:
     root = _tree(
         tmp_path,

@@ -9,7 +9,9 @@ Counts, over every ``import`` in ``coreai_torch`` (imports inside functions incl
 * upward imports between layers (``LAYERS``: a module never imports a layer above it);
 * imports between lowering families: a module of ``lowerings/`` holds one op family and takes
   what it shares with others from ``lowerings/helpers/`` and the registry, never from another
-  family (nor does a helper import a family).
+  family (nor does a helper import a family);
+* every lowering family has its test module, ``tests/lowerings/test_<family>.py`` (checked
+  when the tree has a ``tests/`` folder).
 
 ``python -m tools.check_layout`` prints what it finds and exits 1 on any violation
 (``make lint`` runs it).
@@ -56,6 +58,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("coreai_torch.verify",),
     ("coreai_torch.bundles",),  # the bundles Apple's app runtimes load (llm/, hf/ write them)
     ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
+    ("coreai_torch.serve",),  # the HTTP server over llm/
     ("coreai_torch.cli", "coreai_torch"),
 ]
 
@@ -239,10 +242,23 @@ def _is_package_init_edge(source: str, target: str) -> bool:
     return target.startswith(source + ".") or source.startswith(target + ".")
 
 
+def missing_lowering_tests(root: Path, modules: dict[str, Module]) -> list[str]:
+    """The lowering families without ``tests/lowerings/test_<family>.py`` under ``root``."""
+    if not (root / "tests").is_dir():
+        return []
+    return [
+        f"{m.path}: the lowering family {name} has no test module "
+        f"tests/lowerings/test_{name.rpartition('.')[2]}.py"
+        for name, m in modules.items()
+        if is_lowering_family(name)
+        and not (root / "tests" / "lowerings" / f"test_{name.rpartition('.')[2]}.py").is_file()
+    ]
+
+
 def check(root: Path) -> list[str]:
     modules = discover(root)
     parse(modules)
-    problems: list[str] = []
+    problems: list[str] = missing_lowering_tests(root, modules)
 
     top = sorted(name for name, m in modules.items() if name.count(".") == 1 and not m.is_package)
     if len(top) > MAX_TOP_LEVEL:

@@ -57,9 +57,17 @@ from coreai_torch.lowerings.registry import (
     "aten::view_copy.default",
     "aten::_reshape_alias.default",
 )
-def view(cx: LoweringContext, self: ir.Value, size: Sequence[Size], **_: object) -> ir.Value:
+def view(
+    cx: LoweringContext,
+    self: ir.Value,
+    size: Sequence[Size] | None = None,
+    shape: Sequence[Size] | None = None,
+    **_: object,
+) -> ir.Value:
     if None in cx.out_shape:
-        return reshape_dynamic(self, size, cx.out_shape)
+        sizes = size if size is not None else shape
+        assert sizes is not None
+        return reshape_dynamic(self, sizes, cx.out_shape)
     return reshape(self, static_out_shape(cx))
 
 

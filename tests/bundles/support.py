@@ -45,6 +45,37 @@ class _Layer(nn.Module):
         self.up = nn.Linear(hidden, 2 * hidden)
         self.down = nn.Linear(2 * hidden, hidden)
 
+    def qkv(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values ``[1, heads, T, head_dim]`` of ``x`` ``[1, T, hidden]``,
+        the queries and keys rotated to ``positions``."""
+        h, n = self.norm1(x), x.shape[1]
+        q = self.q(h).view(1, n, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(h).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(h).view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        return _rope(q, positions), _rope(k, positions), v
+
+    def attend(
+        self,
+        x: torch.Tensor,
+        q: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        visible: torch.Tensor,
+        masked: float,
+    ) -> torch.Tensor:
+        """The block's output: ``x`` plus attention of ``q`` over ``keys``/``values`` where
+        ``visible`` (scores elsewhere ``masked``), then the MLP."""
+        repeat = self.heads // self.kv_heads
+        keys = keys.to(torch.float32).repeat_interleave(repeat, dim=1)
+        values = values.to(torch.float32).repeat_interleave(repeat, dim=1)
+        scores = q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim)
+        scores = torch.where(visible, scores, torch.tensor(masked))
+        attended = F.softmax(scores, dim=-1) @ values
+        x = x + self.o(attended.transpose(1, 2).reshape(1, x.shape[1], -1))
+        return x + self.down(F.gelu(self.up(self.norm2(x))))
+
 
 def _rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """Rotary embedding of ``x`` ``[1, heads, T, head_dim]`` at ``positions`` ``[T]``."""
@@ -103,11 +134,7 @@ class ConventionLM(nn.Module):
         visible = key_pos <= query_pos
         keys_out, values_out = [], []
         for index, block in enumerate(self.blocks):
-            h = block.norm1(x)
-            q = block.q(h).view(1, new, block.heads, self.head_dim).transpose(1, 2)
-            k = block.k(h).view(1, new, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = block.v(h).view(1, new, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = _rope(q, positions), _rope(k, positions)
+            q, k, v = block.qkv(x, positions)
             cached_k, cached_v = key_cache[index], value_cache[index]
             k_all = torch.cat(
                 [cached_k[:, :, :start], k.to(cached_k.dtype), cached_k[:, :, total:]], 2
@@ -117,16 +144,7 @@ class ConventionLM(nn.Module):
             )
             keys_out.append(k_all)
             values_out.append(v_all)
-            keys = k_all[:, :, :total].to(torch.float32)
-            values = v_all[:, :, :total].to(torch.float32)
-            repeat = block.heads // self.kv_heads
-            keys = keys.repeat_interleave(repeat, dim=1)
-            values = values.repeat_interleave(repeat, dim=1)
-            scores = q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim)
-            scores = torch.where(visible, scores, torch.tensor(float("-inf")))
-            attended = F.softmax(scores, dim=-1) @ values
-            x = x + block.o(attended.transpose(1, 2).reshape(1, new, -1))
-            x = x + block.down(F.gelu(block.up(block.norm2(x))))
+            x = block.attend(x, q, k_all[:, :, :total], v_all[:, :, :total], visible, float("-inf"))
         key_cache.copy_(torch.stack(keys_out))
         value_cache.copy_(torch.stack(values_out))
         return self.head(self.norm(x)).to(torch.float16)
@@ -186,27 +204,16 @@ class StaticExtend(nn.Module):
         written = (onehot.sum(1) > 0).view(1, 1, context, 1)
         visible = (causal_mask[0, :, 0, :] == 0).transpose(0, 1)  # [Q, ctx]
         keys_out, values_out = [], []
+        seen = visible.any(0).view(1, 1, context, 1)  # rows some real query sees
         for index, block in enumerate(lm.blocks):
-            h = block.norm1(x)
-            q = block.q(h).view(1, batch, block.heads, lm.head_dim).transpose(1, 2)
-            k = block.k(h).view(1, batch, lm.kv_heads, lm.head_dim).transpose(1, 2)
-            v = block.v(h).view(1, batch, lm.kv_heads, lm.head_dim).transpose(1, 2)
-            q, k = _rope(q, positions), _rope(k, positions)
+            q, k, v = block.qkv(x, positions)
             k_all = torch.where(written, (onehot @ k).to(key_cache.dtype), key_cache[index])
             v_all = torch.where(written, (onehot @ v).to(value_cache.dtype), value_cache[index])
             keys_out.append(k_all)
             values_out.append(v_all)
-            repeat = block.heads // lm.kv_heads
-            keys = k_all.to(torch.float32).repeat_interleave(repeat, dim=1)
-            values = v_all.to(torch.float32).repeat_interleave(repeat, dim=1)
-            scores = q @ keys.transpose(-1, -2) / math.sqrt(lm.head_dim)
-            # finite where masked: a query row of padding (all masked) stays finite; columns
-            # no real query sees are zeroed, so garbage (even NaN) in them reaches nothing
-            scores = torch.where(visible, scores, torch.tensor(-1e4))
-            values = torch.where(visible.any(0).view(1, 1, context, 1), values, 0.0)
-            attended = F.softmax(scores, dim=-1) @ values
-            x = x + block.o(attended.transpose(1, 2).reshape(1, batch, -1))
-            x = x + block.down(F.gelu(block.up(block.norm2(x))))
+            # finite where masked: a query row of padding (all masked) stays finite; rows no
+            # real query sees are zeroed, so garbage (even NaN) in them reaches nothing
+            x = block.attend(x, q, k_all, torch.where(seen, v_all, 0.0), visible, -1e4)
         key_cache.copy_(torch.stack(keys_out))
         value_cache.copy_(torch.stack(values_out))
         return lm.head(lm.norm(x)).to(torch.float16)
