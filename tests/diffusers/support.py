@@ -34,7 +34,7 @@ def clip_text_config(hidden: int = 32, projection: int | None = None, **override
     from transformers import CLIPTextConfig
 
     config = dict(
-        bos_token_id=512 * 2 // 2 + 512 - 512 + 0,
+        bos_token_id=512,
         eos_token_id=513,
         pad_token_id=513,
         hidden_size=hidden,
@@ -97,7 +97,10 @@ def sd_pipeline(directory: Path, scheduler: str = "PNDMScheduler") -> Path:
         tokenizer=clip_tokenizer(directory / "_tokenizer"),
         unet=unet,
         scheduler=scheduler_class(
-            beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
+            beta_start=0.00085,
+            beta_end=0.012,
+            beta_schedule="scaled_linear",
+            steps_offset=1,
             **({"skip_prk_steps": True} if scheduler == "PNDMScheduler" else {}),
         ),
         safety_checker=None,
@@ -105,5 +108,90 @@ def sd_pipeline(directory: Path, scheduler: str = "PNDMScheduler") -> Path:
         requires_safety_checker=False,
     )
     out = directory / "sd"
+    pipe.save_pretrained(out)
+    return out
+
+
+def sdxl_pipeline(directory: Path) -> Path:
+    """A Stable Diffusion XL-shaped pipeline (two CLIP text encoders, the second with a
+    projection; a UNet with added time/text conditioning), random weights; 32x32 images."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+    from transformers import CLIPTextModel, CLIPTextModelWithProjection
+
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(
+        block_out_channels=(32, 64),
+        layers_per_block=1,
+        sample_size=16,
+        in_channels=4,
+        out_channels=4,
+        down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
+        up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"),
+        attention_head_dim=(2, 4),
+        use_linear_projection=True,
+        addition_embed_type="text_time",
+        addition_time_embed_dim=8,
+        transformer_layers_per_block=(1, 2),
+        projection_class_embeddings_input_dim=6 * 8 + 32,
+        cross_attention_dim=64,
+        norm_num_groups=1,
+    ).eval()
+    tokenizer = clip_tokenizer(directory / "_tokenizer")
+    pipe = StableDiffusionXLPipeline(
+        vae=tiny_vae(),
+        text_encoder=CLIPTextModel(clip_text_config()).eval(),
+        text_encoder_2=CLIPTextModelWithProjection(clip_text_config(projection=32)).eval(),
+        tokenizer=tokenizer,
+        tokenizer_2=tokenizer,
+        unet=unet,
+        scheduler=EulerDiscreteScheduler(
+            beta_start=0.00085,
+            beta_end=0.012,
+            steps_offset=1,
+            beta_schedule="scaled_linear",
+            timestep_spacing="leading",
+        ),
+    )
+    out = directory / "sdxl"
+    pipe.save_pretrained(out)
+    return out
+
+
+def sd3_pipeline(directory: Path) -> Path:
+    """A Stable Diffusion 3-shaped pipeline (an MMDiT, two CLIP text encoders with
+    projections, no T5: ``text_encoder_3`` saved as None), random weights; 32x32 images."""
+    from diffusers import (
+        FlowMatchEulerDiscreteScheduler,
+        SD3Transformer2DModel,
+        StableDiffusion3Pipeline,
+    )
+    from transformers import CLIPTextModelWithProjection
+
+    torch.manual_seed(0)
+    transformer = SD3Transformer2DModel(
+        sample_size=16,
+        patch_size=1,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_projection_dim=32,
+        joint_attention_dim=64,
+        pooled_projection_dim=64,
+        out_channels=4,
+    ).eval()
+    tokenizer = clip_tokenizer(directory / "_tokenizer")
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=tiny_vae(shift_factor=0.0609, scaling_factor=1.5035),
+        text_encoder=CLIPTextModelWithProjection(clip_text_config(projection=32)).eval(),
+        tokenizer=tokenizer,
+        text_encoder_2=CLIPTextModelWithProjection(clip_text_config(projection=32)).eval(),
+        tokenizer_2=tokenizer,
+        text_encoder_3=None,
+        tokenizer_3=None,
+    )
+    out = directory / "sd3"
     pipe.save_pretrained(out)
     return out
