@@ -31,8 +31,15 @@ COREAI_CONFIG = "coreai_config.json"
 #: the layout version of :data:`COREAI_CONFIG`
 FORMAT_VERSION = 1
 #: the manifest roles the Swift loader reads (``transformer`` is read as ``unet``)
-ROLES = ("text_encoder", "text_encoder_2", "text_encoder_3", "unet", "transformer", "vae_decoder",
-         "vae_encoder")
+ROLES = (
+    "text_encoder",
+    "text_encoder_2",
+    "text_encoder_3",
+    "unet",
+    "transformer",
+    "vae_decoder",
+    "vae_encoder",
+)
 
 
 def manifest(

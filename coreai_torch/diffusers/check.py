@@ -51,7 +51,11 @@ def component_errors(pipeline: Any, source_dir: str | Path, seed: int = 0) -> li
                 height, width = resolution or config["resolutions"][0]
                 factor = config["extras"]["vae_scale_factor"]
                 shapes = Shapes(
-                    height, width, height // factor, width // factor, source.configs,
+                    height,
+                    width,
+                    height // factor,
+                    width // factor,
+                    source.configs,
                     config["extras"],
                 )
                 torch.manual_seed(seed)

@@ -239,9 +239,12 @@ def export_component(
         dict(entrypoint_names(resolutions)) if component.per_resolution else {"main": None}
     )
     converter = TorchConverter(compute_precision=policy)
+    calibration: tuple[torch.Tensor, ...] = ()
     with lazy.tracing(), torch.no_grad():
         for name, resolution in entrypoints.items():
+            torch.manual_seed(getattr(compress, "seed", 0))
             args = component.example(shapes_for(source, resolution or resolutions[0], extras))
+            calibration = calibration or args
             ep = export_decomposed(wrapper, args, strict=False)
             converter.add_exported_program(
                 ep,
@@ -253,7 +256,7 @@ def export_component(
     report = None
     if compress is not None:
         apply = getattr(compress, "apply", None)
-        report = apply(program, module, component) if apply else program.compress(compress)
+        report = apply(program, wrapper, calibration) if apply else program.compress(compress)
     program.optimize()
     asset = out / f"{component.asset}.aimodel"
     program.save_asset(asset)
@@ -394,7 +397,7 @@ def export_pipeline(
                 extras,
                 tmp,
                 policy=component_precision(source, component, policy),
-                compress=compression if component.compressible else None,
+                compress=compression if compresses(compression, component) else None,
             )
             del module
             components[component.role] = {
@@ -453,6 +456,15 @@ def export_pipeline(
     config: dict[str, Any] = {}
     write_directory(target, fill)
     return config
+
+
+def compresses(compression: Any, component: Component) -> bool:
+    """Whether ``compression`` applies to ``component`` (never the VAE; a mixed-bit recipe
+    to the denoiser only)."""
+    if compression is None or not component.compressible:
+        return False
+    applies_to = getattr(compression, "applies_to", None)
+    return applies_to is None or applies_to(component.role)
 
 
 def compression_name(compression: Any) -> str | None:

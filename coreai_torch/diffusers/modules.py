@@ -110,7 +110,8 @@ def batched(
         size = next(iter(chunk.values())).shape[0]
         if size < batch:
             chunk = {
-                k: torch.cat([v, v[:1].expand(batch - size, *v.shape[1:])]) for k, v in chunk.items()
+                k: torch.cat([v, v[:1].expand(batch - size, *v.shape[1:])])
+                for k, v in chunk.items()
             }
         out = module.run(entrypoint, **chunk)
         pieces.append({k: v[:size] for k, v in out.items()})
@@ -171,11 +172,13 @@ class RuntimeTextEncoder(RuntimeModule):
         token_level = last if last is not None else out["hidden_embeds"]
         if self.projection:  # CLIPTextModelWithProjection: (text_embeds, last_hidden_state, ...)
             items: tuple = (pooled, token_level, states)
-            return EncoderOutput(items, text_embeds=pooled, last_hidden_state=last,
-                                 hidden_states=states)
+            return EncoderOutput(
+                items, text_embeds=pooled, last_hidden_state=last, hidden_states=states
+            )
         items = (token_level, pooled, states)  # CLIPTextModel / T5: (last_hidden_state, ...)
-        return EncoderOutput(items, last_hidden_state=last, pooler_output=pooled,
-                             hidden_states=states)
+        return EncoderOutput(
+            items, last_hidden_state=last, pooler_output=pooled, hidden_states=states
+        )
 
 
 class EncoderOutput(SimpleNamespace):

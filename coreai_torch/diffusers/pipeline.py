@@ -31,8 +31,13 @@ from .modules import (
 )
 
 #: optional pipeline arguments given as None / False when the pipeline is built
-_LEFT_OUT = {"safety_checker", "feature_extractor", "image_encoder", "text_encoder_3",
-             "tokenizer_3"}
+_LEFT_OUT = {
+    "safety_checker",
+    "feature_extractor",
+    "image_encoder",
+    "text_encoder_3",
+    "tokenizer_3",
+}
 
 
 class CoreAIDiffusionPipeline:
@@ -321,7 +326,10 @@ class CoreAIDiffusionPipeline:
         index = json.loads((self.directory / "model_index.json").read_text())
         arguments: dict[str, Any] = {}
         for name, parameter in inspect.signature(cls.__init__).parameters.items():
-            if name == "self" or parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+            if name == "self" or parameter.kind in (
+                parameter.VAR_KEYWORD,
+                parameter.VAR_POSITIONAL,
+            ):
                 continue
             if name in self.modules:
                 arguments[name] = self.modules[name]

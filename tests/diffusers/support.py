@@ -195,3 +195,34 @@ def sd3_pipeline(directory: Path) -> Path:
     out = directory / "sd3"
     pipe.save_pretrained(out)
     return out
+
+
+def psnr(actual: Any, expected: Any) -> float:
+    """PSNR in dB of two images in [0, 1] (inf when equal)."""
+    import numpy as np
+
+    mse = float(np.mean((np.asarray(actual, np.float64) - np.asarray(expected, np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * float(np.log10(1.0 / mse))
+
+
+def generate(pipe: Any, steps: int = 4, **kwargs: Any) -> Any:
+    """The images of ``pipe`` (ours or diffusers') for :data:`PROMPT`, seed 0."""
+    return pipe(
+        PROMPT,
+        num_inference_steps=steps,
+        guidance_scale=7.5,
+        generator=torch.Generator().manual_seed(0),
+        output_type="np",
+        **kwargs,
+    ).images
+
+
+def reference(path: Path) -> Any:
+    """The diffusers pipeline of ``path`` in float32 (PyTorch eager)."""
+    from diffusers import DiffusionPipeline
+
+    index = json.loads((path / "model_index.json").read_text())
+    left_out = {k: None for k, v in index.items() if isinstance(v, list) and v[0] is None}
+    pipe = DiffusionPipeline.from_pretrained(path, **left_out)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe

@@ -1,0 +1,102 @@
+"""Tiny SD 1.x, SDXL and SD3 pipelines exported whole and run like diffusers: the images of 4
+denoising steps against diffusers' own pipeline on the same weights and seed (PSNR), each
+component against its PyTorch module, the bundle written and loaded back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.diffusers.support import generate, psnr, reference
+
+#: the lowest PSNR (dB) of the final image against diffusers' over 4 steps
+FP32_PSNR = 60.0
+FP16_PSNR = 35.0
+
+KINDS = ["sd", "sdxl", "sd3"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_text_to_image_fp32(kind: str, pipelines: dict[str, Path], exported: Any) -> None:
+    pipe = exported(kind)
+    ours = generate(pipe)
+    theirs = generate(reference(pipelines[kind]))
+    assert ours.shape == theirs.shape == (1, 32, 32, 3)
+    assert ours.dtype == theirs.dtype
+    assert psnr(ours, theirs) >= FP32_PSNR
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "sd",
+        pytest.param("sdxl", marks=pytest.mark.slow),
+        pytest.param("sd3", marks=pytest.mark.slow),
+    ],
+)
+def test_text_to_image_fp16(kind: str, pipelines: dict[str, Path], exported: Any) -> None:
+    pipe = exported(kind, "fp16")
+    assert pipe.coreai_config["precision"] == "fp16"
+    ours = generate(pipe)
+    theirs = generate(reference(pipelines[kind]))
+    assert psnr(ours, theirs) >= FP16_PSNR
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_components_match_pytorch(kind: str, pipelines: dict[str, Path], exported: Any) -> None:
+    from coreai_torch.diffusers.check import component_errors
+
+    errors = component_errors(exported(kind), pipelines[kind])
+    roles = {e.role for e in errors}
+    assert {"text_encoder", "vae_decoder", "vae_encoder"} <= roles
+    assert ("transformer" if kind == "sd3" else "unet") in roles
+    for error in errors:
+        assert error.max_abs_error <= 1e-4 * max(1.0, error.max_abs_reference), str(error)
+
+
+def test_bundle_round_trip(tmp_path: Path, exported: Any) -> None:
+    from coreai_torch.diffusers import CoreAIDiffusionPipeline
+
+    pipe = exported("sd")
+    out = tmp_path / "bundle"
+    pipe.save_pretrained(out)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["metadata_version"] == "0.2" and meta["kind"] == "diffusion"
+    assert meta["assets"] == {
+        "text_encoder": "TextEncoder.aimodel",
+        "unet": "Unet.aimodel",
+        "vae_decoder": "VAEDecoder.aimodel",
+        "vae_encoder": "VAEEncoder.aimodel",
+    }
+    assert meta["diffusion"]["type"] == "stable-diffusion"
+    assert meta["diffusion"]["image_size"] == 32
+    assert meta["diffusion"]["prediction_type"] == "epsilon"
+    assert (out / "tokenizer" / "vocab.json").is_file()
+    assert (out / "tokenizer" / "merges.txt").is_file()
+    with CoreAIDiffusionPipeline.from_pretrained(out) as loaded:
+        np.testing.assert_array_equal(generate(loaded), generate(pipe))
+
+
+def test_sd3_bundle_names(exported: Any) -> None:
+    pipe = exported("sd3")
+    meta = pipe.manifest
+    assert meta["assets"]["transformer"] == "MMDiT.aimodel"
+    assert meta["diffusion"]["type"] == "stable-diffusion-3"
+    assert meta["diffusion"]["prediction_type"] == "flow"
+    assert "text_encoder_3" not in meta["assets"]  # saved without T5
+    transformer = pipe.coreai_config["components"]["transformer"]
+    assert transformer["inputs"] == [
+        "sample",
+        "timestep",
+        "encoder_hidden_states",
+        "pooled_projections",
+    ]
+    assert transformer["outputs"] == ["noise_pred"]
+    assert pipe.coreai_config["components"]["text_encoder"]["outputs"] == [
+        "hidden_embeds",
+        "pooled_outputs",
+    ]
