@@ -51,7 +51,13 @@ LAYERS: list[tuple[str, ...]] = [
         "coreai_torch._utils",
     ),
     ("coreai_torch.verify",),
-    ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
+    (
+        "coreai_torch.llm",
+        "coreai_torch.hf",
+        "coreai_torch.diffusers",
+        "coreai_torch.examples",
+        "coreai_torch._compression",
+    ),
     ("coreai_torch.cli", "coreai_torch"),
 ]
 

@@ -6,20 +6,17 @@ Names and IO follow the diffusion bundles the Swift ``CoreAIDiffusionPipeline`` 
 (``metadata.json`` roles ``text_encoder``, ``text_encoder_2``, ``unet`` / ``transformer``,
 ``vae_decoder``, ``vae_encoder``; every asset's function is ``main``):
 
-==================  ==========================================================  =================
-role                inputs                                                      outputs
-==================  ==========================================================  =================
-text_encoder (SD)   ``input_ids`` int32 [1, L]                                  ``last_hidden_state``
-text_encoder (XL,   ``input_ids`` int32 [1, L]                                  ``hidden_embeds``
-SD3), _2                                                                        (, ``pooled_outputs``)
-text_encoder_3      ``input_ids`` int32 [1, L] (T5)                             ``last_hidden_state``
-unet                ``sample`` [2, C, h, w], ``timestep`` [2],                  ``noise_pred``
-                    ``encoder_hidden_states`` (XL: ``text_embeds``, ``time_ids``)
-transformer (SD3)   ``sample``, ``timestep``, ``encoder_hidden_states``,        ``noise_pred``
-                    ``pooled_projections``
-vae_decoder         ``z`` [1, C, h, w] (already divided by the scaling factor)  ``image`` [-1, 1]
-vae_encoder         ``image`` [1, 3, H, W] in [-1, 1]                           ``latent_params``
-==================  ==========================================================  =================
+* ``text_encoder`` (SD): ``input_ids`` int32 [1, L] -> ``last_hidden_state``;
+* ``text_encoder`` / ``text_encoder_2`` (SDXL, SD3): ``input_ids`` -> ``hidden_embeds``
+  (and ``pooled_outputs`` where the pipeline reads a pooled projection);
+* ``text_encoder_3`` (SD3's T5): ``input_ids`` int32 [1, L] -> ``last_hidden_state``;
+* ``unet``: ``sample`` [2, C, h, w], ``timestep`` float32 [2], ``encoder_hidden_states``
+  (SDXL also ``text_embeds``, ``time_ids``) -> ``noise_pred``;
+* ``transformer`` (SD3's MMDiT): ``sample``, ``timestep``, ``encoder_hidden_states``,
+  ``pooled_projections`` -> ``noise_pred``;
+* ``vae_decoder``: ``z`` [1, C, h, w] (divided by the scaling factor, shifted) -> ``image``
+  in [-1, 1]; ``vae_encoder``: ``image`` [1, 3, H, W] in [-1, 1] -> ``latent_params`` (mean
+  and log-variance).
 
 ``hidden_embeds`` is the hidden state the pipeline reads (the penultimate layer's for SDXL and
 SD3), so a program computes exactly what diffusers feeds its denoiser.

@@ -13,8 +13,8 @@ a weight is read from its checkpoint only while the asset is written.
 from __future__ import annotations
 
 import importlib
-import shutil
 import json
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field

@@ -11,6 +11,7 @@ the image post-processing are diffusers' own.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import json
@@ -355,9 +356,7 @@ class CoreAIDiffusionPipeline:
 
 def _close(modules: list[RuntimeModule], owned: tempfile.TemporaryDirectory | None) -> None:
     for module in modules:
-        try:
+        with contextlib.suppress(Exception):  # closing at garbage collection must not raise
             module.close()
-        except Exception:  # closing at garbage collection must not raise
-            pass
     if owned is not None:
         owned.cleanup()
