@@ -11,6 +11,7 @@ import torch
 
 from .components import Shapes, family_named
 from .export import load_module, read_pipeline
+from .mixed_bits import output_psnr
 from .modules import RuntimeModule
 
 
@@ -23,11 +24,13 @@ class ComponentError:
     output: str
     max_abs_error: float
     max_abs_reference: float
+    #: PSNR (dB) with the reference's largest magnitude as the peak
+    psnr_db: float
 
     def __str__(self) -> str:
         return (
             f"{self.role}/{self.entrypoint}/{self.output}: max |error| {self.max_abs_error:.3g} "
-            f"(max |reference| {self.max_abs_reference:.3g})"
+            f"(max |reference| {self.max_abs_reference:.3g}), PSNR {self.psnr_db:.1f} dB"
         )
 
 
@@ -72,6 +75,7 @@ def component_errors(pipeline: Any, source_dir: str | Path, seed: int = 0) -> li
                             name,
                             float((actual[name] - reference).abs().max()),
                             float(reference.abs().max()),
+                            output_psnr(actual[name], reference),
                         )
                     )
         finally:

@@ -157,9 +157,33 @@ def sdxl_pipeline(directory: Path) -> Path:
     return out
 
 
-def sd3_pipeline(directory: Path) -> Path:
+def t5_tokenizer(directory: Path) -> Any:
+    """A ``T5TokenizerFast`` over single characters (a Unigram model, no downloads)."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -1.0)]
+    pieces += [(c, -2.0) for c in string.ascii_letters + string.digits + string.punctuation]
+    model = Tokenizer(models.Unigram(pieces, unk_id=2))
+    model.pre_tokenizer = pre_tokenizers.Metaspace()
+    model.decoder = decoders.Metaspace()
+    tokenizer = T5TokenizerFast(
+        tokenizer_object=model,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        extra_ids=0,
+    )
+    tokenizer.save_pretrained(directory)
+    return T5TokenizerFast.from_pretrained(directory)
+
+
+def sd3_pipeline(directory: Path, t5: bool = False) -> Path:
     """A Stable Diffusion 3-shaped pipeline (an MMDiT, two CLIP text encoders with
-    projections, no T5: ``text_encoder_3`` saved as None), random weights; 32x32 images."""
+    projections; without T5 ``text_encoder_3`` is saved as None), random weights; 32x32
+    images."""
     from diffusers import (
         FlowMatchEulerDiscreteScheduler,
         SD3Transformer2DModel,
@@ -189,12 +213,28 @@ def sd3_pipeline(directory: Path) -> Path:
         tokenizer=tokenizer,
         text_encoder_2=CLIPTextModelWithProjection(clip_text_config(projection=32)).eval(),
         tokenizer_2=tokenizer,
-        text_encoder_3=None,
-        tokenizer_3=None,
+        text_encoder_3=_t5_encoder() if t5 else None,
+        tokenizer_3=t5_tokenizer(directory / "_t5") if t5 else None,
     )
-    out = directory / "sd3"
+    out = directory / ("sd3_t5" if t5 else "sd3")
     pipe.save_pretrained(out)
     return out
+
+
+def _t5_encoder() -> Any:
+    from transformers import T5Config, T5EncoderModel
+
+    config = T5Config(
+        vocab_size=104,
+        d_model=64,
+        d_ff=64,
+        d_kv=8,
+        num_layers=2,
+        num_heads=4,
+        feed_forward_proj="gated-gelu",
+        dense_act_fn="gelu_new",
+    )
+    return T5EncoderModel(config).eval()
 
 
 def psnr(actual: Any, expected: Any) -> float:

@@ -45,10 +45,10 @@ def test_mixed_bit_palettes(pipelines: dict[str, Path]) -> None:
         assert all(set(layer["psnr_db"]) == {"8", "4", "2"} for layer in layers.values())
         assert report["achieved_psnr_db"] >= 30.0
         assert report["bits_per_compressed_weight"] < 8
-        # the program computes what the palettes give: its output against the float UNet
+        # the program computes what the palettes give: its output against the float UNet on
+        # the calibration inputs, measured on the runtime
         unet_error = next(e for e in component_errors(pipe, pipelines["sd"]) if e.role == "unet")
-        snr = 20 * __import__("math").log10(unet_error.max_abs_reference / unet_error.max_abs_error)
-        assert snr >= 20.0, str(unet_error)
+        assert unet_error.psnr_db >= 29.0, str(unet_error)
         image = generate(pipe)
         assert psnr(image, generate(reference(pipelines["sd"]))) >= 20.0
 

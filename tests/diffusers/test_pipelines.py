@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.diffusers.support import generate, psnr, reference
+from tests.diffusers.support import PROMPT, generate, psnr, reference
 
 #: the lowest PSNR (dB) of the final image against diffusers' over 4 steps
 FP32_PSNR = 60.0
@@ -100,3 +100,20 @@ def test_sd3_bundle_names(exported: Any) -> None:
         "hidden_embeds",
         "pooled_outputs",
     ]
+
+
+def test_sd3_with_t5(tmp_path: Path) -> None:
+    """SD3 with its T5 encoder: a third text encoder, 77 + max_sequence_length tokens."""
+    from coreai_torch.diffusers import CoreAIDiffusionPipeline
+    from tests.diffusers.support import sd3_pipeline
+
+    source = sd3_pipeline(tmp_path, t5=True)
+    with CoreAIDiffusionPipeline.from_pretrained(
+        source, export=True, max_sequence_length=16
+    ) as pipe:
+        assert pipe.manifest["assets"]["text_encoder_3"] == "TextEncoder3.aimodel"
+        ours = generate(pipe)
+        theirs = generate(reference(source), max_sequence_length=16)
+        assert psnr(ours, theirs) >= FP32_PSNR
+        with pytest.raises(ValueError, match="exported for 16 T5 tokens"):
+            pipe(PROMPT, num_inference_steps=1, max_sequence_length=32)
