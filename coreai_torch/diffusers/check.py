@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .components import Shapes, family_named
+from .components import Shapes, family_of
 from .export import load_module, read_pipeline
 from .mixed_bits import output_psnr
 from .modules import RuntimeModule
@@ -41,7 +41,8 @@ def component_errors(pipeline: Any, source_dir: str | Path, seed: int = 0) -> li
     same random example inputs; returns the errors of every output."""
     source = read_pipeline(source_dir)
     config = pipeline.coreai_config
-    family = family_named(config["type"])
+    family = family_of(config["pipeline_class"])
+    assert family is not None
     by_role = {c.role: c for c in family.components}
     errors: list[ComponentError] = []
     for role, saved in config["components"].items():
@@ -66,8 +67,8 @@ def component_errors(pipeline: Any, source_dir: str | Path, seed: int = 0) -> li
                 with torch.no_grad():
                     expected = wrapper(*args)
                 expected = expected if isinstance(expected, tuple) else (expected,)
-                actual = runner.run(entry, **dict(zip(component.inputs, args, strict=True)))
-                for name, reference in zip(component.outputs, expected, strict=True):
+                actual = runner.run(entry, **dict(zip(saved["inputs"], args, strict=True)))
+                for name, reference in zip(saved["outputs"], expected, strict=True):
                     errors.append(
                         ComponentError(
                             role,

@@ -80,6 +80,79 @@ class UNetModule(nn.Module):
         return self.unet(sample, timestep, encoder_hidden_states, return_dict=False, **kwargs)[0]
 
 
+class ControlledUNetModule(nn.Module):
+    """``(sample, timestep, encoder_hidden_states, down_block_res_0.., mid_block_res) ->
+    noise_pred``: the UNet of a ControlNet pipeline, the ControlNet's residuals added."""
+
+    def __init__(self, unet: nn.Module) -> None:
+        super().__init__()
+        self.unet = unet
+
+    def forward(
+        self,
+        sample: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        *residuals: torch.Tensor,
+    ) -> torch.Tensor:
+        return self.unet(
+            sample,
+            timestep,
+            encoder_hidden_states,
+            down_block_additional_residuals=residuals[:-1],
+            mid_block_additional_residual=residuals[-1],
+            return_dict=False,
+        )[0]
+
+
+class ControlNetModule(nn.Module):
+    """``(sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale) ->
+    (down_block_res_0.., mid_block_res)``."""
+
+    def __init__(self, controlnet: nn.Module) -> None:
+        super().__init__()
+        self.controlnet = controlnet
+
+    def forward(
+        self,
+        sample: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        controlnet_cond: torch.Tensor,
+        conditioning_scale: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        down, mid = self.controlnet(
+            sample,
+            timestep,
+            encoder_hidden_states,
+            controlnet_cond,
+            conditioning_scale=conditioning_scale,
+            return_dict=False,
+        )
+        return (*down, mid)
+
+
+def residual_shapes(config: dict[str, Any], height: int, width: int) -> list[tuple[int, ...]]:
+    """The ``[channels, height, width]`` of each down-block residual of a UNet (or ControlNet)
+    configuration at a latent size, then the mid block's."""
+    channels = list(config["block_out_channels"])
+    layers = config.get("layers_per_block", 2)
+    shapes = [(channels[0], height, width)]
+    for index, out in enumerate(channels):
+        count = layers if isinstance(layers, int) else layers[index]
+        shapes += [(out, height, width)] * count
+        if index < len(channels) - 1:
+            height, width = (height + 1) // 2, (width + 1) // 2
+            shapes.append((out, height, width))
+    return [*shapes, (channels[-1], height, width)]
+
+
+def residual_names(config: dict[str, Any]) -> tuple[str, ...]:
+    """``down_block_res_0 .. down_block_res_{n-1}, mid_block_res`` of a UNet configuration."""
+    count = len(residual_shapes(config, 8, 8)) - 1
+    return (*(f"down_block_res_{i}" for i in range(count)), "mid_block_res")
+
+
 class SD3TransformerModule(nn.Module):
     """``(sample, timestep, encoder_hidden_states, pooled_projections) -> noise_pred``."""
 
@@ -185,6 +258,24 @@ def _unet_example(s: Shapes) -> tuple[torch.Tensor, ...]:
         args.append(torch.tensor([[s.height, s.width, 0, 0, s.height, s.width]] * 2, dtype=float))
         args[-1] = args[-1].float()
     return tuple(args)
+
+
+def _controlled_unet_example(s: Shapes) -> tuple[torch.Tensor, ...]:
+    shapes = residual_shapes(s.configs["unet"], s.latent_height, s.latent_width)
+    residuals = tuple(torch.randn(GUIDANCE_BATCH, *shape) * 0.1 for shape in shapes)
+    return (*_unet_example(s), *residuals)
+
+
+def _controlnet_example(s: Shapes) -> tuple[torch.Tensor, ...]:
+    config = s.configs["controlnet"]
+    context = torch.randn(GUIDANCE_BATCH, s.extras["text_length"], config["cross_attention_dim"])
+    return (
+        _latents(s, "controlnet", GUIDANCE_BATCH),
+        _timestep(),
+        context,
+        torch.rand(GUIDANCE_BATCH, 3, s.height, s.width),
+        torch.ones(1),
+    )
 
 
 def _sd3_example(s: Shapes) -> tuple[torch.Tensor, ...]:
@@ -338,7 +429,61 @@ STABLE_DIFFUSION_3 = Family(
     default_guidance_scale=7.0,
 )
 
-FAMILIES = (STABLE_DIFFUSION, STABLE_DIFFUSION_XL, STABLE_DIFFUSION_3)
+
+def _controlled_unet() -> Component:
+    return Component(
+        "unet",
+        "unet",
+        "Unet",
+        ("sample", "timestep", "encoder_hidden_states"),  # + the residuals (controlled_inputs)
+        ("noise_pred",),
+        ControlledUNetModule,
+        _controlled_unet_example,
+        per_resolution=True,
+    )
+
+
+STABLE_DIFFUSION_CONTROLNET = Family(
+    "stable-diffusion",
+    ("StableDiffusionControlNetPipeline", "StableDiffusionControlNetImg2ImgPipeline"),
+    "StableDiffusionControlNetImg2ImgPipeline",
+    "unet",
+    (
+        STABLE_DIFFUSION.components[0],
+        _controlled_unet(),
+        Component(
+            "controlnet",
+            "controlnet",
+            "ControlNet",
+            (
+                "sample",
+                "timestep",
+                "encoder_hidden_states",
+                "controlnet_cond",
+                "conditioning_scale",
+            ),
+            (),  # the residuals' names, from the configuration (controlled_inputs)
+            ControlNetModule,
+            _controlnet_example,
+            per_resolution=True,
+        ),
+        VAE_DECODER,
+        VAE_ENCODER,
+    ),
+)
+
+FAMILIES = (STABLE_DIFFUSION, STABLE_DIFFUSION_XL, STABLE_DIFFUSION_3, STABLE_DIFFUSION_CONTROLNET)
+
+
+def component_io(component: Component, configs: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
+    """The input and output names of ``component`` in a pipeline of ``configs``: a ControlNet
+    pipeline's UNet also takes, and its ControlNet returns, the down- and mid-block residuals."""
+    inputs, outputs = component.inputs, component.outputs
+    if component.wrap is ControlledUNetModule:
+        inputs = (*inputs, *residual_names(configs["unet"]))
+    if component.wrap is ControlNetModule:
+        outputs = residual_names(configs["controlnet"])
+    return inputs, outputs
 
 
 def family_of(pipeline_class: str) -> Family | None:

@@ -32,7 +32,14 @@ from coreai_torch.ir.lazy import WeightSource
 from coreai_torch.llm.export import compression_config, precision_policy
 from coreai_torch.precision import Precision
 
-from .components import Component, Family, Shapes, family_of, supported_pipelines
+from .components import (
+    Component,
+    Family,
+    Shapes,
+    component_io,
+    family_of,
+    supported_pipelines,
+)
 
 #: libraries a pipeline's component may come from
 _LIBRARIES = ("diffusers", "transformers")
@@ -238,6 +245,7 @@ def export_component(
     entrypoints: dict[str, tuple[int, int] | None] = (
         dict(entrypoint_names(resolutions)) if component.per_resolution else {"main": None}
     )
+    inputs, outputs = component_io(component, source.configs)
     converter = TorchConverter(compute_precision=policy)
     calibration: tuple[torch.Tensor, ...] = ()
     with lazy.tracing(), torch.no_grad():
@@ -248,8 +256,8 @@ def export_component(
             ep = export_decomposed(wrapper, args, strict=False)
             converter.add_exported_program(
                 ep,
-                input_names=list(component.inputs),
-                output_names=list(component.outputs),
+                input_names=list(inputs),
+                output_names=list(outputs),
                 entrypoint_name=name,
             )
     program = converter.to_coreai()
@@ -404,8 +412,8 @@ def export_pipeline(
                 "asset": done.asset.name,
                 "source": component.source,
                 "class": source.modules[component.source][1],
-                "inputs": list(component.inputs),
-                "outputs": list(component.outputs),
+                "inputs": list(component_io(component, source.configs)[0]),
+                "outputs": list(component_io(component, source.configs)[1]),
                 "entrypoints": {k: list(v) if v else None for k, v in done.entrypoints.items()},
                 "precision": done.precision,
                 "compression": done.compression,

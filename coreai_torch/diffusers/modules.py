@@ -99,10 +99,15 @@ def _config(values: Mapping[str, Any]) -> Any:
 
 
 def batched(
-    module: RuntimeModule, entrypoint: str, batch: int, inputs: dict[str, torch.Tensor]
+    module: RuntimeModule,
+    entrypoint: str,
+    batch: int,
+    inputs: dict[str, torch.Tensor],
+    shared: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Run ``entrypoint`` (exported for ``batch`` samples) over inputs of any batch size: in
-    chunks of ``batch``, the last one padded with copies of its first sample."""
+    chunks of ``batch``, the last one padded with copies of its first sample (``shared``
+    inputs are given whole to every chunk)."""
     total = next(iter(inputs.values())).shape[0]
     pieces: list[dict[str, torch.Tensor]] = []
     for start in range(0, total, batch):
@@ -113,7 +118,7 @@ def batched(
                 k: torch.cat([v, v[:1].expand(batch - size, *v.shape[1:])])
                 for k, v in chunk.items()
             }
-        out = module.run(entrypoint, **chunk)
+        out = module.run(entrypoint, **chunk, **(shared or {}))
         pieces.append({k: v[:size] for k, v in out.items()})
     return {k: torch.cat([p[k] for p in pieces]) for k in pieces[0]}
 
@@ -218,10 +223,19 @@ def check_timestep(timestep: Any, batch: int) -> torch.Tensor:
 class RuntimeUNet(RuntimeModule):
     """``UNet2DConditionModel.forward`` on the exported UNet (SD 1.x/2.x, SDXL)."""
 
-    def __init__(self, *args: Any, extra: Mapping[str, Any], batch: int, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        extra: Mapping[str, Any],
+        batch: int,
+        residuals: tuple[str, ...] = (),
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.batch = batch
         self.vae_scale_factor = int(extra["vae_scale_factor"])
+        #: the ControlNet residual inputs of a ControlNet pipeline's UNet (none otherwise)
+        self.residuals = tuple(n for n in residuals if n.endswith("_res") or "_res_" in n)
         if "add_embedding_in_features" in extra:  # read by SDXL's _get_add_time_ids
             self.add_embedding = SimpleNamespace(
                 linear_1=SimpleNamespace(in_features=extra["add_embedding_in_features"])
@@ -235,6 +249,8 @@ class RuntimeUNet(RuntimeModule):
         timestep_cond: torch.Tensor | None = None,
         cross_attention_kwargs: Any = None,
         added_cond_kwargs: Mapping[str, torch.Tensor] | None = None,
+        down_block_additional_residuals: Any = None,
+        mid_block_additional_residual: torch.Tensor | None = None,
         return_dict: bool = True,
         **unsupported: Any,
     ) -> Any:
@@ -254,8 +270,102 @@ class RuntimeUNet(RuntimeModule):
         if added_cond_kwargs:
             inputs["text_embeds"] = added_cond_kwargs["text_embeds"].float()
             inputs["time_ids"] = added_cond_kwargs["time_ids"].float()
+        given = down_block_additional_residuals is not None
+        if given and not self.residuals:
+            raise ValueError(
+                "this UNet was exported without ControlNet residual inputs; export the "
+                "StableDiffusionControlNetPipeline to run a ControlNet"
+            )
+        if self.residuals:
+            if given:
+                values = [*down_block_additional_residuals, mid_block_additional_residual]
+            else:  # no ControlNet this call: residuals of zeros add nothing
+                values = [None] * len(self.residuals)
+            if len(values) != len(self.residuals):
+                raise ValueError(
+                    f"the UNet takes {len(self.residuals)} ControlNet residuals, got {len(values)}"
+                )
+            for name, value in zip(self.residuals, values, strict=True):
+                inputs[name] = (
+                    value.float() if value is not None else self._zeros(entry, name, sample)
+                )
         noise = batched(self, entry, self.batch, inputs)["noise_pred"]
         return _output(noise, return_dict)
+
+    def _zeros(self, entry: str, name: str, sample: torch.Tensor) -> torch.Tensor:
+        shape = list(self.session.descriptor(entry).input_descriptor(name).shape)
+        return torch.zeros(sample.shape[0], *shape[1:])
+
+
+def runtime_controlnet(
+    runner: RuntimeModule, extra: Mapping[str, Any], batch: int, outputs: tuple[str, ...]
+) -> nn.Module:
+    """A ``ControlNetModel`` (the pipelines check the class) whose forward runs the exported
+    ControlNet: ``(sample, timestep, encoder_hidden_states, controlnet_cond,
+    conditioning_scale) -> (down-block residuals, mid-block residual)``."""
+    from diffusers import ControlNetModel
+
+    class RuntimeControlNet(ControlNetModel):
+        def __init__(self) -> None:
+            nn.Module.__init__(self)
+            self._internal_dict = runner.config
+            self.runner = runner
+            self.vae_scale_factor = int(extra["vae_scale_factor"])
+
+        @property
+        def dtype(self) -> torch.dtype:
+            return torch.float32
+
+        @property
+        def device(self) -> torch.device:
+            return torch.device("cpu")
+
+        def to(self, *args: Any, **kwargs: Any) -> RuntimeControlNet:
+            return self
+
+        def close(self) -> None:
+            runner.close()
+
+        def forward(  # type: ignore[override]
+            self,
+            sample: torch.Tensor,
+            timestep: Any,
+            encoder_hidden_states: torch.Tensor,
+            controlnet_cond: torch.Tensor,
+            conditioning_scale: float = 1.0,
+            guess_mode: bool = False,
+            return_dict: bool = True,
+            **unsupported: Any,
+        ) -> Any:
+            _refuse(unsupported, "ControlNet")
+            if guess_mode:
+                raise ValueError(
+                    "the exported ControlNet scales its residuals uniformly; guess_mode=True "
+                    "(and global_pool_conditions) is not supported"
+                )
+            factor = self.vae_scale_factor
+            entry = runner.entrypoint_for(
+                sample.shape[-2] * factor, sample.shape[-1] * factor, "ControlNet"
+            )
+            out = batched(
+                runner,
+                entry,
+                batch,
+                {
+                    "sample": sample.float(),
+                    "timestep": check_timestep(timestep, sample.shape[0]),
+                    "encoder_hidden_states": encoder_hidden_states.float(),
+                    "controlnet_cond": controlnet_cond.float(),
+                },
+                {"conditioning_scale": torch.full((1,), float(conditioning_scale))},
+            )
+            down = tuple(out[name] for name in outputs[:-1])
+            mid = out[outputs[-1]]
+            if return_dict:
+                return SimpleNamespace(down_block_res_samples=down, mid_block_res_sample=mid)
+            return down, mid
+
+    return RuntimeControlNet()
 
 
 class RuntimeSD3Transformer(RuntimeModule):

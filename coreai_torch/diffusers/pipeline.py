@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from .bundle import read_directory
-from .components import GUIDANCE_BATCH, family_named
+from .components import GUIDANCE_BATCH, family_of
 from .modules import (
     RuntimeModule,
     RuntimeSD3Transformer,
     RuntimeTextEncoder,
     RuntimeUNet,
     RuntimeVAE,
+    runtime_controlnet,
 )
 
 #: optional pipeline arguments given as None / False when the pipeline is built
@@ -62,7 +63,13 @@ class CoreAIDiffusionPipeline:
     ) -> None:
         self.directory = Path(directory)
         self.manifest, self.coreai_config = read_directory(self.directory)
-        self.family = family_named(self.coreai_config["type"])
+        family = family_of(self.coreai_config["pipeline_class"])
+        if family is None:
+            raise ValueError(
+                f"{directory}: unknown pipeline class {self.coreai_config['pipeline_class']!r}; "
+                "upgrade coreai-torch"
+            )
+        self.family = family
         self._owned = owned
         self.modules = self._runtime_modules(verify_hash)
         self.pipe = self._build(self.coreai_config["pipeline_class"])
@@ -193,10 +200,16 @@ class CoreAIDiffusionPipeline:
     ) -> Any:
         """diffusers' ``__call__`` (``prompt``, ``negative_prompt``, ``num_inference_steps``,
         ``guidance_scale``, ``generator``, ``height``, ``width``, ``output_type``, ...); with
-        ``image=`` the image-to-image pipeline (``strength``)."""
+        ``image=`` the image-to-image pipeline (``strength``).  A ControlNet pipeline takes its
+        control image as ``image=`` (as diffusers' does), and runs image-to-image with
+        ``image=`` and ``control_image=``."""
         self._check_scheduler()
         height, width = kwargs.pop("height", None), kwargs.pop("width", None)
-        if image is None:
+        # ControlNet pipelines take their control image as image=; image-to-image is then
+        # image= (the initial image) with control_image=
+        takes_image = "image" in inspect.signature(type(self.pipe).__call__).parameters
+        to_image = image is not None and (not takes_image or "control_image" in kwargs)
+        if not to_image:
             default = self.resolutions[0]
             height, width = height or default[0], width or default[1]
             if (height, width) not in self.resolutions:
@@ -217,7 +230,7 @@ class CoreAIDiffusionPipeline:
                     f"{length} T5 tokens; call with max_sequence_length={length} or export "
                     f"again with max_sequence_length={given}"
                 )
-        pipe = self.pipe if image is None else self.image_to_image
+        pipe = self.image_to_image if to_image else self.pipe
         if image is not None:
             kwargs["image"] = image
         return pipe(prompt=prompt, negative_prompt=negative_prompt, **kwargs)
@@ -293,6 +306,16 @@ class CoreAIDiffusionPipeline:
                     extra=extras,
                     batch=GUIDANCE_BATCH,
                     verify_hash=verify_hash,
+                    residuals=tuple(component["inputs"][3:]),
+                )
+            elif role == "controlnet":
+                modules[source] = runtime_controlnet(
+                    RuntimeModule(
+                        asset, config(source), entrypoints(role), verify_hash=verify_hash
+                    ),
+                    extras,
+                    GUIDANCE_BATCH,
+                    tuple(component["outputs"]),
                 )
             elif role == "transformer":
                 modules[source] = RuntimeSD3Transformer(

@@ -266,3 +266,30 @@ def reference(path: Path) -> Any:
     pipe = DiffusionPipeline.from_pretrained(path, **left_out)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def controlnet_pipeline(directory: Path) -> Path:
+    """The SD 1.x pipeline of :func:`sd_pipeline` with a ControlNet made from its UNet."""
+    from diffusers import (
+        ControlNetModel,
+        StableDiffusionControlNetPipeline,
+        StableDiffusionPipeline,
+    )
+
+    source = StableDiffusionPipeline.from_pretrained(sd_pipeline(directory))
+    torch.manual_seed(2)
+    controlnet = ControlNetModel.from_unet(
+        source.unet, conditioning_embedding_out_channels=(16, 32)
+    )
+    with torch.no_grad():  # from_unet zero-initialises the output convolutions: make them count
+        for parameter in controlnet.parameters():
+            if not parameter.abs().sum():
+                parameter.normal_(0, 0.05)
+    pipe = StableDiffusionControlNetPipeline(
+        **{k: v for k, v in source.components.items() if k != "image_encoder"},
+        controlnet=controlnet.eval(),
+    )
+    pipe.register_to_config(requires_safety_checker=False)
+    out = directory / "controlnet"
+    pipe.save_pretrained(out)
+    return out
