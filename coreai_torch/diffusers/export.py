@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import json
 import shutil
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -393,7 +394,11 @@ def export_pipeline(
     extras = text_extras(source, max_sequence_length)
     target = Path(out)
 
-    def fill(tmp: Path) -> None:
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise FileExistsError(f"{target} exists and is not an empty directory; choose a new output")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".export", dir=target.parent))
+    try:
         components: dict[str, Any] = {}
         for component in source.components():
             module = load_module(source, component.source)
@@ -403,36 +408,49 @@ def export_pipeline(
                 module,
                 chosen,
                 extras,
-                tmp,
+                staging,
                 policy=component_precision(source, component, policy),
                 compress=compression if compresses(compression, component) else None,
             )
             del module
+            inputs, outputs = component_io(component, source.configs)
             components[component.role] = {
                 "asset": done.asset.name,
                 "source": component.source,
                 "class": source.modules[component.source][1],
-                "inputs": list(component_io(component, source.configs)[0]),
-                "outputs": list(component_io(component, source.configs)[1]),
+                "inputs": list(inputs),
+                "outputs": list(outputs),
                 "entrypoints": {k: list(v) if v else None for k, v in done.entrypoints.items()},
                 "precision": done.precision,
                 "compression": done.compression,
                 "seconds": round(done.seconds, 3),
                 **({"mixed_bits": done.report} if isinstance(done.report, dict) else {}),
             }
-        for folder in {c["source"] for c in components.values()}:
-            (tmp / folder).mkdir(exist_ok=True)
-            shutil.copy2(source.path / folder / "config.json", tmp / folder / "config.json")
+        description = compression_name(compression)
+        config: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "task": "text-to-image",
+            "class": "CoreAIDiffusionPipeline",
+            "pipeline_class": source.pipeline_class,
+            "type": source.family.bundle_type,
+            "precision": "fp16" if policy.is_half else "fp32",
+            "compression": description,
+            "resolutions": [list(r) for r in chosen],
+            "extras": extras,
+            "components": components,
+        }
+        write_json(staging / COREAI_CONFIG, config)
         sources = {c["source"] for c in components.values()}
+        files = {COREAI_CONFIG: staging / COREAI_CONFIG}
+        files |= {f"{s}/config.json": source.path / s / "config.json" for s in sources}
         for folder in _COPIED:
             encoder = folder.replace("tokenizer", "text_encoder")
             if (source.path / folder).is_dir() and (folder == "scheduler" or encoder in sources):
-                shutil.copytree(source.path / folder, tmp / folder)
-        shutil.copy2(source.path / "model_index.json", tmp / "model_index.json")
+                files[folder] = source.path / folder
+        files["model_index.json"] = source.path / "model_index.json"
         scheduler = json.loads((source.path / "scheduler" / "scheduler_config.json").read_text())
-        description = compression_name(compression)
-        write_json(
-            tmp / "metadata.json",
+        write_directory(
+            target,
             manifest(
                 name or source.path.resolve().name,
                 source.family.bundle_type,
@@ -444,25 +462,11 @@ def export_pipeline(
                 default_guidance_scale=source.family.default_guidance_scale,
                 compression=description,
             ),
+            {role: staging / c["asset"] for role, c in components.items()},
+            files,
         )
-        config.update(
-            {
-                "format_version": FORMAT_VERSION,
-                "task": "text-to-image",
-                "class": "CoreAIDiffusionPipeline",
-                "pipeline_class": source.pipeline_class,
-                "type": source.family.bundle_type,
-                "precision": "fp16" if policy.is_half else "fp32",
-                "compression": description,
-                "resolutions": [list(r) for r in chosen],
-                "extras": extras,
-                "components": components,
-            }
-        )
-        write_json(tmp / COREAI_CONFIG, config)
-
-    config: dict[str, Any] = {}
-    write_directory(target, fill)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return config
 
 

@@ -15,7 +15,6 @@ import contextlib
 import importlib
 import inspect
 import json
-import shutil
 import tempfile
 import weakref
 from pathlib import Path
@@ -145,26 +144,22 @@ class CoreAIDiffusionPipeline:
     def save_pretrained(self, save_directory: str | Path) -> None:
         """Write the diffusion bundle (assets, ``metadata.json``, tokenizers, scheduler,
         configurations) to ``save_directory``, a new or empty directory."""
-        from .bundle import write_directory
+        from .bundle import bundle_files, write_directory
 
         out = Path(save_directory)
-        if out.resolve() == self.directory.resolve():
+        if out.exists() and out.resolve() == self.directory.resolve():
             return
-
-        def fill(tmp: Path) -> None:
-            for item in self.directory.iterdir():
-                target = tmp / item.name
-                if item.is_dir():
-                    shutil.copytree(item, target)
-                else:
-                    shutil.copy2(item, target)
+        files = bundle_files(self.directory, self.manifest)
+        with tempfile.TemporaryDirectory(prefix="coreai_torch_scheduler_") as scratch:
             scheduler = self.scheduler  # the one in use (it may have been swapped)
-            scheduler.save_config(tmp / "scheduler")
-            index = json.loads((tmp / "model_index.json").read_text())
+            scheduler.save_config(Path(scratch) / "scheduler")
+            index = json.loads((self.directory / "model_index.json").read_text())
             index["scheduler"] = ["diffusers", type(scheduler).__name__]
-            (tmp / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
-
-        write_directory(out, fill)
+            (Path(scratch) / "model_index.json").write_text(json.dumps(index, indent=2) + "\n")
+            files["scheduler"] = Path(scratch) / "scheduler"
+            files["model_index.json"] = Path(scratch) / "model_index.json"
+            assets = {role: self.directory / rel for role, rel in self.manifest.assets.items()}
+            write_directory(out, self.manifest, assets, files)
 
     def close(self) -> None:
         """Release the runtime (also done when the pipeline is garbage collected)."""
@@ -248,7 +243,7 @@ class CoreAIDiffusionPipeline:
         return self._image_to_image
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("pipe", "modules", "coreai_config", "manifest", "family"):
+        if name in ("pipe", "modules", "coreai_config", "manifest", "family", "_finalizer"):
             raise AttributeError(name)
         return getattr(self.pipe, name)
 

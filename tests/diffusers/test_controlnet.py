@@ -28,7 +28,7 @@ def test_controlnet(tmp_path: Path) -> None:
     source = controlnet_pipeline(tmp_path)
     with CoreAIDiffusionPipeline.from_pretrained(source, export=True) as pipe:
         config = pipe.coreai_config["components"]
-        assert pipe.manifest["assets"]["controlnet"] == "ControlNet.aimodel"
+        assert pipe.manifest.assets["controlnet"] == "ControlNet.aimodel"
         residuals = config["controlnet"]["outputs"]
         assert residuals[-1] == "mid_block_res" and len(residuals) == 6
         assert config["unet"]["inputs"][3:] == residuals

@@ -59,6 +59,7 @@ def test_components_match_pytorch(kind: str, pipelines: dict[str, Path], exporte
 
 
 def test_bundle_round_trip(tmp_path: Path, exported: Any) -> None:
+    from coreai_torch.bundles import Bundle
     from coreai_torch.diffusers import CoreAIDiffusionPipeline
 
     pipe = exported("sd")
@@ -77,6 +78,8 @@ def test_bundle_round_trip(tmp_path: Path, exported: Any) -> None:
     assert meta["diffusion"]["prediction_type"] == "epsilon"
     assert (out / "tokenizer" / "vocab.json").is_file()
     assert (out / "tokenizer" / "merges.txt").is_file()
+    bundle = Bundle.load(out)  # the app's loading rules, every asset's function 'main' checked
+    assert bundle.kind == "diffusion" and bundle.diffusion.type == "stable-diffusion"
     with CoreAIDiffusionPipeline.from_pretrained(out) as loaded:
         np.testing.assert_array_equal(generate(loaded), generate(pipe))
 
@@ -84,10 +87,11 @@ def test_bundle_round_trip(tmp_path: Path, exported: Any) -> None:
 def test_sd3_bundle_names(exported: Any) -> None:
     pipe = exported("sd3")
     meta = pipe.manifest
-    assert meta["assets"]["transformer"] == "MMDiT.aimodel"
-    assert meta["diffusion"]["type"] == "stable-diffusion-3"
-    assert meta["diffusion"]["prediction_type"] == "flow"
-    assert "text_encoder_3" not in meta["assets"]  # saved without T5
+    assert meta.assets["transformer"] == "MMDiT.aimodel"
+    assert meta.diffusion.type == "stable-diffusion-3"
+    assert meta.diffusion.prediction_type == "flow"
+    assert meta.diffusion.scheduler is None  # a flow-matching schedule has no betas
+    assert "text_encoder_3" not in meta.assets  # saved without T5
     transformer = pipe.coreai_config["components"]["transformer"]
     assert transformer["inputs"] == [
         "sample",
@@ -111,7 +115,7 @@ def test_sd3_with_t5(tmp_path: Path) -> None:
     with CoreAIDiffusionPipeline.from_pretrained(
         source, export=True, max_sequence_length=16
     ) as pipe:
-        assert pipe.manifest["assets"]["text_encoder_3"] == "TextEncoder3.aimodel"
+        assert pipe.manifest.assets["text_encoder_3"] == "TextEncoder3.aimodel"
         ours = generate(pipe)
         theirs = generate(reference(source), max_sequence_length=16)
         assert psnr(ours, theirs) >= FP32_PSNR
