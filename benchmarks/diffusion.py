@@ -12,6 +12,12 @@ Then the asset is loaded on the runtime and one denoising step (batch 2: guidanc
 after a warm-up call.
 
     python -m benchmarks.diffusion [--dir DIR] [--steps 2] [--keep]
+    python -m benchmarks.diffusion --tiny      # the tiny pipelines against diffusers (docs)
+
+``--tiny`` measures what docs/text_to_image.md reports for the test pipelines
+(``tests/diffusers/support.py``): each exported in fp32, fp16 and with mixed-bit palettes, the
+PSNR of 4 denoising steps' image against diffusers' on the same weights and seed, and each
+component's largest error against its PyTorch module.
 """
 
 from __future__ import annotations
@@ -177,6 +183,66 @@ def measure(directory: Path, steps: int = 2) -> dict[str, Any]:
     }
 
 
+def measure_tiny(directory: Path) -> list[dict[str, Any]]:
+    """The tiny SD 1.x / SDXL / SD3 pipelines of the tests against diffusers."""
+    from coreai_torch.diffusers import CoreAIDiffusionPipeline
+    from coreai_torch.diffusers.check import component_errors
+    from coreai_torch.diffusers.mixed_bits import MixedBitPalettes
+    from tests.diffusers import support
+
+    builders = {"SD 1.x": support.sd_pipeline, "SDXL": support.sdxl_pipeline}
+    builders["SD3 (no T5)"] = support.sd3_pipeline
+    rows = []
+    for label, build in builders.items():
+        source = build(directory)
+        expected = support.generate(support.reference(source))
+        variants: dict[str, dict[str, Any]] = {"fp32": {}, "fp16": {"precision": "fp16"}}
+        if label == "SD 1.x":
+            variants["fp32 + mixed-bit palettes"] = {
+                "compress": MixedBitPalettes(target_psnr_db=30.0, candidate_bits=(6, 4, 2))
+            }
+        for variant, options in variants.items():
+            begin = time.perf_counter()
+            with CoreAIDiffusionPipeline.from_pretrained(source, export=True, **options) as pipe:
+                seconds = time.perf_counter() - begin
+                image = support.generate(pipe)
+                errors = component_errors(pipe, source)
+                mixed = pipe.coreai_config["components"].get("unet", {}).get("mixed_bits")
+            rows.append(
+                {
+                    "pipeline": label,
+                    "variant": variant,
+                    "export_seconds": round(seconds, 1),
+                    "psnr_db": round(support.psnr(image, expected), 1),
+                    "components": {
+                        f"{e.role}.{e.output}": [e.max_abs_error, e.max_abs_reference]
+                        for e in errors
+                    },
+                    **({"mixed_bits": mixed} if mixed else {}),
+                }
+            )
+            print(f"   {label}, {variant}: {rows[-1]['psnr_db']} dB", flush=True)
+    return rows
+
+
+def tiny_table(rows: list[dict[str, Any]]) -> str:
+    """The tiny pipelines' rows as a Markdown table."""
+    lines = [
+        "| pipeline | variant | image PSNR vs diffusers (4 steps) | largest component error "
+        "(max abs, of max ref) |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        role, (error, reference) = max(
+            row["components"].items(), key=lambda item: item[1][0] / max(1.0, item[1][1])
+        )
+        lines.append(
+            f"| {row['pipeline']} | {row['variant']} | {row['psnr_db']:.1f} dB "
+            f"| {error:.2g} ({role}, max ref {reference:.2g}) |"
+        )
+    return "\n".join(lines)
+
+
 def table(result: dict[str, Any]) -> str:
     """The benchmark's row as a Markdown table."""
     if "error" in result:
@@ -201,7 +267,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", help="scratch directory (default: a temporary one)")
     parser.add_argument("--steps", type=int, default=2, help="timed denoising steps")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint and asset")
+    parser.add_argument("--tiny", action="store_true", help="the tiny pipelines vs diffusers")
     args = parser.parse_args(argv)
+    if args.tiny:
+        with tempfile.TemporaryDirectory(prefix="coreai_bench_tiny_") as scratch:
+            rows = measure_tiny(Path(scratch))
+        print("RESULT " + json.dumps(rows))
+        print(tiny_table(rows))
+        return 0
     directory = Path(args.dir or tempfile.mkdtemp(prefix="coreai_bench_diffusion_"))
     try:
         result = measure(directory, args.steps)
