@@ -30,7 +30,7 @@ def test_controlnet(tmp_path: Path) -> None:
         config = pipe.coreai_config["components"]
         assert pipe.manifest.assets["controlnet"] == "ControlNet.aimodel"
         residuals = config["controlnet"]["outputs"]
-        assert residuals[-1] == "mid_block_res" and len(residuals) == 6
+        assert residuals[-1] == "mid_block_res" and len(residuals) == 5  # 4 down, 1 mid
         assert config["unet"]["inputs"][3:] == residuals
         ours = generate(pipe, image=_control_image())  # the control image, as in diffusers
         reference = StableDiffusionControlNetPipeline.from_pretrained(source)
