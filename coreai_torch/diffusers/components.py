@@ -255,8 +255,8 @@ def _unet_example(s: Shapes) -> tuple[torch.Tensor, ...]:
     args = [_latents(s, "unet", GUIDANCE_BATCH), _timestep(), context]
     if config.get("addition_embed_type") == "text_time":
         args.append(torch.randn(GUIDANCE_BATCH, s.extras["pooled_dim"]))
-        args.append(torch.tensor([[s.height, s.width, 0, 0, s.height, s.width]] * 2, dtype=float))
-        args[-1] = args[-1].float()
+        time_ids = [[s.height, s.width, 0, 0, s.height, s.width]] * GUIDANCE_BATCH
+        args.append(torch.tensor(time_ids, dtype=torch.float32))
     return tuple(args)
 
 

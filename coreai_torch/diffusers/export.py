@@ -87,6 +87,7 @@ def read_pipeline(path: str | Path) -> PipelineSource:
     unsupported pipeline class raises :class:`UnsupportedModelError` naming the supported
     ones.  Null entries of ``model_index.json`` (a component left out, e.g. SD3 without its
     T5 encoder) are absent modules."""
+    require_diffusers()
     root = Path(path)
     index = root / "model_index.json"
     if not root.is_dir():
@@ -186,7 +187,6 @@ def load_module(source: PipelineSource, name: str, *, streamed: bool = True) -> 
             else:
                 config = cls.config_class.from_pretrained(folder, local_files_only=True)
                 module = cls._from_config(config, dtype=torch.float32)
-        module = module.float() if not any(p.is_meta for p in module.parameters()) else module
         try:
             return weight_source(folder).bind(module).eval()
         except CheckpointError:
@@ -290,11 +290,27 @@ def component_precision(source: PipelineSource, component: Component, policy: Pr
 
 def resolve_options(precision: Any, compress: Any) -> tuple[Precision, Any]:
     """The precision policy and the compression (a configuration, a name or a mixed-bit
-    recipe) of ``precision=`` / ``compress=``."""
-    policy = precision_policy(precision)
-    if compress is None or hasattr(compress, "apply"):
-        return policy, compress
-    return policy, compression_config(compress)
+    recipe) of ``precision=`` / ``compress=``; bad values raise ``ValueError`` /
+    ``TypeError`` naming the argument."""
+    try:
+        policy = precision_policy(precision)
+        if compress is None or hasattr(compress, "apply"):
+            return policy, compress
+        return policy, compression_config(compress)
+    except (ValueError, TypeError) as error:  # the messages name llm.export's arguments
+        message = str(error).replace("llm.export(", "the diffusers export (")
+        raise type(error)(message) from None
+
+
+def require_diffusers() -> None:
+    """Raise ``ImportError`` naming the extra to install when diffusers is missing."""
+    try:
+        import diffusers  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "coreai_torch.diffusers needs the diffusers package: pip install "
+            '"coreai-torch-converter[diffusers]"'
+        ) from None
 
 
 # ----------------------------------------------------------------------------- pipelines ---

@@ -22,6 +22,7 @@ from typing import Any
 
 from .bundle import read_directory
 from .components import GUIDANCE_BATCH, family_of
+from .export import require_diffusers
 from .modules import (
     RuntimeModule,
     RuntimeSD3Transformer,
@@ -60,6 +61,7 @@ class CoreAIDiffusionPipeline:
         owned: tempfile.TemporaryDirectory | None = None,
         verify_hash: bool = True,
     ) -> None:
+        require_diffusers()
         self.directory = Path(directory)
         self.manifest, self.coreai_config = read_directory(self.directory)
         family = family_of(self.coreai_config["pipeline_class"])
