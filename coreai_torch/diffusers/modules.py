@@ -220,20 +220,27 @@ def check_timestep(timestep: Any, batch: int) -> torch.Tensor:
     return t
 
 
-class RuntimeUNet(RuntimeModule):
-    """``UNet2DConditionModel.forward`` on the exported UNet (SD 1.x/2.x, SDXL)."""
+class RuntimeDenoiser(RuntimeModule):
+    """A denoiser exported for ``batch`` samples (the guidance batch) at fixed resolutions."""
 
-    def __init__(
-        self,
-        *args: Any,
-        extra: Mapping[str, Any],
-        batch: int,
-        residuals: tuple[str, ...] = (),
-        **kw: Any,
-    ) -> None:
+    def __init__(self, *args: Any, extra: Mapping[str, Any], batch: int, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.batch = batch
         self.vae_scale_factor = int(extra["vae_scale_factor"])
+
+    def entry_for_latents(self, latents: torch.Tensor, what: str) -> str:
+        """The entry point of the resolution whose latents ``latents`` are."""
+        factor = self.vae_scale_factor
+        return self.entrypoint_for(latents.shape[-2] * factor, latents.shape[-1] * factor, what)
+
+
+class RuntimeUNet(RuntimeDenoiser):
+    """``UNet2DConditionModel.forward`` on the exported UNet (SD 1.x/2.x, SDXL)."""
+
+    def __init__(
+        self, *args: Any, extra: Mapping[str, Any], residuals: tuple[str, ...] = (), **kw: Any
+    ) -> None:
+        super().__init__(*args, extra=extra, **kw)
         #: the ControlNet residual inputs of a ControlNet pipeline's UNet (none otherwise)
         self.residuals = tuple(n for n in residuals if n.endswith("_res") or "_res_" in n)
         if "add_embedding_in_features" in extra:  # read by SDXL's _get_add_time_ids
@@ -260,8 +267,7 @@ class RuntimeUNet(RuntimeModule):
                 "the exported UNet takes no timestep_cond / cross_attention_kwargs (LoRA scales "
                 "and guidance embeddings are fixed at export)"
             )
-        factor = self.vae_scale_factor
-        entry = self.entrypoint_for(sample.shape[-2] * factor, sample.shape[-1] * factor, "UNet")
+        entry = self.entry_for_latents(sample, "UNet")
         inputs = {
             "sample": sample.float(),
             "timestep": check_timestep(timestep, sample.shape[0]),
@@ -368,13 +374,8 @@ def runtime_controlnet(
     return RuntimeControlNet()
 
 
-class RuntimeSD3Transformer(RuntimeModule):
+class RuntimeSD3Transformer(RuntimeDenoiser):
     """``SD3Transformer2DModel.forward`` on the exported MMDiT."""
-
-    def __init__(self, *args: Any, extra: Mapping[str, Any], batch: int, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.batch = batch
-        self.vae_scale_factor = int(extra["vae_scale_factor"])
 
     def forward(
         self,
@@ -387,9 +388,7 @@ class RuntimeSD3Transformer(RuntimeModule):
         **unsupported: Any,
     ) -> Any:
         _refuse({k: v for k, v in unsupported.items() if v is not None}, "SD3 transformer")
-        factor = self.vae_scale_factor
-        height, width = hidden_states.shape[-2] * factor, hidden_states.shape[-1] * factor
-        entry = self.entrypoint_for(height, width, "SD3 transformer")
+        entry = self.entry_for_latents(hidden_states, "SD3 transformer")
         assert encoder_hidden_states is not None and pooled_projections is not None
         noise = batched(
             self,

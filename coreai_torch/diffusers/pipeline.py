@@ -295,16 +295,6 @@ class CoreAIDiffusionPipeline:
                     projection="Projection" in component["class"],
                     verify_hash=verify_hash,
                 )
-            elif role == "unet":
-                modules[source] = RuntimeUNet(
-                    asset,
-                    self._denoiser_config(config(source)),
-                    entrypoints(role),
-                    extra=extras,
-                    batch=GUIDANCE_BATCH,
-                    verify_hash=verify_hash,
-                    residuals=tuple(component["inputs"][3:]),
-                )
             elif role == "controlnet":
                 modules[source] = runtime_controlnet(
                     RuntimeModule(
@@ -314,14 +304,16 @@ class CoreAIDiffusionPipeline:
                     GUIDANCE_BATCH,
                     tuple(component["outputs"]),
                 )
-            elif role == "transformer":
-                modules[source] = RuntimeSD3Transformer(
+            elif role in ("unet", "transformer"):
+                options = {"residuals": tuple(component["inputs"][3:])} if role == "unet" else {}
+                modules[source] = (RuntimeUNet if role == "unet" else RuntimeSD3Transformer)(
                     asset,
                     self._denoiser_config(config(source)),
                     entrypoints(role),
                     extra=extras,
                     batch=GUIDANCE_BATCH,
                     verify_hash=verify_hash,
+                    **options,
                 )
         encoder = components.get("vae_encoder")
         modules["vae"] = RuntimeVAE(
