@@ -9,6 +9,9 @@ import pytest
 
 from tests.diffusers.support import generate, psnr, reference
 
+#: every test here shares the session's exports (one worker under pytest-xdist)
+pytestmark = pytest.mark.xdist_group("diffusers")
+
 
 def test_allocate_bits_meets_the_budget() -> None:
     from coreai_torch.diffusers.mixed_bits import allocate_bits
@@ -24,6 +27,7 @@ def test_allocate_bits_meets_the_budget() -> None:
     assert allocate_bits(sensitivity, sizes, 10.0) == {"robust": 2, "fragile": 2}
 
 
+@pytest.mark.slow
 def test_mixed_bit_palettes(pipelines: dict[str, Path]) -> None:
     from coreai_torch.diffusers import CoreAIDiffusionPipeline
     from coreai_torch.diffusers.check import component_errors

@@ -10,6 +10,9 @@ import pytest
 
 from tests.diffusers.support import controlnet_pipeline, generate, psnr
 
+#: every test here shares the session's exports (one worker under pytest-xdist)
+pytestmark = pytest.mark.xdist_group("diffusers")
+
 
 def _control_image():
     from PIL import Image

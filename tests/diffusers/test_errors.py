@@ -12,6 +12,9 @@ import torch
 from coreai_torch.errors import UnsupportedModelError
 from tests.diffusers.support import PROMPT
 
+#: every test here shares the session's exports (one worker under pytest-xdist)
+pytestmark = pytest.mark.xdist_group("diffusers")
+
 
 def test_unsupported_pipeline_class(tmp_path: Path) -> None:
     from coreai_torch.diffusers import CoreAIDiffusionPipeline

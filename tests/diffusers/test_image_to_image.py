@@ -7,8 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from tests.diffusers.support import generate, psnr
+
+#: every test here shares the session's exports (one worker under pytest-xdist)
+pytestmark = pytest.mark.xdist_group("diffusers")
 
 
 def _init_image() -> Any:
@@ -47,6 +51,7 @@ def test_scheduler_swap(pipelines: dict[str, Path], exported: Any) -> None:
     assert psnr(ours, generate(theirs_pipe)) >= 60.0
 
 
+@pytest.mark.slow
 def test_cli_export(tmp_path: Path, pipelines: dict[str, Path], exported: Any) -> None:
     from coreai_torch.cli.main import main
     from coreai_torch.diffusers import CoreAIDiffusionPipeline
@@ -58,3 +63,14 @@ def test_cli_export(tmp_path: Path, pipelines: dict[str, Path], exported: Any) -
     with CoreAIDiffusionPipeline.from_pretrained(out) as pipe:
         np.testing.assert_array_equal(generate(pipe), generate(exported("sd")))
     assert main(["export", "--task", "text-to-image", str(pipelines["sd"]), "-o", str(out)]) != 0
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from coreai_torch.cli.main import main
+
+    missing = str(tmp_path / "none")
+    assert main(["export", "--task", "text-to-image", missing, "-o", str(tmp_path / "o")]) == 2
+    assert "never downloads" in capsys.readouterr().err
+    args = ["export", "--task", "text-generation", missing, "-o", "x", "--height", "64"]
+    assert main(args) == 2
+    assert "--height / --width apply to --task text-to-image" in capsys.readouterr().err

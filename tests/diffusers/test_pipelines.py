@@ -13,11 +13,20 @@ import pytest
 
 from tests.diffusers.support import PROMPT, generate, psnr, reference
 
+#: every test here shares the session's exports (one worker under pytest-xdist)
+pytestmark = pytest.mark.xdist_group("diffusers")
+
 #: the lowest PSNR (dB) of the final image against diffusers' over 4 steps
 FP32_PSNR = 60.0
 FP16_PSNR = 35.0
 
-KINDS = ["sd", "sdxl", "sd3"]
+
+#: SD 1.x runs in the fast suite, the others in the slow one (an export is ~30 s each)
+KINDS = [
+    "sd",
+    pytest.param("sdxl", marks=pytest.mark.slow),
+    pytest.param("sd3", marks=pytest.mark.slow),
+]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -30,14 +39,7 @@ def test_text_to_image_fp32(kind: str, pipelines: dict[str, Path], exported: Any
     assert psnr(ours, theirs) >= FP32_PSNR
 
 
-@pytest.mark.parametrize(
-    "kind",
-    [
-        "sd",
-        pytest.param("sdxl", marks=pytest.mark.slow),
-        pytest.param("sd3", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("kind", KINDS)
 def test_text_to_image_fp16(kind: str, pipelines: dict[str, Path], exported: Any) -> None:
     pipe = exported(kind, "fp16")
     assert pipe.coreai_config["precision"] == "fp16"
@@ -84,6 +86,7 @@ def test_bundle_round_trip(tmp_path: Path, exported: Any) -> None:
         np.testing.assert_array_equal(generate(loaded), generate(pipe))
 
 
+@pytest.mark.slow
 def test_sd3_bundle_names(exported: Any) -> None:
     pipe = exported("sd3")
     meta = pipe.manifest
@@ -106,6 +109,7 @@ def test_sd3_bundle_names(exported: Any) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_sd3_with_t5(tmp_path: Path) -> None:
     """SD3 with its T5 encoder: a third text encoder, 77 + max_sequence_length tokens."""
     from coreai_torch.diffusers import CoreAIDiffusionPipeline
