@@ -180,7 +180,7 @@ class LoweringOptions:
     #: emit ``layer_norm``, ``rms_norm``, attention, ... as composite ops (else inline them)
     aten_composites: bool = True
     #: products and sums of 16-bit floats accumulate in float32, like ATen's
-    #: (:mod:`coreai_torch.lowerings.accumulation`)
+    #: (:mod:`coreai_torch.lowerings.helpers.accumulation`)
     fp32_accumulation: bool = True
 
 
