@@ -63,6 +63,7 @@ def test_components_match_pytorch(kind: str, pipelines: dict[str, Path], exporte
 def test_bundle_round_trip(tmp_path: Path, exported: Any) -> None:
     from coreai_torch.bundles import Bundle
     from coreai_torch.diffusers import CoreAIDiffusionPipeline
+    from tests.bundles.support import assert_doctor_clean
 
     pipe = exported("sd")
     out = tmp_path / "bundle"
@@ -82,6 +83,7 @@ def test_bundle_round_trip(tmp_path: Path, exported: Any) -> None:
     assert (out / "tokenizer" / "merges.txt").is_file()
     bundle = Bundle.load(out)  # the app's loading rules, every asset's function 'main' checked
     assert bundle.kind == "diffusion" and bundle.diffusion.type == "stable-diffusion"
+    assert_doctor_clean(out)  # the community bundle lint
     with CoreAIDiffusionPipeline.from_pretrained(out) as loaded:
         np.testing.assert_array_equal(generate(loaded), generate(pipe))
 
