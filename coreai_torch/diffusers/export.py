@@ -361,8 +361,10 @@ def text_extras(source: PipelineSource, max_sequence_length: int) -> dict[str, A
     for name, tokenizer in (("text_encoder", "tokenizer"), ("text_encoder_2", "tokenizer_2")):
         config = source.path / tokenizer / "tokenizer_config.json"
         if name in source.modules and config.is_file():
-            length = json.loads(config.read_text()).get("model_max_length", 77)
-            extras[f"{name}_length"] = int(min(length, 4096))
+            # the tokenizer pads to its model_max_length, at most the encoder's positions
+            length = json.loads(config.read_text()).get("model_max_length") or 77
+            positions = source.configs[name].get("max_position_embeddings") or length
+            extras[f"{name}_length"] = int(min(length, positions))
     extras["text_encoder_3_length"] = max_sequence_length
     clip = extras.get("text_encoder_length", 77)
     if source.family.denoiser == "transformer":
