@@ -60,49 +60,33 @@ class TextEncoderModule(nn.Module):
 
 
 class UNetModule(nn.Module):
-    """``(sample, timestep, encoder_hidden_states[, text_embeds, time_ids]) -> noise_pred``."""
+    """``(sample, timestep, encoder_hidden_states[, text_embeds, time_ids][, down_block_res_0..,
+    mid_block_res]) -> noise_pred``: SDXL's added conditions and a ControlNet's residuals
+    (the UNet of a ControlNet pipeline) when asked for."""
 
-    def __init__(self, unet: nn.Module, added_conditions: bool) -> None:
+    def __init__(
+        self, unet: nn.Module, added_conditions: bool = False, residuals: bool = False
+    ) -> None:
         super().__init__()
         self.unet = unet
         self.added_conditions = added_conditions
+        self.residuals = residuals
 
     def forward(
         self,
         sample: torch.Tensor,
         timestep: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
-        *added: torch.Tensor,
+        *extra: torch.Tensor,
     ) -> torch.Tensor:
         kwargs: dict[str, Any] = {}
         if self.added_conditions:
-            kwargs["added_cond_kwargs"] = {"text_embeds": added[0], "time_ids": added[1]}
+            kwargs["added_cond_kwargs"] = {"text_embeds": extra[0], "time_ids": extra[1]}
+            extra = extra[2:]
+        if self.residuals:
+            kwargs["down_block_additional_residuals"] = extra[:-1]
+            kwargs["mid_block_additional_residual"] = extra[-1]
         return self.unet(sample, timestep, encoder_hidden_states, return_dict=False, **kwargs)[0]
-
-
-class ControlledUNetModule(nn.Module):
-    """``(sample, timestep, encoder_hidden_states, down_block_res_0.., mid_block_res) ->
-    noise_pred``: the UNet of a ControlNet pipeline, the ControlNet's residuals added."""
-
-    def __init__(self, unet: nn.Module) -> None:
-        super().__init__()
-        self.unet = unet
-
-    def forward(
-        self,
-        sample: torch.Tensor,
-        timestep: torch.Tensor,
-        encoder_hidden_states: torch.Tensor,
-        *residuals: torch.Tensor,
-    ) -> torch.Tensor:
-        return self.unet(
-            sample,
-            timestep,
-            encoder_hidden_states,
-            down_block_additional_residuals=residuals[:-1],
-            mid_block_additional_residual=residuals[-1],
-            return_dict=False,
-        )[0]
 
 
 class ControlNetModule(nn.Module):
@@ -230,6 +214,9 @@ class Component:
     per_resolution: bool = False  # one entry point per exported resolution
     compressible: bool = True  # the VAE stays uncompressed (small and sensitive)
     optional: bool = False  # exported when the pipeline has the module (T5, the VAE encoder)
+    #: a ControlNet's down- and mid-block residuals: taken as "inputs" (the UNet of a
+    #: ControlNet pipeline) or returned as "outputs" (the ControlNet); named from the config
+    residuals: str = ""
 
 
 def _text_length(shapes: Shapes, source: str) -> int:
@@ -364,7 +351,7 @@ STABLE_DIFFUSION = Family(
             "Unet",
             ("sample", "timestep", "encoder_hidden_states"),
             ("noise_pred",),
-            lambda m: UNetModule(m, added_conditions=False),
+            UNetModule,
             _unet_example,
             per_resolution=True,
         ),
@@ -435,11 +422,12 @@ def _controlled_unet() -> Component:
         "unet",
         "unet",
         "Unet",
-        ("sample", "timestep", "encoder_hidden_states"),  # + the residuals (controlled_inputs)
+        ("sample", "timestep", "encoder_hidden_states"),
         ("noise_pred",),
-        ControlledUNetModule,
+        lambda m: UNetModule(m, residuals=True),
         _controlled_unet_example,
         per_resolution=True,
+        residuals="inputs",
     )
 
 
@@ -462,10 +450,11 @@ STABLE_DIFFUSION_CONTROLNET = Family(
                 "controlnet_cond",
                 "conditioning_scale",
             ),
-            (),  # the residuals' names, from the configuration (controlled_inputs)
+            (),  # the residuals, named from the configuration (component_io)
             ControlNetModule,
             _controlnet_example,
             per_resolution=True,
+            residuals="outputs",
         ),
         VAE_DECODER,
         VAE_ENCODER,
@@ -479,10 +468,10 @@ def component_io(component: Component, configs: dict[str, Any]) -> tuple[tuple[s
     """The input and output names of ``component`` in a pipeline of ``configs``: a ControlNet
     pipeline's UNet also takes, and its ControlNet returns, the down- and mid-block residuals."""
     inputs, outputs = component.inputs, component.outputs
-    if component.wrap is ControlledUNetModule:
-        inputs = (*inputs, *residual_names(configs["unet"]))
-    if component.wrap is ControlNetModule:
-        outputs = residual_names(configs["controlnet"])
+    if component.residuals == "inputs":
+        inputs = (*inputs, *residual_names(configs[component.source]))
+    if component.residuals == "outputs":
+        outputs = residual_names(configs[component.source])
     return inputs, outputs
 
 
