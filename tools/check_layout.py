@@ -51,6 +51,7 @@ LAYERS: list[tuple[str, ...]] = [
         "coreai_torch._utils",
     ),
     ("coreai_torch.verify",),
+    ("coreai_torch.bundles",),  # the bundles Apple's app runtimes load (llm/, hf/ write them)
     ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
     ("coreai_torch.cli", "coreai_torch"),
 ]
