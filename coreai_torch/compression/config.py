@@ -87,6 +87,19 @@ class _Selection:
                     f"or a LinearQuantization / Palettization (its own form), got {value!r}"
                 )
 
+    def _kept(self) -> str:
+        """What the description says of the embedding tables and the output head when they
+        have a form of their own."""
+        if isinstance(self.embeddings, bool) and isinstance(self.output_head, bool):
+            return ""
+        parts = []
+        for what, option in (("embeddings", self.embeddings), ("head", self.output_head)):
+            if option is False:
+                parts.append(f"{what} uncompressed")
+            elif option is not True:
+                parts.append(f"{what} {option.describe()}")
+        return " (" + "; ".join(parts) + ")"
+
     def form_for(self, reader: str, head: bool) -> Any:
         """The form of a weight read by ``reader`` (``"embedding"``, ...) that is (or is
         not) the output head: this configuration, another one, or None (left alone)."""
@@ -148,7 +161,7 @@ class LinearQuantization(_Selection):
         scales = (
             f", {str(self.scale_dtype).removeprefix('torch.')} scales" if self.scale_dtype else ""
         )
-        return f"int{self.bits} {blocks}, {kind}{scales}"
+        return f"int{self.bits} {blocks}, {kind}{scales}{self._kept()}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,7 +194,7 @@ class Palettization(_Selection):
 
     def describe(self) -> str:
         groups = f"groups of {self.group_size} channels" if self.group_size else "one per weight"
-        return f"{self.bits}-bit palettes, {groups}"
+        return f"{self.bits}-bit palettes, {groups}{self._kept()}"
 
 
 @dataclass(frozen=True, kw_only=True)
