@@ -31,6 +31,9 @@ from coreai_torch.precision.policy import FP32, Precision
 class AIProgram(ca.AIProgram):
     """A converted Core AI program (coreai-core's ``AIProgram`` plus :meth:`optimize`)."""
 
+    #: the report of the last :meth:`compress` (None: not compressed here)
+    compression_report: CompressionReport | None = None
+
     #: entry point -> its inputs, outputs and states (set by ``TorchConverter.to_coreai``)
     signatures: dict[str, ProgramSignature]
     #: the precision policy it was converted with (float32: as exported)
@@ -189,6 +192,7 @@ class AIProgram(ca.AIProgram):
         )
         if self.weights is not None:
             self.weights.prune()  # the transposes of weights now stored compressed
+        self.compression_report = report
         return report
 
     def save_asset(

@@ -288,3 +288,49 @@ def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() 
     assert "input size 48 is not a multiple of block_size=32" in calibration.unfitted[0][1]
     assert "2.weight" in calibration.weights
     assert "not calibrated: 0.weight" in str(calibration)
+
+
+# ------------------------------------------------- the acceptance call, on a small model ---
+
+
+def test_from_pretrained_mixed_with_a_calibration_text_and_its_perplexity(tmp_path) -> None:
+    """``CoreAIModelForCausalLM.from_pretrained(dir, export=True, precision="fp16",
+    compress="mixed", target_bpw=..., calibration="calib.txt")`` on a streamed checkpoint,
+    then ``coreai-torch eval perplexity`` against the PyTorch model."""
+    import json
+
+    from coreai_torch.cli.main import main
+    from coreai_torch.hf import CoreAIModelForCausalLM
+    from coreai_torch.llm.evaluate import perplexity
+    from tests.llm.support import CORPUS, save_model_dir
+
+    _, tokenizer, model_dir = save_model_dir(tmp_path)
+    text = " ".join(CORPUS * 40)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(text)
+    model = CoreAIModelForCausalLM.from_pretrained(
+        model_dir,
+        export=True,
+        precision="fp16",
+        compress="mixed",
+        target_bpw=7.0,
+        calibration=str(calib),
+        max_context=64,
+    )
+    assert model.coreai_config["compression"] == "mixed, 7 bits per weight"
+    assert model.coreai_config["bits_per_weight"] <= 7.0
+    out = tmp_path / "out"
+    model.save_pretrained(out)
+    result = perplexity(out, calib, reference=model_dir, window=32, tokenizer=tokenizer)
+    assert result.tokens > 100 and result.reference is not None
+    assert abs(result.relative) < 0.5  # random weights: only that both sides agree broadly
+    tokenizer.save_pretrained(out)
+    assert main(["--json", "eval", "perplexity", str(out), "--text", str(calib),
+                 "--reference", str(model_dir), "--window", "32"]) == 0
+
+
+def test_eval_perplexity_names_a_missing_text(tmp_path, capsys) -> None:
+    from coreai_torch.cli.main import main
+
+    assert main(["eval", "perplexity", str(tmp_path), "--text", str(tmp_path / "none.txt")]) == 2
+    assert "error" in capsys.readouterr().err

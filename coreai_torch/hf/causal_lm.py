@@ -84,6 +84,15 @@ def describe_options(
     }
 
 
+def compression_meta(program: Any) -> dict[str, Any]:
+    """The measured size and output error of a compressed program, for ``coreai_config.json``
+    (nothing for an uncompressed one)."""
+    report = getattr(program, "compression_report", None)
+    if report is None:
+        return {}
+    return {"bits_per_weight": report.bits_per_weight, "output_error": report.output_error}
+
+
 def check_generation_mode(model: Any, kwargs: dict[str, Any]) -> None:
     """Raise ``NotImplementedError`` (before anything runs) unless ``generate(**kwargs)``
     would use one of :data:`SUPPORTED_GENERATION_MODES`."""
@@ -329,7 +338,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             calibration=calibration_input(model, path or model, calibration),
             target_bpw=target_bpw,
         )
-        meta = {"max_context": max_context, **describe}
+        meta = {"max_context": max_context, **describe, **compression_meta(program)}
         return cls._from_programs(model, {"model": program}, meta, path)
 
     def forward(
