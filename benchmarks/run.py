@@ -408,7 +408,11 @@ def main(argv: list[str] | None = None) -> int:
             hf_rows.append(_child("--one-hf", row, min(args.runs, 5)))
     streamed = []
     if not args.no_streaming:
-        specs = ["1b:int4", "1b:int4+calibration", *(["8b:int4", "8b:none"] if args.eight_b else [])]
+        specs = [
+            "1b:int4",
+            "1b:int4+calibration",
+            *(["8b:int4", "8b:none"] if args.eight_b else []),
+        ]
         for spec in specs:
             print(f"== streaming export (benchmarks/streaming.py): {spec}", flush=True)
             streamed.append(_child("--one-streaming", spec, 1))

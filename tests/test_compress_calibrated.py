@@ -133,17 +133,21 @@ def test_allocation_meets_the_budget_and_gives_bits_where_they_buy_most() -> Non
     )
     assert bits / sum(p.numel() for p in model.parameters()) <= 5.5
     # with room for everything, everything gets 8 bits
-    roomy = allocate(model, _layers(model), errors, compression.Mixed(target_bpw=9, forms=forms),
-                     torch.float16)
+    roomy = allocate(
+        model, _layers(model), errors, compression.Mixed(target_bpw=9, forms=forms), torch.float16
+    )
     assert set(roomy.values()) == {forms[0]}
 
 
 def test_a_budget_below_the_cheapest_forms_is_an_error() -> None:
     model = _Two()
-    config = compression.Mixed(target_bpw=2.0, forms=(compression.LinearQuantization(bits=4,
-                                                                                     block_size=32),))
+    config = compression.Mixed(
+        target_bpw=2.0, forms=(compression.LinearQuantization(bits=4, block_size=32),)
+    )
     errors = {"big.weight": {0: 1e-3}, "small.weight": {0: 1e-3}}
-    with pytest.raises(CalibrationError, match=r"target_bpw=2 is below what the forms allow: 4\.500"):
+    with pytest.raises(
+        CalibrationError, match=r"target_bpw=2 is below what the forms allow: 4\.500"
+    ):
         allocate(model, _layers(model), errors, config, torch.float16)
 
 
@@ -213,7 +217,9 @@ def _fake_quantized(model: nn.Module, calibration: compression.Calibration) -> n
     twin = copy.deepcopy(model)
     params = dict(twin.named_parameters(remove_duplicate=False))
     for w in calibration.weights.values():
-        params[w.name].data.copy_(torch.from_numpy(w.codes.dequantized()).reshape(params[w.name].shape))
+        params[w.name].data.copy_(
+            torch.from_numpy(w.codes.dequantized()).reshape(params[w.name].shape)
+        )
     return twin
 
 
@@ -222,7 +228,9 @@ def test_calibrated_llm_export_runs_the_fitted_weights(spec: str) -> None:
     """The program stores exactly the calibrated codes: its logits are those of the PyTorch
     model with the fitted weights."""
     model = causal_lm("smollm")
-    ids = torch.randint(0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(
+        0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0)
+    )
     config = compression.from_spec(spec)
     config = type(config)(**{**config.__dict__, "min_elements": 0})
     calibration = compression.calibrate(model, {"input_ids": ids, "use_cache": False}, config)
@@ -243,16 +251,20 @@ def test_calibrated_llm_export_runs_the_fitted_weights(spec: str) -> None:
 
 def test_mixed_export_meets_its_budget_and_reports_each_choice() -> None:
     model = causal_lm("smollm")
-    ids = torch.randint(0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(1)
+    )
     config = compression.Mixed(target_bpw=6.0, min_elements=0)
-    calibration = compression.calibrate(model, {"input_ids": ids, "use_cache": False}, config,
-                                        scale_dtype=torch.float16)
+    calibration = compression.calibrate(
+        model, {"input_ids": ids, "use_cache": False}, config, scale_dtype=torch.float16
+    )
     assert calibration.planned_bpw is not None and calibration.planned_bpw <= 6.0
-    program = llm.export(model, max_context=16, precision="fp16", compress=config,
-                         calibration=ids.tolist())
-    from coreai_torch.compression.apply import compress  # noqa: F401  (the report's module)
-
-    # the report of the same compression on a fresh program
+    program = llm.export(
+        model, max_context=16, precision="fp16", compress=config, calibration=ids.tolist()
+    )
+    assert program.compression_report is not None
+    assert program.compression_report.bits_per_weight <= 6.0 + 1e-6
+    # the same fitted codes stored in a program compressed after optimize()
     program2 = llm.export(model, max_context=16, precision="fp16")
     report = program2.compress(config, calibration=calibration)
     assert report.bits_per_weight is not None and report.bits_per_weight <= 6.0 + 1e-6
@@ -264,19 +276,22 @@ def test_mixed_export_meets_its_budget_and_reports_each_choice() -> None:
 def test_bad_calibration_data_is_named() -> None:
     model = causal_lm("smollm")
     vocab = model.config.vocab_size
-    with pytest.raises(CalibrationError, match=rf"token id {vocab} is outside the model's vocabulary"):
+    with pytest.raises(
+        CalibrationError, match=rf"token id {vocab} is outside the model's vocabulary"
+    ):
         llm.export(model, max_context=16, compress="int4", calibration=[[1, 2, vocab, 3]])
     with pytest.raises(CalibrationError, match="integer \\[samples, tokens\\] tensor"):
         llm.export(model, max_context=16, compress="int4", calibration=torch.zeros(2, 3, 4))
     with pytest.raises(CalibrationError, match="there is no tokenizer"):
         llm.export(model, max_context=16, compress="int4", calibration=__file__)
-    with pytest.raises(ValueError, match="needs? calibration|pass calibration="):
+    with pytest.raises(ValueError, match=r"needs? calibration|pass calibration="):
         llm.export(model, max_context=16, compress="mixed")
     with pytest.raises(ValueError, match="target_bpw= is the budget of compress='mixed'"):
         llm.export(model, max_context=16, compress="int4", target_bpw=4.5)
     with pytest.raises(CalibrationError, match="below what the forms allow"):
-        llm.export(model, max_context=16, compress="mixed", target_bpw=1.0,
-                   calibration=[list(range(32))])
+        llm.export(
+            model, max_context=16, compress="mixed", target_bpw=1.0, calibration=[list(range(32))]
+        )
 
 
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
@@ -297,7 +312,6 @@ def test_from_pretrained_mixed_with_a_calibration_text_and_its_perplexity(tmp_pa
     """``CoreAIModelForCausalLM.from_pretrained(dir, export=True, precision="fp16",
     compress="mixed", target_bpw=..., calibration="calib.txt")`` on a streamed checkpoint,
     then ``coreai-torch eval perplexity`` against the PyTorch model."""
-    import json
 
     from coreai_torch.cli.main import main
     from coreai_torch.hf import CoreAIModelForCausalLM
@@ -325,8 +339,23 @@ def test_from_pretrained_mixed_with_a_calibration_text_and_its_perplexity(tmp_pa
     assert result.tokens > 100 and result.reference is not None
     assert abs(result.relative) < 0.5  # random weights: only that both sides agree broadly
     tokenizer.save_pretrained(out)
-    assert main(["--json", "eval", "perplexity", str(out), "--text", str(calib),
-                 "--reference", str(model_dir), "--window", "32"]) == 0
+    assert (
+        main(
+            [
+                "--json",
+                "eval",
+                "perplexity",
+                str(out),
+                "--text",
+                str(calib),
+                "--reference",
+                str(model_dir),
+                "--window",
+                "32",
+            ]
+        )
+        == 0
+    )
 
 
 def test_eval_perplexity_names_a_missing_text(tmp_path, capsys) -> None:

@@ -51,8 +51,8 @@ from coreai_torch.compression.config import (
 )
 from coreai_torch.compression.fitting import Workers, palettize, prune, quantize_linear
 from coreai_torch.ir import compressed, lazy
-from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 from coreai_torch.ir.checks import verify_module
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 from coreai_torch.ir.saving import SPACE_MARGIN, free_space
 from coreai_torch.ir.weights import SpillFile, WeightStore, derived_arrays, resource_name
 from coreai_torch.passes import pipeline
@@ -189,8 +189,7 @@ class CompressionReport:
             calibrated = any(w.output_error is not None for w in self.weights)
             lines.append(
                 f"  {'weight':<{width}}  {'shape':<12} {'form':<{form}} {'before':>10} "
-                f"{'after':>10}  {'bits':>5}  {'SNR':>8}"
-                + ("  output error" if calibrated else "")
+                f"{'after':>10}  {'bits':>5}  {'SNR':>8}" + ("  output error" if calibrated else "")
             )
             low = {id(w) for w in self.low_snr}
             for w in self.weights:
@@ -559,8 +558,16 @@ def compress(
                 tensor = store.by_name[resource]
                 fitted = calibration.lookup(name) if calibration is not None else None
                 entry = _compress_one(
-                    store, config, name, tensor, constants, dtype, spilling, workers,
-                    fitted=fitted, transposed=resource.endswith(".T"),
+                    store,
+                    config,
+                    name,
+                    tensor,
+                    constants,
+                    dtype,
+                    spilling,
+                    workers,
+                    fitted=fitted,
+                    transposed=resource.endswith(".T"),
                 )
                 if isinstance(entry, str):
                     report.skipped.append((name, entry))

@@ -51,6 +51,7 @@ from coreai_torch.compression.config import (
     Pruning,
     bits_per_weight,
 )
+from coreai_torch.compression.fitting import Workers
 from coreai_torch.ir import lazy
 from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 
@@ -158,7 +159,8 @@ class Calibration:
     def __str__(self) -> str:
         lines = [
             f"calibrated {len(self.weights)} weight(s) ({self.config}) on {self.samples} "
-            f"sample(s)" + (f", {self.tokens} tokens" if self.tokens else "")
+            f"sample(s)"
+            + (f", {self.tokens} tokens" if self.tokens else "")
             + f" in {self.seconds:.1f} s"
         ]
         if self.planned_bpw is not None:
@@ -169,8 +171,7 @@ class Calibration:
         if self.output_error is not None:
             lines.append(
                 f"  output error on the calibration samples: {self.output_error:.4f} "
-                f"({_db(self.output_error)})"
-                + ("  LARGE" if self.large_output_error else "")
+                f"({_db(self.output_error)})" + ("  LARGE" if self.large_output_error else "")
             )
         for name, reason in self.unfitted:
             lines.append(f"  not calibrated: {name}: {reason}")
@@ -190,7 +191,7 @@ def _db(relative: float) -> str:
 def as_batches(samples: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
     """The model calls the samples stand for: a tensor (the first argument of one call), a
     tuple of arguments, a dict of keyword arguments, or a list of these (one call each)."""
-    if isinstance(samples, torch.Tensor) or isinstance(samples, (tuple, dict)):
+    if isinstance(samples, (torch.Tensor, tuple, dict)):
         samples = [samples]
     if not isinstance(samples, (list, Sequence)) or not samples:
         raise CalibrationError(
@@ -280,15 +281,6 @@ def fittable(module: nn.Module) -> bool:
     return isinstance(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
 
 
-def _materialized(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The module's parameters as float32 tensors in memory (a lazy one read now)."""
-    out = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        value = lazy.materialize(p).detach()
-        out[name] = value.float() if value.is_floating_point() else value
-    return out
-
-
 def _buffers(module: nn.Module) -> dict[str, torch.Tensor]:
     return {
         name: (b.float() if b.is_floating_point() else b)
@@ -321,13 +313,6 @@ def _first_tensor(value: Any) -> torch.Tensor:
         f"a block of the model returned {type(value).__name__}; calibration follows blocks "
         "that return a tensor or a tuple starting with one"
     )
-
-
-def _with_first(value: Any, tensor: torch.Tensor) -> Any:
-    """``value`` (a block's output) with its first tensor replaced."""
-    if isinstance(value, torch.Tensor):
-        return tensor
-    return (tensor, *value[1:])
 
 
 @contextlib.contextmanager
@@ -386,9 +371,7 @@ def fit_weight(
         block = _reduced_block(module, form)
         assert block is not None
         if k % block:
-            return (
-                f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
-            )
+            return f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
         dtype = form.scale_dtype or scale_dtype
         if gptq:
             codes, s, zp = fits.gptq_linear(
@@ -396,7 +379,11 @@ def fit_weight(
             )
         else:
             s, zp = fits.linear_scales(
-                w, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype,
+                w,
+                form.bits,
+                block,
+                symmetric=form.symmetric,
+                scale_dtype=dtype,
                 importance=h.diagonal,
             )
             blocks = w.reshape(n, k // block, block)
@@ -522,7 +509,8 @@ def calibrate(
     listener = progress_events.resolve(progress)
     forms: dict[str, LinearQuantization | Palettization] = {}
     if isinstance(config, Mixed):
-        errors = _sensitivity(model, calls, layers, config, dtype, listener)
+        with Workers():
+            errors = _sensitivity(model, calls, layers, config, dtype, listener)
         forms = allocate(model, layers, errors, config, dtype)
         result.target_bpw = config.target_bpw
     else:
@@ -552,7 +540,10 @@ def calibrate(
         )
         return fitted
 
-    result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
+    # torch's kernels on one thread: the small kernels of the fits, split over threads,
+    # wait at every call for a thread another process holds (1000x slower on a busy machine)
+    with Workers():
+        result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
     result.planned_bpw = planned_bpw(model, result, dtype, config)
     result.seconds = time.perf_counter() - start
     return result
@@ -765,8 +756,17 @@ def _walk(
         advance(total, total)
     if not measure:
         return None
-    return _measure(model, blocks, after, layers, calls[:MEASURED_SAMPLES], params, reference,
-                    [a[0] for a, _ in stream[:MEASURED_SAMPLES]], [a[0] for a, _ in floats])
+    return _measure(
+        model,
+        blocks,
+        after,
+        layers,
+        calls[:MEASURED_SAMPLES],
+        params,
+        reference,
+        [a[0] for a, _ in stream[:MEASURED_SAMPLES]],
+        [a[0] for a, _ in floats],
+    )
 
 
 def _float(t: torch.Tensor) -> torch.Tensor:
@@ -811,8 +811,11 @@ def _measure(
     fitted, floats = run(params, fitted_outputs), run(reference, float_outputs)
     if head is None:
         return _relative(floats, fitted)
-    key = next(k for k in params if k == f"{head[0]}.weight") if f"{head[0]}.weight" in params \
+    key = (
+        next(k for k in params if k == f"{head[0]}.weight")
+        if f"{head[0]}.weight" in params
         else _canonical(model, f"{head[0]}.weight")
+    )
     signal = noise = 0.0
     for xc, xf in zip(fitted, floats, strict=True):
         for start in range(0, reference[key].shape[0], HEAD_ROWS):
@@ -918,12 +921,12 @@ def allocate(
     cheapest = sum(min(c[0] for c in options) for options in choices.values())
     if cheapest > budget:
         least = (cheapest + fixed_bits) / total_elements
+        smallest = min(config.forms, key=lambda f: bits_per_weight(f, (4096, 4096), dtype))
         raise CalibrationError(
             f"target_bpw={config.target_bpw:g} is below what the forms allow: "
             f"{least:.3f} bits per weight with every weight in its cheapest form "
-            f"({min(config.forms, key=lambda f: bits_per_weight(f, (4096, 4096), dtype)).describe()}"
-            f"), the weights left as they are (norms, biases, small weights) included; "
-            f"raise target_bpw or add cheaper forms"
+            f"({smallest.describe()}), the weights left as they are (norms, biases, small "
+            "weights) included; raise target_bpw or add cheaper forms"
         )
 
     def pick(lam: float) -> dict[str, tuple[float, float, int]]:

@@ -34,6 +34,8 @@ DAMPING = 0.01
 CLIP_RATIOS = tuple(1.0 - 0.025 * i for i in range(17))
 #: inputs GPTQ rounds before it applies their error to the rest at once
 GPTQ_BLOCK = 128
+#: rows (output channels) GPTQ rounds at a time
+GPTQ_ROWS = 8192
 
 
 class Hessian:
@@ -139,13 +141,13 @@ def linear_scales(
 # ----------------------------------------------------------------------------------- GPTQ ---
 
 
-def _inverse_cholesky(h: Hessian, w: torch.Tensor, damping: float) -> torch.Tensor:
-    """The upper Cholesky factor of ``(H + λI)⁻¹`` (float32), ``λ = damping · mean(diag H)``;
-    inputs that never saw a nonzero value get ``H_kk = 1`` (their weights do not matter)."""
+def _inverse_cholesky(h: Hessian, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The upper Cholesky factor of ``(H + λI)⁻¹`` (float32), ``λ = damping · mean(diag H)``,
+    and the inputs that never saw a nonzero value (``H_kk = 1`` for them: their weights do
+    not matter, and are zeroed)."""
     hm = h.matrix.clone()
     dead = hm.diagonal() == 0
     hm[dead, dead] = 1.0
-    w[:, dead] = 0.0
     mean = float(hm.diagonal().mean())
     for attempt in range(6):
         damped = hm + torch.eye(hm.shape[0], dtype=hm.dtype) * (damping * 10**attempt * mean)
@@ -154,27 +156,45 @@ def _inverse_cholesky(h: Hessian, w: torch.Tensor, damping: float) -> torch.Tens
             inverse = torch.cholesky_inverse(factor)
             upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
             if int(info) == 0:
-                return upper.to(torch.float32)
+                return upper.to(torch.float32), dead
     raise ValueError("the calibration inputs' Hessian is not positive definite")
 
 
 def gptq(
     w: torch.Tensor,
     h: Hessian,
-    quantize: Callable[[torch.Tensor, int], torch.Tensor],
+    quantize: Callable[[torch.Tensor, int, slice], torch.Tensor],
     *,
     damping: float = DAMPING,
 ) -> torch.Tensor:
     """GPTQ's error-compensating rounding of ``w [N, K]`` (float32, not modified): the inputs
-    are rounded in the order of decreasing ``H_kk``; ``quantize(column, k)`` rounds the
-    column of input ``k`` (``[N]``) to its grid.  Returns the rounded weight."""
-    w = w.clone()
+    are rounded in the order of decreasing ``H_kk``; ``quantize(column, k, rows)`` rounds the
+    column of input ``k`` of the rows ``rows`` to its grid.  Rows are independent: they are
+    rounded :data:`GPTQ_ROWS` at a time (the memory of a 128k-row output head stays small).
+    Returns the rounded weight."""
     order = torch.argsort(h.matrix.diagonal(), descending=True)
-    inverse_order = torch.argsort(order)
-    u = _inverse_cholesky(h, w, damping)  # dead inputs zeroed in w
-    w = w[:, order]
-    u = _permuted_factor(h, order, u, w, damping)
-    n, k = w.shape
+    permuted = Hessian(h.matrix.shape[0])
+    permuted.matrix = h.matrix[order][:, order]
+    u, dead = _inverse_cholesky(permuted, damping)
+    out = torch.empty_like(w)
+    for first in range(0, w.shape[0], GPTQ_ROWS):
+        rows = slice(first, min(first + GPTQ_ROWS, w.shape[0]))
+        part = w[rows][:, order].clone()
+        part[:, dead] = 0.0
+        out[rows, order] = _gptq_rows(part, u, order, rows, quantize)
+    return out
+
+
+def _gptq_rows(
+    w: torch.Tensor,
+    u: torch.Tensor,
+    order: torch.Tensor,
+    rows: slice,
+    quantize: Callable[[torch.Tensor, int, slice], torch.Tensor],
+) -> torch.Tensor:
+    """GPTQ on ``w`` (rows of the weight, inputs in ``order``; modified), ``u`` the upper
+    Cholesky factor of the inverse Hessian in that order; returns the rounded rows."""
+    k = w.shape[1]
     q = torch.zeros_like(w)
     for start in range(0, k, GPTQ_BLOCK):
         stop = min(start + GPTQ_BLOCK, k)
@@ -183,22 +203,13 @@ def gptq(
         u1 = u[start:stop, start:stop]
         for i in range(stop - start):
             column = w1[:, i]
-            rounded = quantize(column, int(order[start + i]))
+            rounded = quantize(column, int(order[start + i]), rows)
             q[:, start + i] = rounded
             e = (column - rounded) / u1[i, i]
             w1[:, i:] -= e[:, None] * u1[i, i:][None, :]
             err1[:, i] = e
         w[:, stop:] -= err1 @ u[start:stop, stop:]
-    return q[:, inverse_order]
-
-
-def _permuted_factor(
-    h: Hessian, order: torch.Tensor, u: torch.Tensor, w: torch.Tensor, damping: float
-) -> torch.Tensor:
-    """The factor of the Hessian with its inputs permuted by ``order``."""
-    permuted = Hessian(h.matrix.shape[0])
-    permuted.matrix = h.matrix[order][:, order]
-    return _inverse_cholesky(permuted, w.clone(), damping)
+    return q
 
 
 def gptq_linear(
@@ -213,15 +224,15 @@ def gptq_linear(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(codes [N, K], scales [N, K // block], zero points or None)`` of ``w [N, K]``: the
     scales chosen by :func:`linear_scales` (activation-weighted), then GPTQ rounding."""
-    n, k = w.shape
+    k = w.shape[1]
     s, zp = linear_scales(
         w, bits, block, symmetric=symmetric, scale_dtype=scale_dtype, importance=h.diagonal
     )
     column_block = torch.arange(k) // block
 
-    def quantize(column: torch.Tensor, index: int) -> torch.Tensor:
+    def quantize(column: torch.Tensor, index: int, rows: slice) -> torch.Tensor:
         b = int(column_block[index])
-        return quantize_values(column, s[:, b], None if zp is None else zp[:, b], bits)[1]
+        return quantize_values(column, s[rows, b], None if zp is None else zp[rows, b], bits)[1]
 
     rounded = gptq(w, h, quantize, damping=damping)
     scale = s.repeat_interleave(block, 1)
@@ -270,9 +281,10 @@ def gptq_palettes(
     palettes = weighted_palettes(w, bits, group, h.diagonal, iterations)
     row_palettes = palettes.repeat_interleave(group, 0)
 
-    def quantize(column: torch.Tensor, index: int) -> torch.Tensor:
-        found = nearest_entries(column[:, None], row_palettes)[:, 0]
-        return row_palettes.gather(1, found[:, None])[:, 0]
+    def quantize(column: torch.Tensor, index: int, rows: slice) -> torch.Tensor:
+        entries = row_palettes[rows]
+        found = nearest_entries(column[:, None], entries)[:, 0]
+        return entries.gather(1, found[:, None])[:, 0]
 
     rounded = gptq(w, h, quantize, damping=damping)
     indices = nearest_entries(rounded.reshape(n // group, group * k), palettes)

@@ -78,9 +78,7 @@ def windows(ids: list[int], window: int) -> list[list[int]]:
     pieces = [ids[i : i + window] for i in range(0, len(ids), window)]
     pieces = [p for p in pieces if len(p) >= 2]
     if not pieces:
-        raise ValueError(
-            f"the text holds {len(ids)} token(s); perplexity needs at least 2"
-        )
+        raise ValueError(f"the text holds {len(ids)} token(s); perplexity needs at least 2")
     return pieces
 
 
