@@ -30,6 +30,7 @@ import re
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -579,6 +580,15 @@ def compress(
     pipeline.run(pipeline.PLACEMENT, module, pipeline.PassContext(store), when="after compress()")
     verify_module(module, "after compress()")
     report.seconds = time.perf_counter() - start
+    if report.large_output_error:
+        warnings.warn(
+            f"compress({config.describe()}): the compressed model's outputs on the calibration "
+            f"samples are off by {report.output_error:.3f} (relative squared error, "
+            f"{_relative_db(report.output_error or 0.0)}); measure its quality before shipping "
+            "it (coreai-torch eval perplexity) and use more bits",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return report
 
 
