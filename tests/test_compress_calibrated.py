@@ -363,3 +363,39 @@ def test_eval_perplexity_names_a_missing_text(tmp_path, capsys) -> None:
 
     assert main(["eval", "perplexity", str(tmp_path), "--text", str(tmp_path / "none.txt")]) == 2
     assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        compression.LinearQuantization(bits=4, block_size=32, min_elements=0),
+        compression.LinearQuantization(bits=4, block_size=32, symmetric=False, min_elements=0),
+        compression.LinearQuantization(bits=8, min_elements=0),
+        compression.Palettization(bits=3, group_size=16, min_elements=0),
+    ],
+)
+def test_rtn_calibration_stores_the_data_free_codes_and_measures_them(config) -> None:
+    """``calibrate(method="rtn")`` fits what ``compress()`` fits without data (the program's
+    outputs are the same), and measures its output error; GPTQ's is smaller."""
+    from coreai_torch import TorchConverter, get_decomp_table
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).eval()
+    x = _inputs(256, 64, seed=7)
+    ep = torch.export.export(model, (x[:8],)).run_decompositions(get_decomp_table())
+
+    def run(calibration) -> np.ndarray:
+        program = TorchConverter().add_exported_program(ep).to_coreai()
+        program.compress(config, calibration=calibration)
+        return next(iter(run_program(program, {"input": x[:8].numpy()}).values()))
+
+    rtn = compression.calibrate(model, x, config, method="rtn")
+    np.testing.assert_allclose(run(rtn), run(None), rtol=1e-5, atol=1e-5)
+    gptq = compression.calibrate(model, x, config)
+    assert rtn.output_error is not None and gptq.output_error is not None
+    assert gptq.output_error < rtn.output_error
+    expected = model(x[:8]).detach()
+    with torch.no_grad():
+        fitted = _fake_quantized(model, gptq)(x[:8])
+    np.testing.assert_allclose(run(gptq), fitted.numpy(), rtol=1e-4, atol=1e-4)
+    assert float(((fitted - expected) ** 2).sum()) > 0

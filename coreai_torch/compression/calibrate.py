@@ -59,6 +59,10 @@ from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 MEASURED_SAMPLES = 4
 #: rows of the output head evaluated at once when the output error is measured
 HEAD_ROWS = 1024
+#: how :func:`calibrate` fits: GPTQ (with activation-aware scales or weighted palettes),
+#: activation-aware scales / weighted palettes alone, or round-to-nearest (the data-free
+#: codes, with their output error measured)
+METHODS = ("gptq", "awq", "rtn")
 #: relative output error (``‖Δy‖² / ‖y‖²``) of the whole model above which the calibration
 #: and the compression report warn
 LARGE_OUTPUT_ERROR = 0.1
@@ -360,10 +364,15 @@ def fit_weight(
     form: LinearQuantization | Palettization,
     scale_dtype: torch.dtype,
     *,
-    gptq: bool = True,
+    method: str = "gptq",
 ) -> tuple[LinearCodes | PaletteCodes, torch.Tensor] | str:
     """The codes of ``weight`` (the module's, float32, ``[out, in, ...]``) in ``form`` and
-    the fitted weight (float32, the module's shape), or why ``form`` does not apply."""
+    the fitted weight (float32, the module's shape), or why ``form`` does not apply.
+    ``method`` (:data:`METHODS`): ``"gptq"``, ``"awq"`` (activation-aware scales or
+    weighted palettes, each weight rounded to the nearest) or ``"rtn"`` (what ``compress()``
+    stores without calibration)."""
+    gptq = method == "gptq"
+    importance = None if method == "rtn" else h.diagonal
     shape = weight.shape
     w = weight.reshape(shape[0], -1)
     n, k = w.shape
@@ -384,7 +393,7 @@ def fit_weight(
                 block,
                 symmetric=form.symmetric,
                 scale_dtype=dtype,
-                importance=h.diagonal,
+                importance=importance,
             )
             blocks = w.reshape(n, k // block, block)
             codes = fits.quantize_values(
@@ -410,7 +419,8 @@ def fit_weight(
     if gptq:
         indices, palettes = fits.gptq_palettes(w, h, form.bits, group, iterations=form.iterations)
     else:
-        palettes = fits.weighted_palettes(w, form.bits, group, h.diagonal, form.iterations)
+        weights = torch.ones(k) if importance is None else importance
+        palettes = fits.weighted_palettes(w, form.bits, group, weights, form.iterations)
         indices = fits.nearest_entries(w.reshape(n // group, group * k), palettes).reshape(n, k)
     fitted = palettes.repeat_interleave(group, 0).gather(1, indices)
     lut = palettes.to(scale_dtype).float()
@@ -486,13 +496,19 @@ def calibrate(
     config: CompressionConfig,
     *,
     scale_dtype: torch.dtype | None = None,
+    method: str = "gptq",
     progress: Any = None,
 ) -> Calibration:
     """Fit the weights of ``model`` that ``config`` selects against the activations of
     ``samples`` (see the module documentation).  ``samples``: what the model is called with,
     a tensor (its first argument), a tuple of arguments, a dict of keyword arguments, or a
     list of these.  ``scale_dtype``: the precision of the program's scales and palettes
-    (the program's weight type; default the model's).  The model is not modified."""
+    (the program's weight type; default the model's).  ``method``: ``"gptq"`` (default),
+    ``"awq"`` (activation-aware scales / weighted palettes, no error compensation) or
+    ``"rtn"`` (the codes ``compress()`` fits without data, with their output error measured
+    on the samples).  The model is not modified."""
+    if method not in METHODS:
+        raise ValueError(f"calibrate(method=...) takes one of {', '.join(METHODS)}, got {method!r}")
     if not isinstance(config, (LinearQuantization, Palettization, Mixed, Pruning)):
         raise TypeError(
             "calibrate() takes a coreai_torch.compression LinearQuantization, Palettization or "
@@ -502,7 +518,7 @@ def calibrate(
     start = time.perf_counter()
     calls = as_batches(samples)
     dtype = scale_dtype or _model_dtype(model)
-    result = Calibration(config.describe())
+    result = Calibration(config.describe() + ("" if method == "gptq" else f", {method}"))
     result.samples = sum(_count(args, kwargs) for args, kwargs in calls)
     result.tokens = sum(_tokens(args, kwargs) for args, kwargs in calls)
     layers = _layers(model)
@@ -523,7 +539,7 @@ def calibrate(
         form = forms.get(layer.name)
         if form is None:
             return None
-        out = fit_weight(layer.module, weight, h, form, dtype)
+        out = fit_weight(layer.module, weight, h, form, dtype, method=method)
         if isinstance(out, str):
             result.unfitted.append((layer.name, out))
             return None
@@ -863,7 +879,7 @@ def _sensitivity(
         n = weight.shape[0]
         found = errors.setdefault(layer.name, {})
         for i, form in enumerate(config.forms):
-            out = fit_weight(layer.module, weight, h, form, dtype, gptq=False)
+            out = fit_weight(layer.module, weight, h, form, dtype, method="awq")
             if not isinstance(out, str):
                 found[i] = fits.output_error(weight.reshape(n, -1), out[1].reshape(n, -1), h)
         return None
