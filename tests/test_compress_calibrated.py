@@ -399,3 +399,23 @@ def test_rtn_calibration_stores_the_data_free_codes_and_measures_them(config) ->
         fitted = _fake_quantized(model, gptq)(x[:8])
     np.testing.assert_allclose(run(gptq), fitted.numpy(), rtol=1e-4, atol=1e-4)
     assert float(((fitted - expected) ** 2).sum()) > 0
+
+
+def test_eval_cosine_of_an_embedding_model(tmp_path) -> None:
+    """``coreai-torch eval cosine`` compares a Core AI feature-extraction model's sentence
+    embeddings with the PyTorch model's."""
+    from coreai_torch.cli.main import main
+    from coreai_torch.hf.feature_extraction import CoreAIModelForFeatureExtraction
+    from coreai_torch.llm.evaluate import cosine
+    from tests.hf.test_feature_extraction import SENTENCES, save
+
+    model, tok, directory = save("bert", tmp_path)
+    exported = CoreAIModelForFeatureExtraction.from_pretrained(directory, export=True)
+    exported.save_pretrained(tmp_path / "coreai")
+    exported.close()
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(SENTENCES))
+    result = cosine(tmp_path / "coreai", texts, reference=model)
+    assert len(result.values) == len(SENTENCES) and result.minimum > 0.999
+    argv = ["eval", "cosine", str(tmp_path / "coreai"), "--text", str(texts)]
+    assert main(["--json", *argv, "--reference", str(directory)]) == 0

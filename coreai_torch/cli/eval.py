@@ -1,11 +1,14 @@
 """``coreai-torch eval``: what compression cost a model.
 
     coreai-torch eval perplexity MODEL_DIR --text held-out.txt [--reference HF_DIR]
+    coreai-torch eval cosine MODEL_DIR --text sentences.txt --reference HF_DIR
 
 ``MODEL_DIR`` is a Core AI model directory (``CoreAIModelForCausalLM.save_pretrained``, or
 ``coreai-torch export --task text-generation``); the perplexity is computed on the Core AI
 runtime and, with ``--reference`` (the Hugging Face model directory it was exported from), in
-PyTorch on the same windows (:func:`coreai_torch.llm.evaluate.perplexity`).
+PyTorch on the same windows (:func:`coreai_torch.llm.evaluate.perplexity`).  ``cosine``
+compares the sentence embeddings of a feature-extraction model with the PyTorch model's
+(:func:`coreai_torch.llm.evaluate.cosine`).
 """
 
 from __future__ import annotations
@@ -32,6 +35,14 @@ def cmd_perplexity(opts: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_cosine(opts: argparse.Namespace) -> int:
+    from coreai_torch.llm.evaluate import cosine
+
+    result = cosine(opts.model, opts.text_file, reference=opts.reference, pooling=opts.pooling)
+    emit(opts, result.to_dict(), str(result))
+    return EXIT_OK
+
+
 def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
     """The ``eval`` command and its sub-commands, on the top-level sub-parsers."""
     evaluate = commands.add_parser(
@@ -51,3 +62,15 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
     ppl.add_argument("--window", type=int, help="tokens per window (default 512)")
     ppl.add_argument("--max-tokens", type=int, help="score at most this many tokens")
     ppl.set_defaults(func=cmd_perplexity)
+    cos = sub.add_parser(
+        "cosine",
+        parents=[common],
+        help="cosine of a Core AI embedding model's sentence embeddings to the PyTorch model's",
+    )
+    cos.add_argument("model", metavar="MODEL_DIR", help="a Core AI feature-extraction directory")
+    cos.add_argument(
+        "--text", dest="text_file", required=True, metavar="FILE", help="one text per line"
+    )
+    cos.add_argument("--reference", required=True, metavar="HF_DIR", help="the original model")
+    cos.add_argument("--pooling", default="mean", choices=("mean", "cls", "last"))
+    cos.set_defaults(func=cmd_cosine)

@@ -166,3 +166,88 @@ def perplexity(
                 total += _negative_log_likelihood(logits.numpy(), piece)
         reference_value = math.exp(total / scored)
     return Perplexity(math.exp(nll / scored), reference_value, scored, size)
+
+
+# ------------------------------------------------------------------------ embedding models ---
+
+
+@dataclass
+class Cosine:
+    """Cosine similarity between the Core AI model's sentence embeddings and the PyTorch
+    model's, per text."""
+
+    values: list[float]
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.values))
+
+    @property
+    def minimum(self) -> float:
+        return float(np.min(self.values))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean": self.mean, "min": self.minimum, "texts": len(self.values)}
+
+    def __str__(self) -> str:
+        return (
+            f"cosine to the PyTorch model's embeddings: mean {self.mean:.4f}, min "
+            f"{self.minimum:.4f} over {len(self.values)} text(s)"
+        )
+
+
+def texts_of(text: str | os.PathLike[str] | list[str]) -> list[str]:
+    """A list of texts as it is, or the non-empty lines of a text (or text file)."""
+    if isinstance(text, list):
+        return text
+    lines = [line.strip() for line in read_text(text).splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("no text to embed")
+    return lines
+
+
+def cosine(
+    model: Any,
+    text: str | os.PathLike[str] | list[str],
+    *,
+    reference: nn.Module | str | os.PathLike[str],
+    tokenizer: Any = None,
+    pooling: str = "mean",
+    batch_size: int = 8,
+) -> Cosine:
+    """Cosine similarity between the sentence embeddings (``pooling`` of the last hidden
+    state) of a Core AI feature-extraction model (a ``CoreAIModelForFeatureExtraction`` or the
+    directory it was saved to) and of the PyTorch ``reference`` (a model or its Hugging Face
+    directory), for each text (a list, or the lines of a text or text file)."""
+    from transformers import AutoModel
+
+    from coreai_torch.hf.feature_extraction import CoreAIModelForFeatureExtraction, pool
+
+    coreai = (
+        model
+        if isinstance(model, CoreAIModelForFeatureExtraction)
+        else CoreAIModelForFeatureExtraction.from_pretrained(model)
+    )
+    tok = tokenizer_for(coreai, tokenizer)
+    torch_model = (
+        reference.eval()
+        if isinstance(reference, nn.Module)
+        else AutoModel.from_pretrained(reference, local_files_only=True, torch_dtype=torch.float32)
+    )
+    limit = int(coreai.coreai_config.get("max_length") or 512)
+    values: list[float] = []
+    items = texts_of(text)
+    for start in range(0, len(items), batch_size):
+        batch = tok(
+            items[start : start + batch_size],
+            padding=True,
+            truncation=True,
+            max_length=limit,
+            return_tensors="pt",
+        )
+        mask = batch["attention_mask"]
+        ours = pool(coreai(**batch).last_hidden_state.float(), mask, pooling)
+        with torch.no_grad():
+            theirs = pool(torch_model(**batch).last_hidden_state.float(), mask, pooling)
+        values += torch.nn.functional.cosine_similarity(ours, theirs).tolist()
+    return Cosine(values)
