@@ -409,7 +409,7 @@ def test_eval_cosine_of_an_embedding_model(tmp_path) -> None:
     from coreai_torch.llm.evaluate import cosine
     from tests.hf.test_feature_extraction import SENTENCES, save
 
-    model, tok, directory = save("bert", tmp_path)
+    model, _, directory = save("bert", tmp_path)
     exported = CoreAIModelForFeatureExtraction.from_pretrained(directory, export=True)
     exported.save_pretrained(tmp_path / "coreai")
     exported.close()
