@@ -419,3 +419,35 @@ def test_eval_cosine_of_an_embedding_model(tmp_path) -> None:
     assert len(result.values) == len(SENTENCES) and result.minimum > 0.999
     argv = ["eval", "cosine", str(tmp_path / "coreai"), "--text", str(texts)]
     assert main(["--json", *argv, "--reference", str(directory)]) == 0
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        compression.LinearQuantization(bits=4, block_size=8, min_elements=0),
+        compression.Palettization(bits=3, group_size=8, min_elements=0),
+    ],
+)
+def test_calibrated_convolutions(config) -> None:
+    """Convolution kernels are fitted on their unfolded inputs (a block spans
+    ``block_size × kh × kw``); the program computes the fitted model."""
+    from coreai_torch import TorchConverter, get_decomp_table
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 16, 3, stride=2)
+    ).eval()
+    x = torch.randn(8, 16, 12, 12)
+    x[:, :2] *= 6
+    ep = torch.export.export(model, (x[:2],)).run_decompositions(get_decomp_table())
+    gptq = compression.calibrate(model, x, config)
+    rtn = compression.calibrate(model, x, config, method="rtn")
+    assert set(gptq.weights) == {"0.weight", "2.weight"}
+    assert gptq.output_error < rtn.output_error
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    report = program.compress(config, calibration=gptq)
+    assert {w.reader for w in report.weights} == {"convolution"}
+    out = next(iter(run_program(program, {"input": x[:2].numpy()}).values()))
+    with torch.no_grad():
+        expected = _fake_quantized(model, gptq)(x[:2])
+    np.testing.assert_allclose(out, expected.numpy(), rtol=1e-4, atol=1e-4)
