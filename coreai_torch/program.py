@@ -18,7 +18,7 @@ from torch.export import ExportedProgram
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ca, clone_module, ir
 from coreai_torch.compression.apply import CompressionReport, compress
-from coreai_torch.compression.calibrate import Calibration
+from coreai_torch.compression.calibration import Calibration
 from coreai_torch.compression.config import CompressionConfig
 from coreai_torch.frontend.signature import ProgramSignature
 from coreai_torch.ir.checks import verify_module

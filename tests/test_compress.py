@@ -708,7 +708,7 @@ def test_configuration_errors() -> None:
         compression.Palettization(weights="(")
     with pytest.raises(TypeError):
         compression.LinearQuantization(4)  # keyword-only
-    with pytest.raises(TypeError, match="LinearQuantization, Palettization or Pruning"):
+    with pytest.raises(TypeError, match="LinearQuantization, Palettization, Pruning or Mixed"):
         convert(nn.Linear(64, 64), (torch.randn(1, 64),)).compress("int4")  # type: ignore[arg-type]
 
 

@@ -13,7 +13,7 @@ import torch.nn as nn
 
 from coreai_torch import compression, llm
 from coreai_torch.compression import calibrated as fits
-from coreai_torch.compression.calibrate import CalibrationError, allocate, find_blocks
+from coreai_torch.compression.calibration import CalibrationError, allocate, find_blocks
 from coreai_torch.runtime import run_program, to_numpy
 from tests.llm.support import causal_lm
 
@@ -111,7 +111,7 @@ class _Two(nn.Module):
 
 
 def _layers(model: nn.Module) -> dict:
-    from coreai_torch.compression.calibrate import _layers as layers
+    from coreai_torch.compression.calibration import _layers as layers
 
     return layers(model)
 
@@ -451,3 +451,15 @@ def test_calibrated_convolutions(config) -> None:
     with torch.no_grad():
         expected = _fake_quantized(model, gptq)(x[:2])
     np.testing.assert_allclose(out, expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_layer_with_too_many_inputs_for_a_hessian_is_named(monkeypatch) -> None:
+    from coreai_torch.compression import calibration as calibrate_module
+
+    monkeypatch.setattr(calibrate_module, "MAX_HESSIAN_INPUTS", 50)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+    config = compression.LinearQuantization(bits=4, block_size=16, min_elements=0)
+    calibration = compression.calibrate(model, torch.randn(32, 64), config)
+    assert list(calibration.weights) == ["2.weight"]
+    ((name, reason),) = calibration.unfitted
+    assert name == "0.weight" and "64 inputs per output channel exceed" in reason

@@ -8,7 +8,7 @@
 * :mod:`~coreai_torch.compression.fitting`: codes, scales and palettes fitted to float weights;
 * :mod:`~coreai_torch.compression.calibrated`: fits that minimise a layer's output error on
   calibration activations (GPTQ, activation-aware scales, weighted palettes);
-* :mod:`~coreai_torch.compression.calibrate`: ``calibrate(model, samples, config)``, the
+* :mod:`~coreai_torch.compression.calibration`: ``calibrate(model, samples, config)``, the
   block-by-block calibration of a PyTorch model (and the bits allocation of ``Mixed``);
 * :mod:`~coreai_torch.compression.checks`: what ``compress()`` refuses before it changes a
   weight (NaN/inf values, scales beyond their dtype);
@@ -17,7 +17,7 @@
 The IR of compressed weights (bit packing, decompression ops) is :mod:`coreai_torch.ir.compressed`.
 """
 
-from coreai_torch.compression.calibrate import (
+from coreai_torch.compression.calibration import (
     Calibration,
     CalibrationError,
     FittedWeight,

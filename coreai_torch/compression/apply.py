@@ -41,7 +41,7 @@ import torch
 from coreai_torch import dtypes
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ir
-from coreai_torch.compression.calibrate import LARGE_OUTPUT_ERROR, Calibration, FittedWeight
+from coreai_torch.compression.calibration import LARGE_OUTPUT_ERROR, Calibration, FittedWeight
 from coreai_torch.compression.checks import check_finite, check_scale_range
 from coreai_torch.compression.config import (
     CompressionConfig,

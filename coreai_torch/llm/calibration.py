@@ -60,7 +60,7 @@ def calibration_tokens(
             )
         calibration = [ids]
     if isinstance(calibration, torch.Tensor):
-        from coreai_torch.compression.calibrate import token_batches
+        from coreai_torch.compression.calibration import token_batches
 
         return token_batches(calibration, vocab_size, length=None)[:max_sequences]
     if not isinstance(calibration, Sequence) or isinstance(calibration, (bytes, str)):
@@ -70,7 +70,7 @@ def calibration_tokens(
         )
     if calibration and all(isinstance(t, int) for t in calibration):
         calibration = [calibration]  # type: ignore[list-item]
-    from coreai_torch.compression.calibrate import token_batches
+    from coreai_torch.compression.calibration import token_batches
 
     longest = max((len(s) for s in calibration), default=0)  # type: ignore[arg-type]
     size = min(length, longest) if longest else length

@@ -135,7 +135,7 @@ def export(
     ``all_logits=True`` returns the logits of every prompt position instead of the last one.
 
     ``calibration``: data the compressed weights are fitted against (GPTQ, activation-aware
-    scales, weighted palettes; :mod:`coreai_torch.compression.calibrate`): the path of a text
+    scales, weighted palettes; :mod:`coreai_torch.compression.calibration`): the path of a text
     file (read with the tokenizer of the model's directory) or token ids (lists of ints, or
     a ``[samples, tokens]`` tensor); at most 32 sequences of 256 tokens are used.
     ``compress="mixed"`` chooses a form per weight to ``target_bpw`` bits per weight (every

@@ -57,6 +57,9 @@ from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 
 #: the float-model samples carried along to measure the output error at the end
 MEASURED_SAMPLES = 4
+#: layers with more inputs per output channel than this (a Hessian of 2 GB in float64) are
+#: compressed without calibration (a convolution of 1024 channels and 64 taps has 65,536)
+MAX_HESSIAN_INPUTS = 16384
 #: rows of the output head evaluated at once when the output error is measured
 HEAD_ROWS = 1024
 #: how :func:`calibrate` fits: GPTQ (with activation-aware scales or weighted palettes),
@@ -535,9 +538,20 @@ def calibrate(
             if isinstance(form, (LinearQuantization, Palettization)):
                 forms[layer.name] = form
 
-    def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian) -> torch.Tensor | None:
+    def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> torch.Tensor | None:
         form = forms.get(layer.name)
         if form is None:
+            return None
+        if h is None:
+            inputs = weight[0].numel()
+            result.unfitted.append(
+                (
+                    layer.name,
+                    f"its {inputs} inputs per output channel exceed MAX_HESSIAN_INPUTS="
+                    f"{MAX_HESSIAN_INPUTS} (a {inputs}x{inputs} Hessian): compressed without "
+                    "calibration",
+                )
+            )
             return None
         out = fit_weight(layer.module, weight, h, form, dtype, method=method)
         if isinstance(out, str):
@@ -590,8 +604,9 @@ def _tokens(args: Any, kwargs: Any) -> int:
 
 # ------------------------------------------------------------------------ the block walk ---
 
-#: ``fit(layer, float32 weight, Hessian) -> fitted weight`` (None: keep the weight)
-Fit = Callable[[_Layer, torch.Tensor, fits.Hessian], "torch.Tensor | None"]
+#: ``fit(layer, float32 weight, Hessian) -> fitted weight`` (None: keep the weight); the
+#: Hessian is None for a layer with more than :data:`MAX_HESSIAN_INPUTS` inputs
+Fit = Callable[[_Layer, torch.Tensor, "fits.Hessian | None"], "torch.Tensor | None"]
 
 
 class _Replay(nn.Module):
@@ -629,13 +644,19 @@ class _Inputs:
     def __init__(self, modules: dict[str, nn.Module], layers: dict[int, _Layer]) -> None:
         self.modules, self.layers = modules, layers
         self.hessians: dict[str, fits.Hessian] = {}
+        #: layers with more inputs than :data:`MAX_HESSIAN_INPUTS` (no Hessian)
+        self.too_large: set[str] = set()
         self.head_inputs: list[torch.Tensor] = []
         self.stop_at_head = False
 
     def __call__(self, name: str, module: nn.Module, x: torch.Tensor) -> None:
-        rows = layer_inputs(module, x)
-        self.hessians.setdefault(name, fits.Hessian(rows.shape[1])).add(rows)
+        if module.weight[0].numel() > MAX_HESSIAN_INPUTS:
+            self.too_large.add(name)
+        else:
+            rows = layer_inputs(module, x)
+            self.hessians.setdefault(name, fits.Hessian(rows.shape[1])).add(rows)
         if self.layers[id(module)].head and self.stop_at_head:
+            rows = layer_inputs(module, x)
             self.head_inputs.append(rows)
             raise _Stop
 
@@ -663,8 +684,8 @@ def _fit_stage(
     """Fit the stage's layers in place of their weights in ``params``."""
     for local, module in modules.items():
         h = inputs.hessians.get(local)
-        if h is None:
-            continue
+        if h is None and local not in inputs.too_large:
+            continue  # not run by the samples
         key = names[f"{local}.weight" if local else "weight"]
         fitted = fit(layers[id(module)], params[key], h)
         if fitted is not None:
@@ -873,8 +894,8 @@ def _sensitivity(
     activation-aware scales on the float model's activations."""
     errors: dict[str, dict[int, float]] = {}
 
-    def measure(layer: _Layer, weight: torch.Tensor, h: fits.Hessian) -> None:
-        if not config.selects(layer.name) or weight.numel() < config.min_elements:
+    def measure(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> None:
+        if h is None or not config.selects(layer.name) or weight.numel() < config.min_elements:
             return None
         n = weight.shape[0]
         found = errors.setdefault(layer.name, {})
