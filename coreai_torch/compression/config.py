@@ -255,10 +255,12 @@ def bits_per_weight(
 #: the forms :class:`Mixed` chooses among by default
 MIXED_FORMS: tuple[LinearQuantization | Palettization, ...] = (
     LinearQuantization(bits=8),
+    Palettization(bits=6, group_size=16),
     LinearQuantization(bits=4, block_size=32, symmetric=False),
     LinearQuantization(bits=4, block_size=32),
     LinearQuantization(bits=4, block_size=64),
     LinearQuantization(bits=4, block_size=128),
+    Palettization(bits=4, group_size=16),
     Palettization(bits=3, group_size=16),
     Palettization(bits=2, group_size=16),
 )
@@ -273,8 +275,8 @@ class Mixed(_Selection):
 
     * ``target_bpw``: the budget, in bits per weight;
     * ``forms``: the forms to choose among (default :data:`MIXED_FORMS`: int8, int4 in
-      blocks of 32 (asymmetric and symmetric), 64 and 128, 3- and 2-bit palettes per 16
-      output channels);
+      blocks of 32 (asymmetric and symmetric), 64 and 128, 6-, 4-, 3- and 2-bit palettes per
+      16 output channels);
     * ``other``: the form of the selected weights the calibration measures no inputs of
       (an embedding table not tied to the output head); None leaves them as they are.
     """
