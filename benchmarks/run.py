@@ -7,9 +7,9 @@ not charged to the model.  Memory is the peak RSS of each phase above one baseli
 conversion (see ``benchmarks/memory.py``).  Results are printed as tables and written to
 ``bench_results/results.json``.
 
-    python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
-                             [--large] [--no-compression] [--compression-runs 3]
-                             [--no-precision] [--no-llm] [--no-hf]
+    python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50 lstm-3x256] [--runs 10]
+                             [--ablation] [--large] [--no-compression] [--compression-runs 3]
+                             [--no-precision] [--no-llm] [--no-hf] [--no-server]
 
 ``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor
 (``benchmarks/large.py``; needs about 8 GB of free memory).
@@ -21,6 +21,9 @@ The precision table (``benchmarks/precision.py``) converts each model in fp32, f
 
 The LLM table (``benchmarks/llm.py``) exports the 0.27B Llama (fp32, fp16, int4, fp16+int4) and a
 small Mixtral-style model with ``coreai_torch.llm``.
+
+The server table (``benchmarks/server.py``) serves the 0.27B Llama with ``coreai-torch serve``
+to 1, 4 and 8 concurrent clients (throughput, p50/p95 latency) next to ``llm.Generator`` alone.
 
 The Hugging Face table (``benchmarks/hf.py``) runs the ``coreai_torch.hf`` classes: Whisper
 tiny-shaped (encoder time, decoder tokens/s), a MiniLM-shaped embedding model (sentences/s at
@@ -294,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-moe", help=argparse.SUPPRESS)
     parser.add_argument("--one-hf", help=argparse.SUPPRESS)
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face table")
+    parser.add_argument("--one-server", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-server", action="store_true", help="skip the server table (coreai-torch serve)"
+    )
     parser.add_argument("--one-streaming", help=argparse.SUPPRESS)
     parser.add_argument(
         "--no-streaming", action="store_true", help="skip the 1B Llama streamed from its checkpoint"
@@ -341,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.hf import measure_hf
 
         print("RESULT " + json.dumps(measure_hf(args.one_hf, args.runs)))
+        return 0
+    if args.one_server:
+        from benchmarks.server import measure_server
+
+        print("RESULT " + json.dumps(measure_server(args.one_server, args.runs)))
         return 0
     if args.one_streaming:
         from benchmarks.streaming import measure_streaming
@@ -406,6 +418,10 @@ def main(argv: list[str] | None = None) -> int:
         for row in HF_ROWS:
             print(f"== Hugging Face classes (benchmarks/hf.py): {row}", flush=True)
             hf_rows.append(_child("--one-hf", row, min(args.runs, 5)))
+    served = []
+    if not args.no_server:
+        print("== server: coreai-torch serve at 1, 4, 8 clients (benchmarks/server.py)", flush=True)
+        served.append(_child("--one-server", "llama", min(args.runs, 3)))
     streamed = []
     if not args.no_streaming:
         specs = [
@@ -430,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
                 "llm": llms,
                 "moe": moe,
                 "hf": hf_rows,
+                "server": served,
                 "streaming": streamed,
             },
             indent=2,
@@ -481,6 +498,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nHugging Face classes (coreai_torch.hf), median of the runs.\n")
         print(hf_table(hf_rows))
+    if served:
+        from benchmarks.server import NEW_TOKENS, PROMPT_TOKENS, server_table
+
+        print(
+            f"\nServing (coreai-torch serve, 0.27B Llama fp32; completions of {PROMPT_TOKENS} "
+            f"prompt tokens + {NEW_TOKENS} new, greedy).\n"
+        )
+        print(server_table(served))
     if streamed:
         from benchmarks.streaming import table as streaming_table
 
@@ -500,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         *llms,
         *moe,
         *hf_rows,
+        *served,
         *streamed,
     ]
     failed = any("error" in r for r in measured)

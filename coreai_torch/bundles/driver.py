@@ -140,6 +140,31 @@ class _Engine:
     def _max_tokens(self, prompt: Sequence[int], requested: int) -> int:
         return min(requested, max(0, self.language.max_context_length - len(prompt)))
 
+    def _decode(
+        self,
+        tokens: list[int],
+        max_new_tokens: int,
+        on_logits: LogitsCallback | None,
+        run: Callable[[list[int]], np.ndarray],
+    ) -> list[int]:
+        """The engines' iterator: ``run`` processes the tokens not processed yet and returns
+        the logits of the last one; sample, record, stop on a stop token, feed it back."""
+        out: list[int] = []
+        for _ in range(self._max_tokens(tokens, max_new_tokens)):
+            start = self.processed
+            if start >= len(tokens):
+                raise BundleError("no new tokens to process")
+            logits = run(tokens)
+            self.history.extend(tokens[start : self.processed])
+            token = self._sample(logits)
+            if on_logits is not None:
+                on_logits(logits)
+            out.append(token)
+            if token in self.stop_token_ids:
+                break
+            tokens.append(token)
+        return out
+
 
 def _common_prefix(history: Sequence[int], tokens: Sequence[int]) -> int:
     count = 0
@@ -276,21 +301,9 @@ class SequentialEngine(_Engine):
                 self.reset(0)
             elif self.processed >= len(tokens):
                 self.reset(max(0, common - 1))
-        out: list[int] = []
-        for _ in range(self._max_tokens(prompt, max_new_tokens)):
-            if self.processed >= len(tokens):
-                raise BundleError("no new tokens to process")
-            new = tokens[self.processed :]
-            logits = self._prefill(new)
-            self.history.extend(new)
-            token = self._sample(logits)
-            if on_logits is not None:
-                on_logits(logits)
-            out.append(token)
-            if token in self.stop_token_ids:
-                break
-            tokens.append(token)
-        return out
+        return self._decode(
+            tokens, max_new_tokens, on_logits, lambda t: self._prefill(t[self.processed :])
+        )
 
 
 # ---------------------------------------------------------------------------- pipelined ---
@@ -468,8 +481,6 @@ class StaticShapeEngine(_Engine):
 
     def _inference(self, tokens: list[int]) -> np.ndarray:
         total = len(tokens)
-        if self.processed >= total:
-            raise BundleError("no new tokens to process")
         logits = np.zeros(self.language.vocab_size, np.float16)
         position = self.processed
         while position < total:
@@ -554,19 +565,7 @@ class StaticShapeEngine(_Engine):
                 self.history.clear()
             elif self.processed >= len(tokens):
                 self.reset(max(0, common - 1))
-        out: list[int] = []
-        for _ in range(self._max_tokens(prompt, max_new_tokens)):
-            start = self.processed
-            logits = self._inference(tokens)
-            self.history.extend(tokens[start : self.processed])
-            token = self._sample(logits)
-            if on_logits is not None:
-                on_logits(logits)
-            out.append(token)
-            if token in self.stop_token_ids:
-                break
-            tokens.append(token)
-        return out
+        return self._decode(tokens, max_new_tokens, on_logits, self._inference)
 
 
 def open_engine(

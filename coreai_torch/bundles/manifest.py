@@ -160,6 +160,24 @@ def _drop_none(data: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in data.items() if v is not None}
 
 
+def _json_value(value: Any) -> Any:
+    """A field's JSON value: blocks by their ``to_json``, tuples as arrays, recursively."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
+    if isinstance(value, (tuple, list)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _json_value(v) for k, v in value.items()}
+    return value
+
+
+def _block_json(block: Any) -> dict[str, Any]:
+    """A block's JSON object: its fields (``None`` omitted) over the unknown keys it was read
+    with (``extra``)."""
+    data = {f.name: _json_value(getattr(block, f.name)) for f in fields(block) if f.name != "extra"}
+    return {**dict(getattr(block, "extra", {})), **_drop_none(data)}
+
+
 # ------------------------------------------------------------------------------ blocks ---
 
 
@@ -205,11 +223,7 @@ class VisionConfig:
         )
 
     def to_json(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        for key in ("image_mean", "image_std"):
-            if data[key] is not None:
-                data[key] = list(data[key])
-        return {**dict(self.extra), **_drop_none(data)}
+        return _block_json(self)
 
 
 def _tuple(values: list[float] | None) -> tuple[float, ...] | None:
@@ -273,21 +287,7 @@ class LanguageConfig:
         )
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "tokenizer": self.tokenizer,
-            "vocab_size": self.vocab_size,
-            "max_context_length": self.max_context_length,
-            "embedded_tokenizer": self.embedded_tokenizer,
-            "function_map": None
-            if self.function_map is None
-            else {k: list(v) for k, v in self.function_map.items()},
-            "states": None if self.states is None else dict(self.states),
-            "vision": None if self.vision is None else self.vision.to_json(),
-            "prefill_chunk_size": self.prefill_chunk_size,
-            "prefill_chunk_threshold": self.prefill_chunk_threshold,
-            "overrides": None if self.overrides is None else dict(self.overrides),
-        }
-        return {**dict(self.extra), **_drop_none(data)}
+        return _block_json(self)
 
 
 def _positive(r: _Reader) -> Callable[[Any, str], int]:
@@ -333,7 +333,7 @@ class SchedulerDefaults:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return _block_json(self)
 
 
 @dataclass(frozen=True)
@@ -380,12 +380,7 @@ class DiffusionConfig:
         )
 
     def to_json(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        if self.scheduler is not None:
-            data["scheduler"] = self.scheduler.to_json()
-        if self.rope_axes_dims is not None:
-            data["rope_axes_dims"] = list(self.rope_axes_dims)
-        return {**dict(self.extra), **_drop_none(data)}
+        return _block_json(self)
 
 
 # ---------------------------------------------------------------------------- manifest ---
@@ -538,20 +533,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object written as ``metadata.json`` (``None`` fields omitted)."""
-        data: dict[str, Any] = {
-            "metadata_version": self.metadata_version,
-            "kind": self.kind,
-            "name": self.name,
-            "assets": dict(self.assets),
-            "language": None if self.language is None else self.language.to_json(),
-            "vision": None if self.vision is None else self.vision.to_json(),
-            "diffusion": None if self.diffusion is None else self.diffusion.to_json(),
-            "user_data": None if self.user_data is None else dict(self.user_data),
-            "source": None if self.source is None else dict(self.source),
-            "compression": self.compression,
-            "compilation": None if self.compilation is None else dict(self.compilation),
-        }
-        return {**dict(self.extra), **_drop_none(data)}
+        return {"metadata_version": self.metadata_version, **_block_json(self)}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n"

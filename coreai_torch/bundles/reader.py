@@ -8,7 +8,7 @@ compiled (``name.aimodel`` -> ``name.aimodelc``); a language bundle's embedded t
 in swift-transformers.  Then each asset's functions are checked against the engine that would
 run them (:mod:`coreai_torch.bundles.convention`).  Bundles written by Apple's own exporter
 load as far as their layout allows; what cannot be read here (a compiled ``.aimodelc``) is
-listed in :attr:`Bundle.unchecked` instead of being checked.
+listed in ``Bundle.unchecked`` instead of being checked.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ generation on a set of tokens computed from ``tokenizer_config.json`` alone
   ``end_of_turn``/``im_end``/``eot_id``/``endoftext``/``eot_token``, and the top-level keys of
   those names.  ``generation_config.json`` is not read.
 
-:func:`read_tokenizer` applies these rules (:attr:`TokenizerInfo.stop_token_ids` is the set the
+:func:`read_tokenizer` applies these rules (``TokenizerInfo.stop_token_ids`` is the set the
 app stops on); :func:`write_tokenizer` writes a directory that passes them and makes the app
 stop where the model's own generation stops: on the ids its configs name as end of sequence
 and on the token its chat template closes an assistant turn with.

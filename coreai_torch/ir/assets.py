@@ -261,10 +261,14 @@ def check_bytecode_layout(path: Path) -> list[tuple[int, int]]:
     entries matching their offset table, nothing after the last section.  Reads only the
     framing (a few KB for a multi-GB file).  Returns the ``(offset, size)`` of each weight
     blob's data."""
-    size = path.stat().st_size
+    return _read_framing(path, _check_layout)
+
+
+def _read_framing(path: Path, read: Callable[[_Reader], Any]) -> Any:
+    """``read`` on the bytecode file ``path``; a malformed file is an :class:`InvalidAssetError`."""
     try:
         with open(path, "rb") as file:
-            return _check_layout(_Reader(file, size))
+            return read(_Reader(file, path.stat().st_size))
     except BytecodeFormatError as error:
         raise InvalidAssetError(
             f"{path} is not a readable Core AI program: {error}; the asset is damaged, save "
@@ -272,13 +276,17 @@ def check_bytecode_layout(path: Path) -> list[tuple[int, int]]:
         ) from error
 
 
-def _check_layout(reader: _Reader) -> list[tuple[int, int]]:
+def _read_header(reader: _Reader) -> None:
     if reader.read(min(len(MAGIC), reader.size), "the header") != MAGIC:
         raise BytecodeFormatError("no MLIR bytecode header ('ML\\xefR')")
     reader.varint("the bytecode version")
     while reader.read(1, "the producer name") != b"\0":
         if reader.position > 256:
             raise BytecodeFormatError("the producer name does not end")
+
+
+def _check_layout(reader: _Reader) -> list[tuple[int, int]]:
+    _read_header(reader)
     seen: set[int] = set()
     entries: list[tuple[int, int]] | None = None
     blobs: list[tuple[int, int]] = []
@@ -352,24 +360,11 @@ def weightless_bytecode(path: str | os.PathLike[str]) -> bytes:
     emptied: a few KB that describe the same functions, inputs, outputs and states, read
     without reading the weights (coreai-core's ``summary()`` of the asset itself holds the
     whole file in memory)."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as file:
-            return _weightless(_Reader(file, path.stat().st_size))
-    except BytecodeFormatError as error:
-        raise InvalidAssetError(
-            f"{path} is not a readable Core AI program: {error}; the asset is damaged, save "
-            "it again"
-        ) from error
+    return _read_framing(Path(path), _weightless)
 
 
 def _weightless(reader: _Reader) -> bytes:
-    if reader.read(min(len(MAGIC), reader.size), "the header") != MAGIC:
-        raise BytecodeFormatError("no MLIR bytecode header ('ML\\xefR')")
-    reader.varint("the bytecode version")
-    while reader.read(1, "the producer name") != b"\0":
-        if reader.position > 256:
-            raise BytecodeFormatError("the producer name does not end")
+    _read_header(reader)
     header_end = reader.position
     reader.position = 0
     out = bytearray(reader.read(header_end, "the header"))
