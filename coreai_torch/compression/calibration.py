@@ -701,12 +701,15 @@ def _walk(
     phase: str,
     *,
     measure: bool,
+    on_block: Callable[[float | None], None] | None = None,
 ) -> float | None:
     """Run the model stage by stage on ``calls``, calling ``fit`` on every fittable layer
     with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
     used from then on (the activations carried to the next block are the fitted model's).
     With ``measure``, the float model's outputs of the first samples are carried too and
-    the relative output error of the fitted model is returned."""
+    the relative output error of the fitted model is returned.  ``on_block(energy)`` is
+    told, before each stage's layers are fitted, the energy ``Σ‖x‖²`` of the activations
+    entering the block (None outside the blocks)."""
     blocks = find_blocks(model)
     inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
     inside_params = {id(p) for p in blocks.parameters()} if blocks is not None else set()
@@ -770,7 +773,11 @@ def _walk(
             with _recording(modules, inputs):
                 for args, kwargs in stream:
                     _call(block, original, args, kwargs)
+            if on_block is not None:
+                on_block(sum(float((a[0].double() ** 2).sum()) for a, _ in stream))
             _fit_stage(modules, inputs, weights, local_names, layers, fit)
+            if on_block is not None:
+                on_block(None)
             stream = [
                 ((_first_tensor(_call(block, weights, args, kwargs)), *args[1:]), kwargs)
                 for args, kwargs in stream
@@ -889,23 +896,43 @@ def _sensitivity(
     dtype: torch.dtype,
     listener: Any,
 ) -> dict[str, dict[int, float]]:
-    """Per selected weight, the output error of each candidate form (by index in
-    ``config.forms``; forms that do not apply are missing), from round-to-nearest with
-    activation-aware scales on the float model's activations."""
+    """Per selected weight, the error of each candidate form (by index in ``config.forms``;
+    forms that do not apply are missing), from rounding with activation-aware scales on the
+    float model's activations, on one scale for every weight: the error a layer inside a
+    block adds, ``‖(W - Ŵ) Xᵀ‖²``, relative to the energy of the activations entering the
+    block (the residual stream it perturbs), and for the layers outside the blocks (the
+    output head) their relative output error (the head's is the logits')."""
     errors: dict[str, dict[int, float]] = {}
+    block = {"energy": None}
 
     def measure(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> None:
         if h is None or not config.selects(layer.name) or weight.numel() < config.min_elements:
             return None
         n = weight.shape[0]
         found = errors.setdefault(layer.name, {})
+        energy = block["energy"]
         for i, form in enumerate(config.forms):
             out = fit_weight(layer.module, weight, h, form, dtype, method="awq")
-            if not isinstance(out, str):
-                found[i] = fits.output_error(weight.reshape(n, -1), out[1].reshape(n, -1), h)
+            if isinstance(out, str):
+                continue
+            relative = fits.output_error(weight.reshape(n, -1), out[1].reshape(n, -1), h)
+            if energy:  # the error's energy against the residual stream's
+                w = weight.reshape(n, -1).double()
+                signal = float(((w @ h.matrix) * w).sum())
+                relative = relative * signal / energy
+            found[i] = relative
         return None
 
-    _walk(model, calls, layers, measure, listener, "sensitivity", measure=False)
+    _walk(
+        model,
+        calls,
+        layers,
+        measure,
+        listener,
+        "sensitivity",
+        measure=False,
+        on_block=lambda energy: block.update(energy=energy),
+    )
     return errors
 
 
@@ -933,8 +960,8 @@ def allocate(
     config: Mixed,
     dtype: torch.dtype,
 ) -> dict[str, LinearQuantization | Palettization]:
-    """The form of each weight: the least total output error (the sum of the weights'
-    relative errors) whose bits over every weight of the model are at most
+    """The form of each weight: the least total error (the sum of the weights' errors, as
+    :func:`_sensitivity` measures them) whose bits over every weight of the model are at most
     ``config.target_bpw`` (a Lagrangian search, then the budget left spent on the upgrades
     that buy the most error per bit).  Raises :class:`CalibrationError` when even the
     cheapest forms exceed the budget."""
