@@ -436,7 +436,11 @@ def main(argv: list[str] | None = None) -> int:
         served.append(_child("--one-server", "llama", min(args.runs, 3)))
     streamed = []
     if not args.no_streaming:
-        specs = ["1b:int4", *(["8b:int4", "8b:none"] if args.eight_b else [])]
+        specs = [
+            "1b:int4",
+            "1b:int4+calibration",
+            *(["8b:int4", "8b:none"] if args.eight_b else []),
+        ]
         for spec in specs:
             print(f"== streaming export (benchmarks/streaming.py): {spec}", flush=True)
             streamed.append(_child("--one-streaming", spec, 1))
