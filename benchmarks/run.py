@@ -305,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-streaming", action="store_true", help="skip the 1B Llama streamed from its checkpoint"
     )
+    parser.add_argument("--one-diffusion", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-diffusion", action="store_true", help="skip the SD-1.5 UNet (benchmarks/diffusion.py)"
+    )
     parser.add_argument(
         "--8b",
         dest="eight_b",
@@ -353,6 +357,14 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.server import measure_server
 
         print("RESULT " + json.dumps(measure_server(args.one_server, args.runs)))
+        return 0
+    if args.one_diffusion:
+        import tempfile
+
+        from benchmarks.diffusion import measure as measure_diffusion
+
+        with tempfile.TemporaryDirectory(prefix="coreai_bench_diffusion_") as scratch:
+            print("RESULT " + json.dumps(measure_diffusion(Path(scratch))))
         return 0
     if args.one_streaming:
         from benchmarks.streaming import measure_streaming
@@ -424,10 +436,18 @@ def main(argv: list[str] | None = None) -> int:
         served.append(_child("--one-server", "llama", min(args.runs, 3)))
     streamed = []
     if not args.no_streaming:
-        specs = ["1b:int4", *(["8b:int4", "8b:none"] if args.eight_b else [])]
+        specs = [
+            "1b:int4",
+            "1b:int4+calibration",
+            *(["8b:int4", "8b:none"] if args.eight_b else []),
+        ]
         for spec in specs:
             print(f"== streaming export (benchmarks/streaming.py): {spec}", flush=True)
             streamed.append(_child("--one-streaming", spec, 1))
+    diffusion = []
+    if not args.no_diffusion:
+        print("== SD-1.5 UNet from its checkpoint (benchmarks/diffusion.py)", flush=True)
+        diffusion.append(_child("--one-diffusion", "unet", 1))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
@@ -444,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
                 "hf": hf_rows,
                 "server": served,
                 "streaming": streamed,
+                "diffusion": diffusion,
             },
             indent=2,
         )
@@ -510,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             "whole-process peak RSS).\n"
         )
         print(streaming_table(streamed))
+    if diffusion:
+        from benchmarks.diffusion import table as diffusion_table
+
+        print("\nDiffusion: an SD-1.5-shaped UNet exported from its fp16 checkpoint (fp16).\n")
+        print(diffusion_table(diffusion[0]))
     print(f"\nJSON: {out}")
     measured = [
         *results,
@@ -523,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         *hf_rows,
         *served,
         *streamed,
+        *diffusion,
     ]
     failed = any("error" in r for r in measured)
     return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0

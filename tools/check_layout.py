@@ -57,7 +57,13 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("coreai_torch.verify",),
     ("coreai_torch.bundles",),  # the bundles Apple's app runtimes load (llm/, hf/ write them)
-    ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
+    (
+        "coreai_torch.llm",
+        "coreai_torch.hf",
+        "coreai_torch.diffusers",
+        "coreai_torch.examples",
+        "coreai_torch._compression",
+    ),
     ("coreai_torch.serve",),  # the HTTP server over llm/
     ("coreai_torch.cli", "coreai_torch"),
 ]

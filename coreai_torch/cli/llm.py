@@ -18,6 +18,7 @@ from typing import Any
 from coreai_torch.cli.options import (
     EXIT_OK,
     CliError,
+    add_calibration_arguments,
     add_compression_arguments,
     add_hash_option,
     add_precision_arguments,
@@ -45,6 +46,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
             precision=precision,
             compress=compression,
             all_logits=opts.all_logits,
+            calibration=opts.calibration,
         )
         converted = time.perf_counter() - start
         program.save_asset(output)
@@ -206,6 +208,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     add_precision_arguments(export)
     add_compression_arguments(export)
+    add_calibration_arguments(export)
     export.add_argument("--all-logits", action="store_true", help="return every position's logits")
     add_progress_option(export, "loading, tracing, converting, compressing and saving")
     export.set_defaults(func=cmd_export)

@@ -9,6 +9,7 @@
     coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N]   # a causal LM
     coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --prompt "..."
     coreai-torch export --task text-generation MODEL_DIR -o OUT_DIR   # coreai_torch.hf classes
+    coreai-torch eval perplexity OUT_DIR --text FILE --reference MODEL_DIR   # what compression cost
     coreai-torch serve MODEL [--host 127.0.0.1] [--port 8000]   # OpenAI-compatible HTTP API
 
 A SOURCE is either a ``.pt2`` file written by ``torch.export.save`` or ``FILE.py:FUNCTION``
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from coreai_torch import __version__
-from coreai_torch.cli import convert, demo, export, llm, serve
+from coreai_torch.cli import convert, demo, eval, export, llm, serve
 from coreai_torch.cli.options import EXIT_ERROR, EXIT_OK, one_line
 from coreai_torch.torch_compat import ignore_torch_internal_warnings, quiet_import_noise
 
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_command(commands, common)
     llm.add_commands(commands, common)  # llm export | llm generate
     export.add_command(commands, common)  # export --task (coreai_torch.hf)
+    eval.add_command(commands, common)  # eval perplexity
     serve.add_command(commands, common)  # serve (OpenAI-compatible HTTP API)
     return parser
 
