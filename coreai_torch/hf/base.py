@@ -36,6 +36,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from coreai_torch.bundles import is_bundle_dir
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
 from coreai_torch.hf.tasks import CLASSES, register_pipeline_names
 from coreai_torch.ir import lazy
@@ -48,8 +49,6 @@ register_pipeline_names()
 COREAI_CONFIG = "coreai_config.json"
 #: Version of :data:`COREAI_CONFIG`'s layout (2: a causal LM is saved as a bundle).
 FORMAT_VERSION = 2
-#: The manifest that makes a directory a bundle (:mod:`coreai_torch.bundles`).
-BUNDLE_MANIFEST = "metadata.json"
 
 #: Files copied from the source model directory to an exported one: the tokenizer, feature
 #: extractor, image processor and processor files (never weights).
@@ -227,7 +226,7 @@ class CoreAIModel(PreTrainedModel):
                 **options,
             )
         path = local_dir(model_dir, cls.__name__)
-        exported = (path / COREAI_CONFIG).is_file() or (path / BUNDLE_MANIFEST).is_file()
+        exported = (path / COREAI_CONFIG).is_file() or is_bundle_dir(path)
         if export is None:
             export = not exported
         if not export:
@@ -262,7 +261,7 @@ class CoreAIModel(PreTrainedModel):
     def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModel:
         from coreai_torch.hf.tasks import class_for_task
 
-        if (path / BUNDLE_MANIFEST).is_file():  # a language-model bundle
+        if is_bundle_dir(path):  # a language-model bundle
             causal_lm = class_for_task("text-generation")
             if cls not in (CoreAIModel, causal_lm):
                 raise ValueError(
@@ -434,7 +433,7 @@ def local_dir(model_dir: Any, who: str) -> Path:
             f"{model_dir}: no such local directory; {who}.from_pretrained reads local "
             "directories only (written by save_pretrained) and never downloads models"
         )
-    if not (path / "config.json").is_file() and not (path / BUNDLE_MANIFEST).is_file():
+    if not (path / "config.json").is_file() and not is_bundle_dir(path):
         raise FileNotFoundError(
             f"{path}: not a model directory (no config.json) nor a bundle (no metadata.json); "
             "save the model with save_pretrained first"

@@ -28,6 +28,7 @@ import torch.nn as nn
 from transformers import GenerationMixin
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from coreai_torch.bundles import is_bundle_dir
 from coreai_torch.hf.base import (
     COREAI_CONFIG,
     FORMAT_VERSION,
@@ -356,7 +357,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
 
     @classmethod
     def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModelForCausalLM:
-        if not is_bundle(path):
+        if not is_bundle_dir(path):
             raise ValueError(
                 f"{path} was saved by an earlier coreai-torch in its own format (prefill/decode "
                 "entry points, int64 ids), which this one no longer runs; export the model "
@@ -429,20 +430,20 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         from coreai_torch.bundles import write_llm_bundle
 
         out = Path(save_directory)
-        if out.exists() and not is_bundle(out) and (not out.is_dir() or any(out.iterdir())):
+        if out.exists() and not is_bundle_dir(out) and (not out.is_dir() or any(out.iterdir())):
             raise FileExistsError(
                 f"{out} exists and is not a bundle; save_pretrained writes a bundle directory "
                 "(and replaces an earlier one): choose a new or empty directory"
             )
         source = self._source_dir
         if tokenizer is None and source is not None:
-            tokenizer = source / "tokenizer" if is_bundle(source) else source
+            tokenizer = source / "tokenizer" if is_bundle_dir(source) else source
         if tokenizer is None:
             raise ValueError(
                 "the bundle embeds the model's tokenizer: pass save_pretrained(..., "
                 "tokenizer=tokenizer_or_its_directory)"
             )
-        hf_dir = source if source is not None and not is_bundle(source) else None
+        hf_dir = source if source is not None and not is_bundle_dir(source) else None
         meta = {k: v for k, v in self.coreai_config.items() if k != "assets"}
         meta["format_version"] = FORMAT_VERSION
         with tempfile.TemporaryDirectory(prefix="coreai_torch_save_") as scratch:
@@ -514,11 +515,6 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             state=states,
         )
         return out[function.outputs[0].name][0].astype(np.float32)
-
-
-def is_bundle(path: Path) -> bool:
-    """Whether ``path`` is a bundle directory (it holds ``metadata.json``)."""
-    return (path / "metadata.json").is_file()
 
 
 def bundle_config(path: Path, language: Any) -> Any:

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from coreai_torch.bundles.convention import INITIAL_KV_CAPACITY
+
 #: names of the inputs, the output and the states of ``main`` (those of Apple's macOS exports)
 INPUT_NAMES = ("input_ids", "position_ids")
 OUTPUT_NAME = "logits"
@@ -165,11 +167,13 @@ def example_inputs(
 
 
 def dynamic_shapes(max_context: int) -> tuple[dict[int, Any], ...]:
-    """``T`` and ``P`` up to ``max_context``, the states' rows up to twice that (the
-    pipelined engine doubles its capacity until it holds the context)."""
+    """``T`` and ``P`` up to ``max_context``, the states' rows up to twice that, or the
+    engines' first capacity if larger (the pipelined engine starts at 256 rows whatever the
+    context, and doubles its capacity until it holds the context)."""
     tokens = torch.export.Dim("tokens", min=1, max=max_context)
     positions = torch.export.Dim("positions", min=1, max=max_context)
-    capacity = torch.export.Dim("capacity", min=2, max=2 * max_context)
+    rows = max(2 * max_context, 2 * INITIAL_KV_CAPACITY)
+    capacity = torch.export.Dim("capacity", min=2, max=rows)
     return ({1: tokens}, {1: positions}, {SEQUENCE_DIM: capacity}, {SEQUENCE_DIM: capacity})
 
 

@@ -72,12 +72,12 @@ class Generator:
         max_context: int | None = None,
         verify_hash: bool = True,
     ) -> None:
-        from coreai_torch.bundles import Bundle
+        from coreai_torch.bundles import Bundle, is_bundle_dir
 
         program, bundle = program_or_path, None
         if isinstance(program_or_path, (str, os.PathLike)):
             path = Path(program_or_path)
-            if path.is_dir() and (path / "metadata.json").is_file():
+            if is_bundle_dir(path):
                 bundle = Bundle.load(path)
                 program = bundle.asset_path("main")
             check_asset(program, verify_hash=False)  # cheap checks first

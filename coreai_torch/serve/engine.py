@@ -40,6 +40,12 @@ class Engine:
         max_queue: int = 16,
         max_tokens: int | None = None,
     ) -> None:
+        if generator.max_context is None:
+            raise ValueError(
+                "the server checks each request against the model's context, which this "
+                "generator does not know (a bare asset): load a bundle, or pass "
+                "Generator(..., max_context=N)"
+            )
         self.generator = generator
         self.tokenizer = generator.tokenizer
         self.name = name

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from coreai_torch.bundles import is_bundle_dir
 from coreai_torch.hf.base import COREAI_CONFIG
 from coreai_torch.llm.generate import Generator
 
@@ -47,7 +48,7 @@ def load_generator(
                 f"{path} is a bare asset, which does not record the context it was exported "
                 "for: pass max_context (--max-context), or serve its bundle"
             )
-    elif (path / "metadata.json").is_file():
+    elif is_bundle_dir(path):
         asset, found_tokenizer, name = path, None, _bundle_name(path)
     elif (path / COREAI_CONFIG).is_file():
         raise ValueError(

@@ -1,7 +1,8 @@
 """``CoreAIModelForCausalLM``: ``generate`` equals the Hugging Face model's token for token
 (greedy, sampling with a seed, EOS, left-padded batches), ``model(**inputs)`` returns the
-usual logits, the save / load round trip needs no torch weights, the ``text-generation``
-pipeline runs it, and bad input raises before anything runs.
+usual logits (the program's float16 logits, as float32), ``save_pretrained`` writes the bundle
+Apple's app runtimes load and ``from_pretrained`` loads it back without torch weights, the
+``text-generation`` pipeline runs it, and bad input raises before anything runs.
 
 One Llama export is shared by the fast tests (module fixture); Qwen2 and the precision /
 compression options are slow.
@@ -17,14 +18,22 @@ from typing import Any
 import pytest
 import torch
 
-from coreai_torch.errors import AssetNotFoundError, InvalidAssetError, UnsupportedModelError
+from coreai_torch import bundles
+from coreai_torch.errors import BundleError, InvalidAssetError, UnsupportedModelError
 from coreai_torch.hf import CoreAIModelForCausalLM
-from tests.hf.support import TOLERANCE, assert_streamed, check_generate, recording_binds
-from tests.llm.support import PROMPTS, causal_lm, tiny_tokenizer
+from tests.bundles.support import assert_doctor_clean
+from tests.hf.support import TOLERANCE, assert_streamed, recording_binds
+from tests.hf.support import check_generate as check_generate_logits
+from tests.llm.support import HALF_LOGITS, PROMPTS, causal_lm, tiny_tokenizer
 
 pytestmark = pytest.mark.xdist_group("hf_causal_lm")
 
 MAX_CONTEXT = 64
+
+
+def check_generate(ours: Any, reference: Any, inputs: dict[str, Any], **kwargs: Any) -> Any:
+    """``tests.hf.support.check_generate`` with the float16 logits' rounding allowed."""
+    return check_generate_logits(ours, reference, inputs, logits_rounding=HALF_LOGITS, **kwargs)
 
 
 def tokenizer() -> Any:
@@ -96,7 +105,7 @@ def test_forward_returns_every_position_logits(llama: dict[str, Any]) -> None:
         expected = llama["model"](**inputs).logits
     out = llama["coreai"](**inputs)
     assert out.logits.shape == expected.shape
-    tol = TOLERANCE * max(1.0, float(expected.abs().max()))
+    tol = (TOLERANCE + HALF_LOGITS) * max(1.0, float(expected.abs().max()))
     assert float((out.logits - expected).abs().max()) <= tol
     # the returned cache continues the sequence: the next token's logits
     nxt = expected[:, -1:].argmax(-1)
@@ -107,28 +116,37 @@ def test_forward_returns_every_position_logits(llama: dict[str, Any]) -> None:
     assert float((step.logits - ref).abs().max()) <= tol
 
 
-def test_saved_directory(llama: dict[str, Any]) -> None:
-    """Assets, configs and tokenizer files; no torch weights."""
+def test_saved_directory_is_a_bundle(llama: dict[str, Any]) -> None:
+    """The bundle the app loads (manifest, tokenizer/, the asset), the Hugging Face configs
+    and coreai_config.json beside it; no torch weights; ``coreai doctor`` finds nothing."""
     out = llama["root"] / "coreai"
     names = {p.name for p in out.iterdir()}
     assert {
+        "metadata.json",
+        "tokenizer",
         "model.aimodel",
         "config.json",
         "generation_config.json",
         "coreai_config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
     } <= names
     assert not [n for n in names if n.endswith((".safetensors", ".bin", ".pt"))]
     meta = json.loads((out / "coreai_config.json").read_text())
     assert meta["task"] == "text-generation" and meta["max_context"] == MAX_CONTEXT
     assert meta["precision"] == "fp32" and meta["compression"] is None
+    bundle = bundles.Bundle.load(out)
+    assert bundle.language.max_context_length == MAX_CONTEXT
+    assert list(bundles.function_signatures(bundle.asset_path("main"))) == ["main"]
+    assert_doctor_clean(out)
+    # saved again from the loaded bundle: the same bundle
+    llama["coreai"].save_pretrained(llama["root"] / "again")
+    assert (llama["root"] / "again" / "metadata.json").is_file()
+    assert_doctor_clean(llama["root"] / "again")
 
 
 def test_text_generation_pipeline(llama: dict[str, Any]) -> None:
     from transformers import AutoTokenizer, pipeline
 
-    tok = AutoTokenizer.from_pretrained(llama["root"] / "coreai", local_files_only=True)
+    tok = AutoTokenizer.from_pretrained(llama["root"] / "coreai" / "tokenizer")
     args = dict(max_new_tokens=8, do_sample=False)
     ours = pipeline("text-generation", model=llama["coreai"], tokenizer=tok)(PROMPTS[1], **args)
     ref = pipeline("text-generation", model=llama["model"], tokenizer=tok)(PROMPTS[1], **args)
@@ -156,9 +174,11 @@ def test_bad_input_raises_before_running(llama: dict[str, Any], tmp_path: Path) 
         CoreAIModelForCausalLM.from_pretrained(llama["root"] / "hf", export=True, max_context=10**6)
 
 
-def test_damaged_saved_directory_is_refused(llama: dict[str, Any], tmp_path: Path) -> None:
-    """A saved directory's assets are checked before the runtime reads them; a damaged
-    coreai_config.json names the file."""
+def test_damaged_or_earlier_saved_directory_is_refused(
+    llama: dict[str, Any], tmp_path: Path
+) -> None:
+    """A bundle's asset is checked before the runtime reads it; a manifest naming a missing
+    asset names it; a directory of the earlier format names the way to a bundle."""
     import shutil
 
     out = tmp_path / "coreai"
@@ -168,11 +188,16 @@ def test_damaged_saved_directory_is_refused(llama: dict[str, Any], tmp_path: Pat
     with pytest.raises(InvalidAssetError, match=r"main\.mlirb"):
         CoreAIModelForCausalLM.from_pretrained(out)
     shutil.rmtree(out / "model.aimodel")
-    with pytest.raises(AssetNotFoundError, match=r"model\.aimodel"):
+    with pytest.raises(BundleError, match=r"model\.aimodel"):
         CoreAIModelForCausalLM.from_pretrained(out)
-    (out / "coreai_config.json").write_text('{"task": "text-generation"}')
-    with pytest.raises(ValueError, match=r"coreai_config\.json does not name its assets"):
-        CoreAIModelForCausalLM.from_pretrained(out)
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    shutil.copy(out / "config.json", earlier)
+    (earlier / "coreai_config.json").write_text(
+        json.dumps({"task": "text-generation", "assets": {"model": "model.aimodel"}})
+    )
+    with pytest.raises(ValueError, match=r"earlier coreai-torch.*save_pretrained"):
+        CoreAIModelForCausalLM.from_pretrained(earlier)
 
 
 def test_wrong_task_and_unsupported_architecture(tmp_path: Path) -> None:
