@@ -58,8 +58,7 @@ class StateLayer:
         """The keys and values of positions ``0 .. P-1``: the cached rows before the new
         tokens, then the new tokens' (recorded, written to the states at the end)."""
         cache = self.cache
-        cache.new_keys.append(key_states)
-        cache.new_values.append(value_states)
+        cache.record(key_states, value_states)
         keys = cache.key_cache[self.index, :, :, : cache.offset]
         values = cache.value_cache[self.index, :, :, : cache.offset]
         # stored in the states' dtype (the compute precision), attended in the model's
@@ -99,6 +98,11 @@ def _state_cache_class() -> type:
             self.offset, self.length = offset, length
             self.new_keys: list[torch.Tensor] = []
             self.new_values: list[torch.Tensor] = []
+
+        def record(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+            """Note a layer's new keys and values (written to the states after the model)."""
+            self.new_keys.append(keys)
+            self.new_values.append(values)
 
     return StateCache
 

@@ -133,8 +133,7 @@ class _BatchLayer(StateLayer):
         cache_kwargs: dict[str, Any] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cache = self.cache
-        cache.new_keys.append(key_states)
-        cache.new_values.append(value_states)
+        cache.record(key_states, value_states)
         out = []
         for states, new in ((cache.key_cache, key_states), (cache.value_cache, value_states)):
             rows = states[self.index].index_copy(2, cache.rows, new.to(states.dtype))

@@ -108,7 +108,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "model": model,
         "tokenizer": tokenizer,
         "bundle": bundle,
-        "asset": bundle / "model.aimodel",
+        "asset": bundle / "bundle.aimodel",  # <name>.aimodel
         "code": code,
         "out": out,
     }
