@@ -23,7 +23,7 @@ the states and records the new ones.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -37,6 +37,9 @@ STATE_NAMES = ("keyCache", "valueCache")
 FUNCTION_NAME = "main"
 #: the dimension of the states that grows (second-to-last)
 SEQUENCE_DIM = 3
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 class StateLayer:
@@ -117,7 +120,7 @@ class Decoder(nn.Module):
     """``main`` (see the module documentation): ``forward(input_ids, position_ids, key_cache,
     value_cache) -> logits``, the caches updated in place."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
         self.cache = state_cache(model.config.get_text_config().num_hidden_layers)

@@ -58,6 +58,8 @@ from coreai_torch.precision import Precision, from_spec
 from coreai_torch.rewrites.moe import SparseMoE, rewrite_moe
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from coreai_torch.compression import CompressionConfig
     from coreai_torch.precision import Precision
     from coreai_torch.program import AIProgram
@@ -194,7 +196,7 @@ def calibration_input(
 
 
 def convert_causal_lm(
-    model: nn.Module,
+    model: PreTrainedModel,
     max_context: int,
     policy: Precision,
     compression: CompressionConfig | None,
@@ -246,7 +248,7 @@ def convert_causal_lm(
 
 
 def _stage_main(
-    converter: TorchConverter, model: nn.Module, max_context: int, states: torch.dtype
+    converter: TorchConverter, model: PreTrainedModel, max_context: int, states: torch.dtype
 ) -> None:
     """Trace :class:`~coreai_torch.llm.decoder.Decoder` (``T``, ``P`` and the states' rows of
     run-time size, the states of ``states``) and stage it as ``main``."""
@@ -308,7 +310,7 @@ def check_bundle_target(
 def save_bundle(
     directory: str | os.PathLike[str],
     program: AIProgram,
-    model: nn.Module,
+    model: PreTrainedModel,
     max_context: int,
     *,
     compression: CompressionConfig | None = None,
@@ -344,7 +346,7 @@ HF_CONFIG_FILES = ("config.json", "generation_config.json")
 
 
 def hf_config_files(
-    model: nn.Module, model_dir: str | os.PathLike[str] | None, scratch: Path
+    model: PreTrainedModel, model_dir: str | os.PathLike[str] | None, scratch: Path
 ) -> dict[str, Path]:
     """``config.json`` and ``generation_config.json`` of ``model``: the model directory's own,
     else written from the model into ``scratch``."""
@@ -424,7 +426,7 @@ def _compression_config(
 # ------------------------------------------------------------------------------- the model ---
 
 
-def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Module:
+def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> PreTrainedModel:
     """The model itself, or the one saved in a local directory; its architecture checked
     before any weight is read."""
     if isinstance(model_or_dir, nn.Module):
@@ -491,7 +493,7 @@ def default_max_context(config: Any) -> int:
     return DEFAULT_MAX_CONTEXT
 
 
-def check_max_context(model: nn.Module, max_context: int) -> None:
+def check_max_context(model: PreTrainedModel, max_context: int) -> None:
     """``max_context`` must be an int in [2, the model's max_position_embeddings]."""
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
@@ -534,7 +536,7 @@ def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], boo
 
 
 @contextlib.contextmanager
-def traceable_attention(model: nn.Module) -> Iterator[None]:
+def traceable_attention(model: PreTrainedModel) -> Iterator[None]:
     """Trace with the model's attention if it is ``sdpa`` or ``eager`` (kernels such as
     flash attention have no export path), then put the user's choice back."""
     config = model.config

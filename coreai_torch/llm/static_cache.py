@@ -15,7 +15,7 @@ export traces with.  Language models for the app engines use :mod:`coreai_torch.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -23,13 +23,18 @@ import torch.nn as nn
 from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.llm.decoder import cache_dims
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 class CachedCausalLM(nn.Module):
     """``(input_ids [1, T], start_position [1]) -> logits`` with the KV cache in buffers
     ``layers.{i}.k_cache`` / ``layers.{i}.v_cache`` (``transformers``' ``StaticLayer``s of
     ``max_context`` positions), written in place at ``start_position .. + T - 1``."""
 
-    def __init__(self, model: nn.Module, max_context: int, *, all_logits: bool = False) -> None:
+    def __init__(
+        self, model: PreTrainedModel, max_context: int, *, all_logits: bool = False
+    ) -> None:
         super().__init__()
         from transformers.cache_utils import Cache, StaticCache, StaticLayer
 
@@ -103,7 +108,7 @@ def token_args(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def trace_cached(
-    wrapper: nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any
+    wrapper: CachedCausalLM, args: tuple[torch.Tensor, ...], dynamic_shapes: Any
 ) -> torch.export.ExportedProgram:
     """Export (decomposed) a module that writes the KV cache of its ``cache`` attribute in
     place (:class:`CachedCausalLM` and modules like it), traced non-strict as the module

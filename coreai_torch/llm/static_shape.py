@@ -29,7 +29,7 @@ stored once.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn as nn
@@ -48,6 +48,9 @@ QUERY_LENGTHS = (8, 16, 64)
 #: the smallest cache length of the default ladder (it doubles up to the maximum context)
 MIN_CONTEXT = 256
 SEQUENCE_DIM = 3
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def ladder(max_context: int, contexts: Sequence[int] | None = None) -> list[int]:
@@ -106,7 +109,7 @@ class LoadEmbeddings(nn.Module):
         self.embeddings = embeddings
 
     def forward(self) -> torch.Tensor:
-        return self.embeddings.weight * 1.0
+        return cast(torch.Tensor, self.embeddings.weight) * 1.0
 
 
 class GatherEmbeddings(nn.Module):
@@ -145,7 +148,7 @@ class _BatchLayer(StateLayer):
 class StaticDecoder(nn.Module):
     """``extend_<ctx>_<Q>`` / ``prompt_opt_<ctx>_<Q>`` (see the module documentation)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
         layers = model.config.get_text_config().num_hidden_layers
@@ -185,7 +188,7 @@ class StaticDecoder(nn.Module):
 
 def stage(
     converter: Any,
-    model: nn.Module,
+    model: PreTrainedModel,
     max_context: int,
     states: torch.dtype,
     contexts: Sequence[int] | None,

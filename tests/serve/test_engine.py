@@ -176,7 +176,7 @@ def test_what_serve_loads(tmp_path: Path) -> None:
     with generator:
         assert name == "chat"
         assert list(generator.generate("the quick", max_new_tokens=5)) == expected
-    asset = bundle / "model.aimodel"
+    asset = bundle / "chat.aimodel"  # <name>.aimodel
     with pytest.raises(ValueError, match="pass max_context"):
         load_generator(asset, tokenizer=hf)
     generator, name = load_generator(asset, tokenizer=hf, max_context=MAX_CONTEXT)
