@@ -401,7 +401,11 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             "assets": {"model": str(Path(bundle.manifest.assets["main"]))},
         }
         generation = load_generation_config(path, config)
-        if generation.eos_token_id is None and bundle.tokenizer_dir is not None:
+        if (
+            not (path / "generation_config.json").is_file()  # Apple's bundles: the app's stops
+            and generation.eos_token_id is None
+            and bundle.tokenizer_dir is not None
+        ):
             generation.eos_token_id = sorted(bundle.tokenizer.stop_token_ids) or None
         return cls(
             config,
@@ -516,19 +520,6 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         )
         return out[function.outputs[0].name][0].astype(np.float32)
 
-
-def bundle_config(path: Path, language: Any) -> Any:
-    """The Hugging Face config of a bundle: its ``config.json``, else (Apple's bundles carry
-    none) a plain ``PretrainedConfig`` with the vocabulary size and maximum context of its
-    manifest."""
-    from transformers import AutoConfig, PretrainedConfig
-
-    if (path / "config.json").is_file():
-        return AutoConfig.from_pretrained(path, local_files_only=True)
-    return PretrainedConfig(
-        vocab_size=language.vocab_size, max_position_embeddings=language.max_context_length
-    )
-
     def forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -584,3 +575,16 @@ def bundle_config(path: Path, language: Any) -> Any:
             logits=out, past_key_values=cache if use_cache is not False else None
         )
         return result if return_dict is not False else result.to_tuple()
+
+
+def bundle_config(path: Path, language: Any) -> Any:
+    """The Hugging Face config of a bundle: its ``config.json``, else (Apple's bundles carry
+    none) a plain ``PretrainedConfig`` with the vocabulary size and maximum context of its
+    manifest."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if (path / "config.json").is_file():
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    return PretrainedConfig(
+        vocab_size=language.vocab_size, max_position_embeddings=language.max_context_length
+    )
