@@ -447,7 +447,7 @@ def load_for_export(auto_class: Any, config: PretrainedConfig, path: Path) -> nn
         return auto_class.from_pretrained(path, local_files_only=True).eval()
     source = WeightSource(path)  # a damaged checkpoint is a CheckpointError naming the file
     with lazy.empty_parameters():  # in float32, as from_pretrained loads it
-        model = auto_class.from_config(config, torch_dtype=torch.float32)
+        model = auto_class.from_config(config, dtype=torch.float32)
     source.entries = _checkpoint_names(model, source.entries)
     try:
         return source.bind(model).eval()

@@ -275,7 +275,7 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Modul
     # the weights stay in the checkpoint: read one at a time while the asset is written
     source = WeightSource(path)
     with lazy.empty_parameters():  # in float32, as from_pretrained loads it
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return source.bind(model).eval()
 
 
