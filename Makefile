@@ -49,14 +49,15 @@ lint: $(STAMP)
 	$(BIN)/python -m tools.check_layout
 	$(BIN)/python -m tools.check_references
 
-## Regenerate docs/ops.md, the op coverage table.
+## Regenerate docs/ops.md, the op coverage table (tools/ops_table.py), from the lowering
+## registry and the OpInfo sweep's recorded results (tests/opinfo/results.json).
 ops-table: $(STAMP)
-	$(BIN)/python -m coreai_torch.lowerings.coverage --write docs/ops.md
+	$(BIN)/python -m tools.ops_table --write docs/ops.md
 
 ## Only the OpInfo sweep (every op_db entry, JOBS workers): tests/opinfo/results.json + docs/ops.md.
 opinfo: $(STAMP)
 	$(BIN)/python -m tests.opinfo.sweep --jobs $(JOBS)
-	$(BIN)/python -m coreai_torch.lowerings.coverage --write docs/ops.md
+	$(BIN)/python -m tools.ops_table --write docs/ops.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
