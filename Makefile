@@ -42,7 +42,8 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --ablation --large
 
 ## ruff, and the package layout: layers, no import cycles, no private cross-module imports,
-## docstring references that resolve (tools/check_layout.py, tools/check_references.py).
+## references in docstrings, messages and docs that resolve, advice that runs as pasted
+## (tools/check_layout.py, tools/check_references.py).
 lint: $(STAMP)
 	$(BIN)/ruff check coreai_torch tests benchmarks tools
 	$(BIN)/ruff format --check coreai_torch tests benchmarks tools

@@ -19,8 +19,49 @@ def test_the_package_keeps_its_layout() -> None:
     assert len(top) <= check_layout.MAX_TOP_LEVEL
 
 
-def test_every_docstring_reference_resolves() -> None:
+def test_every_reference_resolves() -> None:
     assert check_references.unresolved(ROOT) == []
+
+
+def test_advice_naming_a_module_as_a_function_is_caught() -> None:
+    """The half-precision warning used to advise ``coreai_torch.verify(...)``: a package."""
+    Text = check_references.Text
+    old = Text("precision_checks.py:161", "check with coreai_torch.verify(model, args, ", True)
+    new = Text("precision_checks.py:161", "check with coreai_torch.verify.verify(model, ", True)
+    (problem,) = check_references.dotted_problems([old])
+    assert "coreai_torch.verify(...) calls a module, which is not callable" in problem
+    assert check_references.dotted_problems([new]) == []
+    missing = Text("README.md:1", "`coreai_torch.verify.verify_all(model, args)`")
+    assert "does not exist" in check_references.dotted_problems([missing])[0]
+
+
+def test_advice_needs_only_import_coreai_torch() -> None:
+    """A message's call must run as pasted: reachable after ``import coreai_torch`` alone (the
+    ``hf`` package, which needs transformers, is not imported by it)."""
+    calls = {"coreai_torch.verify.verify": "a", "coreai_torch.hf.CoreAIModelForCausalLM": "b"}
+    problems = check_references.unreachable_calls(calls, ROOT)
+    assert problems == [
+        "b: coreai_torch.hf.CoreAIModelForCausalLM(...) does not run after "
+        "`import coreai_torch` alone"
+    ]
+
+
+def test_a_document_naming_a_missing_file_is_caught() -> None:
+    """docs/data_movement.md used to name ``decomp.py`` (now ``frontend/export.py``)."""
+    Text = check_references.Text
+    old = Text("docs/data_movement.md:34", "(`NATIVE_OPS` in `decomp.py`)", directory="docs")
+    (problem,) = check_references.file_problems([old], ROOT)
+    assert problem == "docs/data_movement.md:34: decomp.py is not a file of the repository"
+    fine = [
+        Text(
+            "docs/x.md:1", "`coreai_torch/frontend/export.py`, `../tools/compat.py`", False, "docs"
+        ),
+        Text("docs/x.md:2", "`reliability/test_values.py`, `check_layout.py`", False, "docs"),
+        Text("docs/x.md:3", "coreai-torch convert model.py:make", False, "docs"),
+    ]
+    assert check_references.file_problems(fine, ROOT) == []
+    moved = Text("docs/x.md:4", "`coreai_torch/lowerings/coverage.py`", False, "docs")
+    assert check_references.file_problems([moved], ROOT)
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:

@@ -155,8 +155,9 @@ class CompressionReport:
                 f"  {len(self.low_snr)} weight(s) below {self.min_snr_db:g} dB SNR (LOW): "
                 f"{', '.join(w.name for w in self.low_snr[:8])}"
                 + (", ..." if len(self.low_snr) > 8 else "")
-                + "; check the outputs with coreai_torch.verify, and use more bits, smaller "
-                "blocks/groups, or leave these weights out (weights=...)"
+                + "; compare the outputs with coreai_torch.verify.verify(model, args, "
+                "program=program) (its report gives each output's error), and use more bits, "
+                "smaller blocks/groups, or leave these weights out (weights=...)"
             )
         if self.skipped:
             lines.append("  left as they were:")

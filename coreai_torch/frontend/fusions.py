@@ -1,7 +1,7 @@
 """Hand-written RMSNorm and rotary embeddings fused into one node each, before import.
 
 :func:`fuse_patterns` rewrites a decomposed program so that each chain it recognises becomes a
-single node: ``aten.rms_norm`` for an RMSNorm and ``coreai_torch.rope`` (an op defined here,
+single node: ``aten.rms_norm`` for an RMSNorm and ``coreai_torch::rope`` (an op defined here,
 with a PyTorch implementation computing the same ops in the same order) for a rotary
 embedding.  The importer then lowers them like any node, one node to one lowering, as the
 ``rms_norm`` and ``rope`` composite ops.
@@ -28,7 +28,7 @@ Rotary position embeddings are written the same way by every Hugging Face decode
 
     add(mul(x, cos), mul(cat([neg(x[..., h:]), x[..., :h]], -1), sin))      h = x.shape[-1] / 2
 
-:func:`find_ropes` finds these chains; each becomes a ``coreai_torch.rope`` node, lowered as
+:func:`find_ropes` finds these chains; each becomes a ``coreai_torch::rope`` node, lowered as
 the ``rope`` composite op (the one :class:`coreai_torch.composite_ops.RoPE` externalizes,
 ``interleaved = false``), whose body computes the same ops in the same order.  ``x``,
 ``cos``, ``sin`` and the result share one float dtype, ``x``'s last dim is static and even,

@@ -14,8 +14,8 @@
     in PyTorch, and each node whose value leaves the half type's range, and the nodes
     reading it, compute in float32 (a ``RuntimeWarning`` names them and their source lines).
 
-Neither can prove that other inputs stay in range; ``coreai_torch.verify(..., precision=...)``
-checks a converted program against PyTorch on given inputs.
+Neither can prove that other inputs stay in range; ``coreai_torch.verify.verify(model, args,
+precision=...)`` checks a converted program against PyTorch on given inputs.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def range_policy(
             f"{limit:.6g} and would be stored as infinities: {listed}. They stay in float32, "
             f"and the {len(readers)} node(s) reading them compute in float32 "
             f"({_shown(readers)}). Their results may still overflow where they meet "
-            f"{policy.name} values: check with coreai_torch.verify(model, args, "
+            f"{policy.name} values: check with coreai_torch.verify.verify(model, args, "
             f"precision={policy.name!r}), or convert with check_range=sample_inputs",
             RuntimeWarning,
             stacklevel=4,
@@ -180,8 +180,8 @@ def range_policy(
                     if len(overflowing) > SHOWN
                     else ""
                 )
-                + f"\nOther inputs may overflow elsewhere: check with coreai_torch.verify(model, "
-                f"args, precision={policy.name!r})",
+                + "\nOther inputs may overflow elsewhere: check with "
+                f"coreai_torch.verify.verify(model, args, precision={policy.name!r})",
                 RuntimeWarning,
                 stacklevel=4,
             )

@@ -310,8 +310,8 @@ def _check_logits(logits: np.ndarray, step: int, prompt_tokens: int) -> None:
     raise ValueError(
         f"the program's logits {where} (position {prompt_tokens + step - 1}) hold {count} "
         f"{kind} values of {logits.size}: no token can be chosen. A half-precision program "
-        "may overflow: check it with coreai_torch.verify(..., precision=...) or export in "
-        "float32"
+        "may overflow: check it with coreai_torch.verify.verify(model, args, precision='fp16') "
+        "(or 'bf16') or export in float32"
     )
 
 
