@@ -41,12 +41,14 @@ test-compat:
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --ablation --large
 
-## ruff, and the package layout: layers, no import cycles, no private cross-module imports,
+## ruff, mypy (pyproject.toml's [tool.mypy]), and the package layout: layers and the libraries
+## each may use, no import cycles, no private cross-module imports,
 ## references in docstrings, messages and docs that resolve, advice that runs as pasted
 ## (tools/check_layout.py, tools/check_references.py).
 lint: $(STAMP)
 	$(BIN)/ruff check coreai_torch tests benchmarks tools
 	$(BIN)/ruff format --check coreai_torch tests benchmarks tools
+	$(BIN)/mypy
 	$(BIN)/python -m tools.check_layout
 	$(BIN)/python -m tools.check_references
 

@@ -48,10 +48,10 @@ from coreai_torch.frontend.export import get_decomp_table
 from coreai_torch.frontend.externalize import ExternalizeSpec
 from coreai_torch.importer.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.ir.composite import generate_composite_decl
-from coreai_torch.ir.lazy import WeightSource, empty_parameters
 from coreai_torch.program import AIProgram
 from coreai_torch.rewrites.moe import rewrite_moe
 from coreai_torch.rewrites.recurrent import rewrite_recurrent
+from coreai_torch.tensors.lazy import WeightSource, empty_parameters
 
 try:
     #: The installed distribution's version (pyproject.toml's ``version``).

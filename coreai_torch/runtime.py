@@ -54,7 +54,8 @@ def to_numpy(array: Any) -> np.ndarray:
     protocol only on the old exception, so that fallback is done here.
     """
     try:
-        return array.numpy()
+        converted: np.ndarray = array.numpy()
+        return converted
     except BufferError:
         from coreai.runtime import _ndarray
 
@@ -70,7 +71,8 @@ def numpy_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        bfloat16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+        return bfloat16
     return np.dtype(name)
 
 
@@ -138,9 +140,9 @@ class Session:
             )
         self._program = program
         self._verify_hash = verify_hash
-        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
         #: the program compiled for the runtime (Linux), while the session is open
-        self._compiled: tempfile.TemporaryDirectory | None = None
+        self._compiled: tempfile.TemporaryDirectory[str] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._exec_cm: Any = None
         self.model: Any = None

@@ -101,11 +101,60 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
             "top-level modules",
             id="too many top-level modules",
         ),
+        pytest.param(
+            {"ir/a.py": "import torch.fx\n"},
+            "coreai_torch.ir.a uses torch.fx (tracing / FX), which it may not",
+            id="FX imported by the IR",
+        ),
+        pytest.param(
+            {"ir/a.py": "import torch\n\ndef f(node: torch.fx.Node) -> None: ...\n"},
+            "coreai_torch.ir.a uses torch.fx.Node (tracing / FX), which it may not",
+            id="FX reached through torch by the IR",
+        ),
+        pytest.param(
+            {"frontend/a.py": "from coreai_torch._mlir import ir\n", "_mlir.py": ""},
+            "coreai_torch.frontend.a uses coreai_torch._mlir.ir (Core AI IR (MLIR))",
+            id="MLIR imported by the frontend",
+        ),
+        pytest.param(
+            {"passes/a.py": "from coreai._compiler import ir\n"},
+            "uses coreai._compiler.ir (coreai-core's MLIR layers), which it may not",
+            id="coreai-core's MLIR imported around the gateway",
+        ),
+        pytest.param(
+            {"lowerings/a.py": "def f():\n    import transformers\n"},
+            "coreai_torch.lowerings.a uses transformers",
+            id="transformers in a lowering",
+        ),
+        pytest.param(
+            {"llm/a.py": "import transformers\n"},
+            "imports transformers (Hugging Face models (an optional dependency)) at module level",
+            id="an optional dependency imported at module level",
+        ),
+        pytest.param(
+            {"ir/a.py": "import scipy.linalg\n"},
+            "imports scipy, a library no rule allows",
+            id="a library no rule names",
+        ),
     ],
 )
 def test_each_rule_is_enforced(tmp_path: Path, files: dict[str, str], expected: str) -> None:
     problems = check_layout.check(_tree(tmp_path, files))
     assert any(expected in p for p in problems), problems
+
+
+def test_allowed_library_uses_pass(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "ir/a.py": "import numpy as np\nimport torch\n\nX = torch.float32\n",
+            "llm/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    import transformers\ndef f():\n    import transformers\n",
+            "hf/a.py": "import transformers\nfrom coreai.runtime import NDArray\n",
+            "frontend/a.py": "import torch.fx\nimport sympy\n",
+        },
+    )
+    assert check_layout.check(root) == []
 
 
 def test_a_package_init_importing_its_own_modules_is_no_cycle(tmp_path: Path) -> None:
@@ -114,3 +163,14 @@ def test_a_package_init_importing_its_own_modules_is_no_cycle(tmp_path: Path) ->
         {"ir/__init__.py": "from coreai_torch.ir.a import f\n", "ir/a.py": "def f(): ...\n"},
     )
     assert check_layout.check(root) == []
+
+
+def test_ci_checks_the_rules_before_the_tests() -> None:
+    """``.ci/run`` runs ``make lint`` (ruff, mypy, layout, references), then ``make test``; and
+    ``make lint`` runs every checker."""
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert steps.index("make lint") < steps.index("make test")
+    makefile = (ROOT / "Makefile").read_text()
+    lint = makefile.split("\nlint:", 1)[1].split("\n\n", 1)[0]
+    for tool in ("ruff check", "ruff format --check", "mypy", "check_layout", "check_references"):
+        assert tool in lint, f"make lint does not run {tool}"

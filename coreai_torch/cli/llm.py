@@ -48,7 +48,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
         program.save_asset(output)
     max_context = int(next(iter(program.signatures["decode"].initial_states.values())).shape[2])
     size = sum(f.stat().st_size for f in output.rglob("*") if f.is_file())
-    data = {
+    data: dict[str, Any] = {
         "model": str(opts.model_dir),
         "asset": str(output),
         "asset_bytes": size,
@@ -97,12 +97,12 @@ def cmd_generate(opts: argparse.Namespace) -> int:
                 shown = text
             stream.flush()
         stats = generator.stats
-        text = decode(generator.tokenizer, tokens) if generator.tokenizer is not None else None
+        decoded = decode(generator.tokenizer, tokens) if generator.tokenizer is not None else None
     if stream is not None:
         stream.write("\n")
     data = {
         "tokens": tokens,
-        "text": text,
+        "text": decoded,
         "prompt_tokens": stats.prompt_tokens,
         "prefill_tokens_per_second": round(stats.prefill_tokens_per_second, 2),
         "decode_tokens_per_second": round(stats.decode_tokens_per_second, 2),

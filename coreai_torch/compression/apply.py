@@ -10,7 +10,7 @@ convolution kernels, embedding lookups and the stacked expert weights of mixture
 layers (batched, or gathered per token), possibly through casts and transposes; anything else
 keeps the weight as it is, and the report says why.
 
-Weights still in their checkpoint (:mod:`coreai_torch.ir.lazy`) are read and fitted once, one
+Weights still in their checkpoint (:mod:`coreai_torch.tensors.lazy`) are read and fitted once, one
 at a time, and their codes wait in a temporary file until the asset is written
 (:class:`_Spilling`): neither the weights nor their codes are held in memory.
 
@@ -47,7 +47,7 @@ from coreai_torch.compression.config import (
     Pruning,
 )
 from coreai_torch.compression.fitting import Workers, palettize, prune, quantize_linear
-from coreai_torch.ir import compressed, lazy
+from coreai_torch.ir import compressed
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.saving import SPACE_MARGIN, free_space
 from coreai_torch.ir.weights import SpillFile, WeightStore, derived_arrays, resource_name
@@ -58,6 +58,7 @@ from coreai_torch.passes.weight_reads import (
     operation,
     read_plan,
 )
+from coreai_torch.tensors import lazy
 
 #: derived constants holding a compressed weight's codes (see compressed.Decompression)
 _CODES = re.compile(r"^(.*)\.(?:codes|indices|values)(?:_\d+)?$")
@@ -187,7 +188,7 @@ def _fit(
     plan: Plan,
     dtype: torch.dtype,
     workers: Workers | None = None,
-) -> tuple[Any, str] | str:
+) -> tuple[Any, float] | str:
     """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
     configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
     parameters of its own.  ``workers``: the fitting's threads, kept between weights."""
@@ -504,7 +505,9 @@ def _compress_one(
 ) -> CompressedWeight | str:
     """Compress one weight (its constants in every graph), or say why not."""
     plan = read_plan(name, constants, tensor.dim())
-    reason = plan if isinstance(plan, str) else _selected(config, plan)
+    if isinstance(plan, str):
+        return plan
+    reason = _selected(config, plan)
     if reason is not None:
         return reason
     fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype, workers)

@@ -32,9 +32,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
-from coreai_torch.ir import lazy
 from coreai_torch.locations import clean_module_path, describe, qualified_name
 from coreai_torch.precision.policy import Precision, in_modules
+from coreai_torch.tensors import lazy
 
 #: nodes listed per warning
 SHOWN = 8

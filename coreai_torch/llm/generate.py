@@ -7,13 +7,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.llm.export import INPUT_NAMES, OUTPUT_NAME
 from coreai_torch.runtime import Session, numpy_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -164,7 +167,7 @@ class Generator:
         ids: list[int],
         max_new_tokens: int,
         pick: Callable[[np.ndarray, int], int],
-        stop: set,
+        stop: set[int],
     ) -> Iterator[int]:
         states = self._fresh_states()
         stats = self.stats = GenerationStats(prompt_tokens=len(ids))
@@ -187,13 +190,16 @@ class Generator:
             position += 1
             yield token
 
-    def _call(self, entrypoint: str, ids: list[int], start: int, states: dict) -> np.ndarray:
+    def _call(
+        self, entrypoint: str, ids: list[int], start: int, states: dict[str, Any]
+    ) -> np.ndarray:
         inputs = {
             INPUT_NAMES[0]: np.asarray([ids], np.int64),
             INPUT_NAMES[1]: np.asarray([start], np.int64),
         }
         out = self.session.run(inputs, entrypoint=entrypoint, state=states)
-        return out[OUTPUT_NAME][0, -1]
+        logits: np.ndarray = out[OUTPUT_NAME][0, -1]
+        return logits
 
     def _fresh_states(self) -> dict[str, Any]:
         return self.session.zero_states("decode")
@@ -241,7 +247,8 @@ def sample(
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - np.max(x))
-    return e / e.sum()
+    probabilities: np.ndarray = e / e.sum()
+    return probabilities
 
 
 def _check_sampling(
@@ -279,7 +286,7 @@ def _token_list(prompt: Any, what: str = "prompt") -> list[int]:
     return ids
 
 
-def _torch_tensor_type() -> type:
+def _torch_tensor_type() -> type[torch.Tensor]:
     import torch
 
     return torch.Tensor
@@ -347,4 +354,5 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
     """Text of ``ids`` (``transformers`` tokenizers and ``tokenizers.Tokenizer``)."""
-    return tokenizer.decode(list(ids))
+    text: str = tokenizer.decode(list(ids))
+    return text

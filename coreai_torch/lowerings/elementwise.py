@@ -24,6 +24,7 @@ the ``-1`` results are computed separately (``x // -1 == -x`` wrapping like PyTo
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeAlias
 
 import torch
 
@@ -34,7 +35,7 @@ from coreai_torch.lowerings.common import result_dtype
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 from coreai_torch.lowerings.shape import wrap_integer as wrap_integer
 
-Operand = ir.Value | Scalar
+Operand: TypeAlias = ir.Value | Scalar
 
 # ------------------------------------------------------------------------------- helpers ---
 

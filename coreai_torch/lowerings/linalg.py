@@ -682,7 +682,7 @@ def linalg_cholesky(
 
 @lowering("aten::cholesky.default")
 def cholesky(cx: LoweringContext, self: ir.Value, upper: bool = False) -> ir.Value:
-    return linalg_cholesky(cx, self, upper)  # type: ignore[return-value]
+    return linalg_cholesky(cx, self, upper)
 
 
 def _cholesky_solve(b: ir.Value, factor: ir.Value, upper: bool) -> ir.Value:

@@ -266,7 +266,7 @@ def lowering(*names: str, table: LoweringTable | None = None) -> Callable[[Calla
         def callback(values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location):
             cx = LoweringContext(values_map, node, loc)
             arguments = bind_arguments(node)
-            defaults = _defaults(node.target._schema)  # type: ignore[union-attr]
+            defaults = _defaults(node.target._schema)
             kwargs: dict[str, Any] = {}
             for name, value in arguments.items():
                 pname = _python_name(name)

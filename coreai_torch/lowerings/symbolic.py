@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ from coreai_torch.ir.values import (
 from coreai_torch.locations import qualified_name
 from coreai_torch.lowerings.registry import LoweringContext, lowering, raw_lowering
 
-SymOperand = ir.Value | bool | int | float
+SymOperand: TypeAlias = ir.Value | bool | int | float
 
 
 def sym_scalar(x: SymOperand) -> ir.Value:
@@ -261,7 +261,7 @@ def sym_float(a: SymOperand) -> ir.Value:
     return cast(sym_scalar(a), torch.float32)
 
 
-@_sym_rule(torch._sym_sqrt)
+@_sym_rule(torch._sym_sqrt)  # type: ignore[attr-defined]  # not in torch's stubs
 def sym_sqrt(a: SymOperand) -> ir.Value:
     return cai.sqrt(cast(sym_scalar(a), torch.float32))
 
