@@ -54,13 +54,12 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "jiterator_binary_return_by_ref": _CUDA_ONLY,
     "jiterator_unary": _CUDA_ONLY,
     "linalg.eig": _COMPLEX,
-    "linalg.eigh": "eigenvector signs are not unique and LAPACK picks others; eigenvalues match",
     "linalg.eigvals": _COMPLEX,
     "linalg.lstsq": "torch.export cannot export it (dynamic output shape of linalg_lstsq)",
     "linalg.lstsq.grad_oriented": (
         "torch.export cannot export it (dynamic output shape of linalg_lstsq)"
     ),
-    "linalg.svd": "full_matrices=True on non-square matrices; singular vector signs are not unique",
+    "linalg.svd": "full_matrices=True on non-square matrices is not lowered",
     "nn.functional.ctc_loss": "torch.export cannot export it (dynamic output shape of _ctc_loss)",
     "nn.functional.gaussian_nll_loss": (
         "torch.export cannot export it (guard on a data-dependent value)"
@@ -71,7 +70,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "sparse.mm.reduce": _SPARSE,
     "sparse.sampled_addmm": _SPARSE,
     "stft": _COMPLEX,
-    "svd": "singular vector signs are not unique and LAPACK picks others; singular values match",
     "to_sparse": "sparse tensors: Core AI has dense tensors only",
     "unique": "no lowering for _unique2, unique_dim",
     "unique_consecutive": "no lowering for unique_consecutive",
