@@ -106,6 +106,22 @@ def resnet50() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return _LogitsOnly(model).eval(), (torch.randn(1, 3, 224, 224),)
 
 
+class _SequenceOutput(nn.Module):
+    def __init__(self, rnn: nn.RNNBase) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]
+
+
+def lstm() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    """A 3-layer, 256-unit LSTM over 160 steps (batch 1): one ``coreai.while`` per layer, 480
+    steps of small matmuls (the shape of a speech or sensor model)."""
+    rnn = nn.LSTM(256, 256, num_layers=3, batch_first=True)
+    return _SequenceOutput(rnn).eval(), (torch.randn(1, 160, 256),)
+
+
 MODELS = {
     m.name: m
     for m in [
@@ -114,6 +130,7 @@ MODELS = {
         ),
         BenchModel("vit-b16", vit_b16, "ViT-B/16, 224x224"),
         BenchModel("resnet50", resnet50, "ResNet-50, 224x224"),
+        BenchModel("lstm-3x256", lstm, "LSTM, 3 layers of 256 units, 160 steps"),
     ]
 }
 

@@ -7,8 +7,8 @@ not charged to the model.  Memory is the peak RSS of each phase above one baseli
 conversion (see ``benchmarks/memory.py``).  Results are printed as tables and written to
 ``bench_results/results.json``.
 
-    python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50] [--runs 10] [--ablation]
-                             [--large] [--no-compression] [--compression-runs 3]
+    python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50 lstm-3x256] [--runs 10]
+                             [--ablation] [--large] [--no-compression] [--compression-runs 3]
                              [--no-precision] [--no-llm] [--no-hf]
 
 ``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor

@@ -23,7 +23,12 @@ from coreai_torch.frontend.export import check_decomposed
 from coreai_torch.frontend.externalize import ExternalizeSpec, prepare_externalization
 from coreai_torch.frontend.fusions import fuse_patterns
 from coreai_torch.frontend.half_precision import to_half
-from coreai_torch.frontend.precision_checks import check_selectors, range_policy, sample_args_for
+from coreai_torch.frontend.precision_checks import (
+    RangeCheck,
+    check_selectors,
+    plan_range_check,
+    range_policy,
+)
 from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
 from coreai_torch.importer.externalized import import_externalized
 from coreai_torch.importer.graph import (
@@ -41,11 +46,14 @@ from coreai_torch.ir.checks import check_runtime_hazards, verify_module
 from coreai_torch.locations import describe, names_in_location
 from coreai_torch.lowerings import BUILTIN_LOWERINGS
 from coreai_torch.lowerings.registry import (
-    LoweringFn,
     LoweringOptions,
     LoweringTable,
     check_user_lowering_name,
+    context_parameter_problem,
     lowering_key,
+    resolve_op,
+    rule_parameter_problem,
+    schema_bound,
 )
 from coreai_torch.passes import pipeline
 from coreai_torch.precision.policy import ModuleSelector, NodePredicate, Precision, from_spec
@@ -72,6 +80,9 @@ class ConversionStats:
     seconds: dict[str, float] = field(default_factory=dict)
     verify_seconds: float = 0.0
     weight_bytes: int = 0
+    #: half precision: the activation range check of each entry point (included in
+    #: ``seconds``), see ``TorchConverter(check_range=...)``
+    range_checks: dict[str, RangeCheck] = field(default_factory=dict)
 
 
 def _check_entrypoint_name(name: object) -> str:
@@ -82,6 +93,27 @@ def _check_entrypoint_name(name: object) -> str:
             f"entrypoint_name {name!r} may only contain letters, digits, '_', '.' and '-'"
         )
     return name
+
+
+def _lowering_signature_problem(
+    fn: Callable[..., Any], signature: inspect.Signature, name: str, bind: bool
+) -> str | None:
+    """Why ``fn`` cannot be called in its form (``""`` or ``": reason"``), None if it can.
+
+    A ``bind=True`` lowering is checked against the op's schema when the op is defined now
+    (else when it is first called).
+    """
+    if not bind:
+        try:
+            signature.bind(None, None, None)
+        except TypeError:
+            return ""
+        return None
+    op = resolve_op(name)
+    problem = (
+        context_parameter_problem(fn) if op is None else rule_parameter_problem(fn, op._schema)
+    )
+    return None if problem is None else f": {problem}"
 
 
 class TorchConverter:
@@ -106,13 +138,16 @@ class TorchConverter:
     whatever ``keep_fp32_ops`` (``{"aten::mm"}``), ``keep_fp32_modules`` (module paths,
     class names or classes: ``["lm_head", LlamaRMSNorm]``) and ``keep_fp32`` (a predicate on
     the FX node) select; a selector naming no op or module of the program is an error.
-    Weights beyond the half type's range stay in float32 (with a warning), and
-    ``check_range=sample_inputs`` (forward() arguments; a dict per entry point when there are
-    several) runs the float32 program once and keeps the nodes whose values overflow the half
-    type in float32.  Inputs and outputs keep their dtypes unless ``io_dtype`` says
-    otherwise.  The default, ``torch.float32``, converts the program as exported.  Products
-    of 16-bit operands accumulate in float32 like ATen's (``fp32_accumulation=False``: in
-    16 bits).
+    Weights beyond the half type's range stay in float32 (with a warning), and the float32
+    program runs once on the ``torch.export`` program's example inputs (when its weights take
+    at most ``precision_checks.AUTO_MAX_WEIGHT_BYTES``, for at most ``AUTO_MAX_SECONDS``) to
+    keep the nodes whose values overflow the half type in float32 (with a warning naming
+    them): ``check_range=sample_inputs`` (forward() arguments; a dict per entry point when
+    there are several) runs it on those instead, ``True`` on the example inputs whatever it
+    costs, ``False`` not at all (``last_stats.range_checks`` says what ran).  Inputs and
+    outputs keep their dtypes unless ``io_dtype`` says otherwise.  The default,
+    ``torch.float32``, converts the program as exported.  Products of 16-bit operands
+    accumulate in float32 like ATen's (``fp32_accumulation=False``: in 16 bits).
     """
 
     def __init__(
@@ -127,11 +162,13 @@ class TorchConverter:
         keep_fp32: NodePredicate | None = None,
         fp32_islands: bool = True,
         fp32_accumulation: bool = True,
-        check_range: Sequence[Any] | Mapping[str, Sequence[Any]] | None = None,
+        check_range: Sequence[Any] | Mapping[str, Sequence[Any]] | bool | None = None,
     ) -> None:
         self.fold_constants = fold_constants
-        #: sample inputs a half-precision conversion runs the float32 program on, keeping the
-        #: nodes whose values leave the half type's range in float32 (``docs/precision.md``)
+        #: the inputs a half-precision conversion runs the float32 program on, keeping the
+        #: nodes whose values leave the half type's range in float32 (``docs/precision.md``):
+        #: None the exported programs' example inputs (within a cost cap), True the same
+        #: without the cap, False none, or sample inputs
         self.check_range = check_range
         self.aten_composites = aten_composites
         #: the precision policy (``coreai_torch.precision.Precision``)
@@ -144,7 +181,7 @@ class TorchConverter:
             fp32_islands=fp32_islands,
             fp32_accumulation=fp32_accumulation,
         )
-        if check_range is not None and not self.precision.is_half:
+        if check_range not in (None, False, True) and not self.precision.is_half:
             raise ValueError(
                 "check_range= is for half-precision conversions: it keeps in float32 the "
                 "nodes whose values leave the half type's range; give compute_precision='fp16' "
@@ -314,10 +351,17 @@ class TorchConverter:
     # -- lowerings ----------------------------------------------------------------------------
 
     def register_torch_lowering(
-        self, qualified_name: str, allow_override: bool = False
-    ) -> Callable[[LoweringFn], LoweringFn]:
-        """Decorator registering ``fn(values_map, node, loc) -> Value | list[Value]`` as this
-        converter's lowering for ``qualified_name``.
+        self, qualified_name: str, allow_override: bool = False, *, bind: bool = False
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator registering a lowering for ``qualified_name`` on this converter.
+
+        The simple form (``bind=False``, the default) registers ``fn(values_map, node, loc) ->
+        Value | list[Value]``.  With ``bind=True`` the lowering is written like the built-in
+        ones, ``fn(cx, **arguments)``: the node's arguments are bound to the op's schema by name
+        (tensors as Core AI values, defaults filled in), ``cx`` is the node's
+        :class:`~coreai_torch.lowerings.LoweringContext`, and an argument ``fn`` does not
+        declare must keep its default, otherwise the node is reported as unsupported.  In both
+        forms what the lowering returns is checked against PyTorch's result.
 
         The name is ``"namespace::op_name.overload"`` (ops defined with
         ``@torch.library.custom_op`` use ``.default``); without the overload the lowering
@@ -326,7 +370,9 @@ class TorchConverter:
 
         Raises ``ValueError`` for a malformed name, any name in a reserved namespace (``aten``,
         ``higher_order``, ``coreai``, ``coreaix``) or a name already registered here, unless
-        ``allow_override=True`` (which replaces silently).
+        ``allow_override=True`` (which replaces silently); ``TypeError`` for a lowering that
+        cannot be called in its form (with ``bind=True``, one whose parameters the op's schema
+        does not have, when the op is defined by then).
         """
         if callable(qualified_name):
             fn_name = getattr(qualified_name, "__name__", repr(qualified_name))
@@ -336,15 +382,20 @@ class TorchConverter:
                 "@converter.register_torch_lowering('namespace::op_name.overload') (with "
                 "parentheses)"
             )
-        if not isinstance(allow_override, bool):
-            raise TypeError(
-                f"register_torch_lowering: allow_override must be True or False, got "
-                f"{type(allow_override).__name__} {allow_override!r}"
-            )
+        for flag, value in (("allow_override", allow_override), ("bind", bind)):
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"register_torch_lowering: {flag} must be True or False, got "
+                    f"{type(value).__name__} {value!r}"
+                )
         check_user_lowering_name(qualified_name, self._lowerings, allow_override)
 
-        def decorate(fn: LoweringFn) -> LoweringFn:
-            expected = "fn(values_map, node, loc) returning a Core AI value (or a list of them)"
+        def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+            expected = (
+                "fn(cx, **arguments) with the op's arguments by name"
+                if bind
+                else "fn(values_map, node, loc) returning a Core AI value (or a list of them)"
+            )
             if not callable(fn):
                 raise TypeError(
                     f"register_torch_lowering({qualified_name!r}) decorates a lowering "
@@ -355,16 +406,17 @@ class TorchConverter:
             except (TypeError, ValueError):  # builtins without a signature: trust the caller
                 signature = None
             if signature is not None:
-                try:
-                    signature.bind(None, None, None)
-                except TypeError:
+                problem = _lowering_signature_problem(fn, signature, qualified_name, bind)
+                if problem is not None:
                     raise TypeError(
                         f"register_torch_lowering({qualified_name!r}): the lowering "
                         f"{getattr(fn, '__qualname__', fn)!r} takes {signature}, but lowerings "
-                        f"are called as {expected}"
-                    ) from None
+                        f"{'registered with bind=True ' if bind else ''}are called as "
+                        f"{expected}{problem}"
+                    )
             check_user_lowering_name(qualified_name, self._lowerings, allow_override)
-            self._lowerings.register(qualified_name, fn, allow_override=True)
+            callback = schema_bound(fn) if bind else fn
+            self._lowerings.register(qualified_name, callback, allow_override=True)
             return fn
 
         return decorate
@@ -436,7 +488,7 @@ class TorchConverter:
                     check_complex(
                         staged.exported_program, name, user_lowered=self._lowerings.is_own_node
                     )
-                    imported[name] = self._import(builder, staged)
+                    imported[name] = self._import(builder, staged, stats, progress)
                     stats.seconds[name] = time.perf_counter() - start
                 start = time.perf_counter()
                 pipeline.run(
@@ -467,15 +519,34 @@ class TorchConverter:
         program.precision = self.precision
         return program
 
-    def _import(self, builder: ProgramBuilder, staged: StagedProgram) -> StagedProgram:
+    def _import(
+        self,
+        builder: ProgramBuilder,
+        staged: StagedProgram,
+        stats: ConversionStats,
+        progress: Any = None,
+    ) -> StagedProgram:
         """Import one staged program; returns it as converted (in half precision: the
         rewritten program and its signature)."""
         if self.precision.is_half:
-            sample = sample_args_for(self.check_range, staged.entrypoint, list(self._staged))
+            name = staged.entrypoint
+            check = plan_range_check(
+                self.check_range, staged.exported_program, name, self.entrypoints
+            )
+            if check is not None:
+                stats.range_checks[name] = check
+
+            def report(done: int, total: int) -> None:
+                if progress is not None:
+                    progress.update(f"range check {name}", done, total, "nodes run")
+
+            policy = range_policy(
+                staged.exported_program, self.precision, check=check, progress=report
+            )
             ep, signature = to_half(
                 staged.exported_program,
                 staged.signature,
-                range_policy(staged.exported_program, self.precision, sample),
+                policy,
                 builder.half_weights,
                 usable=self._lowerings.is_free_of_own_rules,
             )

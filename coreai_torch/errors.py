@@ -81,3 +81,19 @@ class CheckpointError(ConversionError, ValueError):
     """A checkpoint cannot provide a model's weights: a missing or truncated file, a missing
     tensor, or a shape that disagrees with the model (the message names the file and the
     tensor)."""
+
+
+class BundleError(ValueError):
+    """A Core AI bundle (the directory Apple's app runtimes load) that the app could not load,
+    or a request to write one: the message names the file, the key or the asset, what is wrong
+    and the fix."""
+
+
+class BundleNotFoundError(BundleError, FileNotFoundError):
+    """A bundle directory, its ``metadata.json`` or a file it names does not exist."""
+
+
+class CallingConventionError(BundleError):
+    """An asset whose functions, inputs, outputs or states do not follow the calling
+    convention of the app engine that would run it (the message names the function, the
+    value and the rule)."""

@@ -1,7 +1,11 @@
-"""User lowerings: ``register_torch_lowering``, ``get_operand(s)`` and the seed 002 guide."""
+"""User lowerings: ``register_torch_lowering`` in both forms (the simple ``fn(values_map, node,
+loc)`` and the built-ins' ``fn(cx, **arguments)`` with ``bind=True``), ``get_operand(s)``, the
+seed 002 guide and docs/extending.md."""
 
 from __future__ import annotations
 
+import inspect
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -18,9 +22,11 @@ from coreai._compiler.dialects import coreai
 
 import coreai_torch
 from coreai_torch import LoweringError, TorchConverter, UnsupportedOpError
+from coreai_torch._mlir import ir
 from coreai_torch._utils import get_operand, get_operands
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.lowerings import BUILTIN_LOWERINGS
+from coreai_torch.lowerings import BUILTIN_LOWERINGS, LoweringContext, cast, constant, dtype_of
+from coreai_torch.lowerings.registry import resolve_op, rule_parameter_problem
 from coreai_torch.program import AIProgram
 from coreai_torch.verify import verify
 
@@ -637,3 +643,276 @@ def test_lowering_that_reuses_a_value_across_entry_points() -> None:
     assert "Build values anew every time the lowering runs" in message
     kept.clear()  # a cache per conversion and graph would work; so does no cache
     assert converter.to_coreai(entrypoints=["first"]).function_names == ["first"]
+
+
+# ------------------------------------------------- the built-in form (bind=True) ----
+
+
+def bound_converter(name: str, fn: Any, **kw: Any) -> TorchConverter:
+    return converter_with(name, fn, bind=True, **kw)
+
+
+def test_bound_lowering_takes_the_arguments_by_name() -> None:
+    seen: dict[str, Any] = {}
+
+    def lower(cx: LoweringContext, x: Any, y: Any, scale: float) -> Any:
+        seen.update(cx=cx, x=x, y=y, scale=scale, dtype=cx.out_dtype, shape=cx.out_shape)
+        scaled = coreai.broadcasting_mul(y, constant(scale, dtype_of(y)))
+        return coreai.broadcasting_add(x, scaled)
+
+    check(
+        bound_converter("cl_test::scaled_add.default", lower),
+        ScaledAdd(0.5),
+        (torch.randn(2, 3),) * 2,
+    )
+    assert isinstance(seen["cx"], LoweringContext)
+    assert isinstance(seen["x"], ir.Value) and isinstance(seen["y"], ir.Value)
+    assert seen["scale"] == 0.5
+    assert (seen["dtype"], seen["shape"]) == (torch.float32, [2, 3])
+    assert seen["cx"].node.name == "scaled_add"
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [(ScaledAdd(None), 2.0), (ScaledAdd(0.25), 0.25)],
+    ids=["left at the schema default", "given"],
+)
+def test_bound_lowering_gets_schema_defaults(model: nn.Module, expected: float) -> None:
+    seen: list[float] = []
+
+    def lower(cx: LoweringContext, x: Any, y: Any, scale: float) -> Any:
+        seen.append(scale)
+        return coreai.broadcasting_add(
+            x, coreai.broadcasting_mul(y, constant(scale, torch.float32))
+        )
+
+    check(bound_converter("cl_test::scaled_add.default", lower), model, (torch.randn(3),) * 2)
+    assert seen == [expected]
+
+
+def test_bound_lowering_gets_keyword_arguments_and_tensor_lists() -> None:
+    class Keyword(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return torch.ops.cl_test.scaled_add(x, y=y, scale=3.0)
+
+    class StackSum(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.ops.cl_test.stack_sum([a, b, a], 3)
+
+    def scaled(cx: LoweringContext, x: Any, y: Any, scale: float) -> Any:
+        assert scale == 3.0
+        return coreai.broadcasting_add(x, coreai.broadcasting_mul(y, constant(scale, dtype_of(x))))
+
+    def stacked(cx: LoweringContext, xs: list[Any], offset: int) -> Any:
+        assert len(xs) == 3 and all(isinstance(x, ir.Value) for x in xs) and offset == 3
+        total = xs[0]
+        for x in xs[1:]:
+            total = coreai.broadcasting_add(total, x)
+        return coreai.broadcasting_add(total, constant(offset, dtype_of(total)))
+
+    check(bound_converter("cl_test::scaled_add.default", scaled), Keyword(), (torch.randn(4),) * 2)
+    ints = (torch.randint(-5, 5, (4,), dtype=torch.int32),) * 2
+    check(bound_converter("cl_test::stack_sum.default", stacked), StackSum(), ints)
+
+
+def test_bound_lowering_with_kwargs_takes_every_argument() -> None:
+    seen: dict[str, Any] = {}
+
+    def lower(cx: LoweringContext, **arguments: Any) -> Any:
+        seen.update(arguments)
+        return lower_sum_diff(cx.values_map, cx.node, cx.loc)
+
+    check(bound_converter("cl_test::sum_diff.default", lower), SumDiff(), (torch.randn(3),) * 2)
+    assert sorted(seen) == ["x", "y"]
+
+
+def test_bound_lowering_rejects_an_argument_it_does_not_declare() -> None:
+    def lower(cx: LoweringContext, x: Any, y: Any) -> Any:  # no scale: only its default is fine
+        return coreai.broadcasting_add(x, coreai.broadcasting_mul(y, constant(2.0, dtype_of(y))))
+
+    check(
+        bound_converter("cl_test::scaled_add.default", lower),
+        ScaledAdd(None),
+        (torch.randn(3),) * 2,
+    )
+    with pytest.raises(UnsupportedOpError) as info:
+        convert(
+            bound_converter("cl_test::scaled_add.default", lower),
+            ScaledAdd(0.5),
+            (torch.randn(3),) * 2,
+        )
+    message = str(info.value)
+    assert "argument scale=0.5 is not supported by this lowering" in message
+    assert "cl_test::scaled_add.default" in message and "node 'scaled_add'" in message
+    assert "test_custom_lowering.py" in message  # the model's source line
+
+
+def test_bound_lowering_says_what_it_cannot_do() -> None:
+    def lower(cx: LoweringContext, x: Any, y: Any, scale: float) -> Any:
+        if scale < 0:
+            raise cx.unsupported("negative scales are not supported")
+        return x
+
+    with pytest.raises(UnsupportedOpError) as info:
+        convert(
+            bound_converter("cl_test::scaled_add.default", lower),
+            ScaledAdd(-1.0),
+            (torch.randn(3),) * 2,
+        )
+    message = str(info.value)
+    assert "negative scales are not supported" in message
+    assert "cl_test::scaled_add.default" in message and "test_custom_lowering.py" in message
+
+
+@pytest.mark.parametrize(
+    ("model", "name", "result", "expected"),
+    [
+        (ScaledAdd(), "cl_test::scaled_add.default", lambda x: None, "returned None"),
+        (ScaledAdd(), "cl_test::scaled_add.default", lambda x: 1.5, "returned float"),
+        (
+            ScaledAdd(),
+            "cl_test::scaled_add.default",
+            lambda x: cast(x, torch.float16),
+            "PyTorch computes",
+        ),
+        (
+            ScaledAdd(),
+            "cl_test::scaled_add.default",
+            lambda x: coreai.concat(0, [x, x]),
+            "PyTorch computes",
+        ),
+        (ScaledAdd(), "cl_test::scaled_add.default", lambda x: [x, x], "returned 2 value(s)"),
+        (SumDiff(), "cl_test::sum_diff.default", lambda x: x, "returned one value"),
+    ],
+    ids=["none", "not a value", "dtype", "shape", "too many", "too few"],
+)
+def test_bound_lowering_results_are_checked(
+    model: nn.Module, name: str, result: Any, expected: str
+) -> None:
+    def lower(cx: LoweringContext, x: Any, **_: Any) -> Any:
+        return result(x)
+
+    with pytest.raises(LoweringError) as info:
+        convert(bound_converter(name, lower), model, (torch.randn(2),) * 2)
+    message = str(info.value)
+    assert expected in message and name in message, message
+    assert "test_custom_lowering.py" in message, message  # the model's source line
+
+
+def test_bound_lowering_that_raises_names_its_own_line() -> None:
+    def broken(cx: LoweringContext, x: Any, y: Any, scale: float) -> Any:
+        raise ValueError("cannot lower this scale")
+
+    with pytest.raises(LoweringError) as info:
+        convert(
+            bound_converter("cl_test::scaled_add.default", broken),
+            ScaledAdd(),
+            (torch.randn(2),) * 2,
+        )
+    message = str(info.value)
+    assert "ValueError: cannot lower this scale" in message
+    assert "raised in lowering" in message and "broken" in message
+    assert "cl_test::scaled_add.default" in message and "test_custom_lowering.py" in message
+
+
+@pytest.mark.parametrize(
+    ("fn", "shown"),
+    [
+        (lambda cx, x, y, factor: x, "it declares factor, which the op's schema does not have"),
+        (lambda x, y, scale: x, "it declares x (the first parameter receives the context, cx)"),
+        (lambda *, x: x, "no positional first parameter for the LoweringContext"),
+    ],
+    ids=["unknown parameter", "no cx", "keyword-only"],
+)
+def test_bound_lowering_parameters_are_checked_at_registration(fn: Any, shown: str) -> None:
+    with pytest.raises(TypeError) as info:
+        bound_converter("cl_test::scaled_add.default", fn)
+    message = str(info.value)
+    assert "bind=True" in message and shown in message, message
+    assert "(its arguments: x, y, scale)" in message or "keyword-only" not in shown, message
+
+
+def test_bound_lowering_of_an_op_defined_later_is_checked_at_conversion() -> None:
+    converter = bound_converter("cl_test::late_scale.default", lambda cx, x, factor: x)
+
+    @torch.library.custom_op("cl_test::late_scale", mutates_args=())
+    def late_scale(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return x * scale
+
+    @late_scale.register_fake
+    def _(x, scale):
+        return torch.empty_like(x)
+
+    class Late(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.ops.cl_test.late_scale(x, 2.0)
+
+    with pytest.raises(LoweringError) as info:
+        convert(converter, Late(), (torch.randn(2),))
+    message = str(info.value)
+    assert "cannot take the arguments of cl_test::late_scale.default" in message
+    assert "it declares factor" in message and "test_custom_lowering.py" in message
+
+
+@pytest.mark.parametrize("flag", ["yes", 1, None])
+def test_bind_must_be_a_bool(flag: Any) -> None:
+    with pytest.raises(TypeError, match="bind must be True or False"):
+        TorchConverter().register_torch_lowering("cl_test::scaled_add.default", bind=flag)
+
+
+def test_a_builtin_rule_registers_unchanged_as_a_user_lowering() -> None:
+    """Built-ins and user lowerings share the contract: the built-in relu rule itself, given to
+    register_torch_lowering(bind=True), lowers relu; other converters keep the built-in."""
+    relu_rule = inspect.unwrap(BUILTIN_LOWERINGS.get("aten::relu.default"))
+    calls: list[str] = []
+
+    def relu(cx: LoweringContext, self: Any) -> Any:
+        calls.append(cx.node.name)
+        return relu_rule(cx, self)
+
+    converter = bound_converter("aten::relu.default", relu, allow_override=True)
+    check(converter, nn.ReLU(), (torch.randn(2, 3),))
+    assert calls == ["relu"]
+    assert converter.lowerings.is_own("aten::relu.default")
+    assert not TorchConverter().lowerings.is_own("aten::relu.default")
+
+
+def test_every_builtin_rule_takes_its_ops_arguments() -> None:
+    """The check bind=True makes of user lowerings holds for every built-in rule."""
+    checked = 0
+    for name in sorted(BUILTIN_LOWERINGS.names()):
+        rule = getattr(BUILTIN_LOWERINGS.get(name), "__wrapped__", None)
+        op = resolve_op(name)
+        if rule is None or op is None:
+            continue
+        assert rule_parameter_problem(rule, op._schema) is None, name
+        checked += 1
+    assert checked > 500
+
+
+def _doc_blocks() -> list[str]:
+    text = (Path(__file__).parents[1] / "docs" / "extending.md").read_text()
+    section = text.split("## Custom op lowerings", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+
+
+@pytest.mark.parametrize("form", ["simple", "bound"])
+def test_extending_guide_examples_run(form: str, tmp_path: Path) -> None:
+    """docs/extending.md: the op block followed by each form's block is a complete script;
+    the program it converts matches PyTorch on the runtime."""
+    setup, *forms = _doc_blocks()
+    assert len(forms) == 2 and "bind=True" in forms[1] and "bind=True" not in forms[0]
+    script = tmp_path / f"extending_{form}.py"
+    script.write_text(
+        setup
+        + forms[form == "bound"]
+        + "from coreai_torch.verify import verify\n"
+        + "report = verify(Model(), args, program=program)\n"
+        + "assert report.ok, report\n"
+        + "print('CHECK ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CHECK ok" in done.stdout

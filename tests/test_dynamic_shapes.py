@@ -119,38 +119,6 @@ def test_cond_on_symbolic_size() -> None:
     check_runs(model, program, [(torch.randn(6, 3),), (torch.randn(3, 3),), (torch.randn(9, 3),)])
 
 
-class ItemSlice(nn.Module):
-    """A data-dependent size from ``.item()`` (an unbacked SymInt) used as a slice end."""
-
-    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        k = n.item()
-        torch._check(k >= 1)
-        torch._check(k <= x.shape[0])
-        return x[:k] * 2
-
-
-def test_item_as_slice_end() -> None:
-    model = ItemSlice()
-    x = torch.randn(6, 3)
-    program = convert(model, (x, torch.tensor(4)), None)
-    check_runs(model, program, [(x, torch.tensor(4)), (x, torch.tensor(1)), (x, torch.tensor(6))])
-
-
-class IntArgument(nn.Module):
-    """A Python int argument exported as dynamic (``Dim.DYNAMIC``) becomes a 0-d input."""
-
-    def forward(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        return x[:n] * n
-
-
-def test_dynamic_int_argument() -> None:
-    model = IntArgument()
-    x = torch.randn(6, 3)
-    program = convert(model, (x, 4), (None, Dim.DYNAMIC))
-    assert "tensor<si64>" in str(program)
-    check_runs(model, program, [(x, 4), (x, 1), (x, 6)])
-
-
 class RepeatedCumsum(nn.Module):
     """The same cumulative sum computed twice (Hugging Face's Gemma 2 builds two attention
     masks, each from ``cumsum`` of the same positions)."""

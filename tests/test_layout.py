@@ -97,6 +97,22 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
             id="an import from a higher layer",
         ),
         pytest.param(
+            {
+                "lowerings/a.py": "from coreai_torch.lowerings.b import f\n",
+                "lowerings/b.py": "def f(): ...\n",
+            },
+            "lowering family coreai_torch.lowerings.a imports the family",
+            id="a lowering family importing another family",
+        ),
+        pytest.param(
+            {
+                "lowerings/helpers/h.py": "from coreai_torch.lowerings import b\n",
+                "lowerings/b.py": "",
+            },
+            "lowering helper coreai_torch.lowerings.helpers.h imports the family",
+            id="a lowering helper importing a family",
+        ),
+        pytest.param(
             {f"m{i}.py": "" for i in range(check_layout.MAX_TOP_LEVEL + 1)},
             "top-level modules",
             id="too many top-level modules",
@@ -154,6 +170,32 @@ def test_allowed_library_uses_pass(tmp_path: Path) -> None:
             "frontend/a.py": "import torch.fx\nimport sympy\n",
         },
     )
+    assert check_layout.check(root) == []
+
+
+def test_lowering_families_may_import_helpers_and_the_registry(tmp_path: Path) -> None:
+    root = _tree(
+        tmp_path,
+        {
+            "lowerings/registry.py": "",
+            "lowerings/helpers/h.py": "from coreai_torch.lowerings.registry import x\n",
+            "lowerings/a.py": "from coreai_torch.lowerings.helpers.h import f\n"
+            "from coreai_torch.lowerings.registry import x\n",
+        },
+    )
+    assert check_layout.check(root) == []
+
+
+def test_every_lowering_family_has_its_test_module(tmp_path: Path) -> None:
+    root = _tree(tmp_path, {"lowerings/registry.py": "", "lowerings/helpers/h.py": ""})
+    (root / "coreai_torch" / "lowerings" / "norm.py").write_text("")
+    assert check_layout.check(root) == []  # no tests/ folder: not checked
+    (root / "tests" / "lowerings").mkdir(parents=True)
+    assert check_layout.check(root) == [
+        f"{root / 'coreai_torch' / 'lowerings' / 'norm.py'}: the lowering family "
+        "coreai_torch.lowerings.norm has no test module tests/lowerings/test_norm.py"
+    ]
+    (root / "tests" / "lowerings" / "test_norm.py").write_text("")
     assert check_layout.check(root) == []
 
 

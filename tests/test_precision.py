@@ -229,7 +229,9 @@ def test_fp32_islands_keep_overflowing_models_working(model: nn.Module, x: torch
     assert reference.isfinite().all()
     with_islands = convert(model, (x,), compute_precision=torch.float16).optimize()
     check_half(model, (x,), with_islands, rel=1e-2)
-    without = convert(model, (x,), compute_precision=torch.float16, fp32_islands=False)
+    without = convert(
+        model, (x,), compute_precision=torch.float16, fp32_islands=False, check_range=False
+    )
     out = run_program(without.optimize(), {"x": x})
     assert not np.isfinite(out).all(), "the model was expected to overflow without islands"
 
@@ -499,7 +501,8 @@ def test_cli_converts_and_verifies_half_programs(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "loud.py").write_text(LOUD_PY)
-    assert main(["convert", "loud.py:make", "--precision", "fp16", "-o", "loud.aimodel"]) == 0
+    argv = ["convert", "loud.py:make", "--precision", "fp16", "--no-check-range"]
+    assert main([*argv, "-o", "loud.aimodel"]) == 0
     assert "computed in fp16" in capsys.readouterr().out
     assert main(["verify", "loud.aimodel", "loud.py:make", "--precision", "fp16", "--bisect"]) == 1
     out = capsys.readouterr().out
@@ -513,6 +516,11 @@ def test_cli_converts_and_verifies_half_programs(
     capsys.readouterr()
     assert main(["verify", "kept.aimodel", "loud.py:make", "--precision", "fp16"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "MATCH"
+    # by default the conversion finds them on the example inputs, and says so
+    with pytest.warns(RuntimeWarning, match="(?s)node 'mul_1' .*loud.py:14"):
+        assert main(["convert", "loud.py:make", "--precision", "fp16", "-o", "auto.aimodel"]) == 0
+    assert "range check on the example inputs: " in capsys.readouterr().out
+    assert main(["verify", "auto.aimodel", "loud.py:make", "--precision", "fp16"]) == 0
 
 
 def test_cli_verifies_a_half_program_with_a_state(

@@ -7,6 +7,7 @@ float32."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,6 +15,8 @@ import torch
 import torch.nn as nn
 
 from coreai_torch import TorchConverter
+from coreai_torch.cli.report import ConversionReport
+from coreai_torch.frontend import precision_checks
 from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import run_program
 from coreai_torch.verify import VerifyReport
@@ -77,7 +80,7 @@ def test_check_range_keeps_overflowing_nodes_in_float32() -> None:
     model = Net(scale=300.0).eval()
     x = torch.randn(2, 16)
     expected = model(x).detach().numpy()
-    out = _run(TorchConverter(compute_precision="fp16"), model, x)
+    out = _run(TorchConverter(compute_precision="fp16", check_range=False), model, x)
     assert not np.isfinite(out).all()  # h * 300 * 300 overflows float16
     with pytest.warns(RuntimeWarning, match="check_range") as record:
         out = _run(TorchConverter(compute_precision="fp16", check_range=(x,)), model, x)
@@ -99,11 +102,114 @@ def test_check_range_on_a_program_that_fits_changes_nothing() -> None:
     torch.manual_seed(2)
     model = Net(scale=1.0).eval()
     x = torch.randn(2, 16)
-    plain = _run(TorchConverter(compute_precision="fp16"), model, x)
+    plain = _run(TorchConverter(compute_precision="fp16", check_range=False), model, x)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         checked = _run(TorchConverter(compute_precision="fp16", check_range=(x,)), model, x)
     np.testing.assert_array_equal(plain, checked)
+
+
+def _converted(model: nn.Module, x: torch.Tensor, **options: Any) -> tuple[Any, Any]:
+    """(the program, the converter) of ``model`` exported with ``x`` and converted in fp16."""
+    converter = TorchConverter(compute_precision="fp16", **options)
+    program = converter.add_exported_program(export_decomposed(model, (x,))).to_coreai()
+    return program, converter
+
+
+def test_activations_beyond_float16_are_found_on_the_example_inputs_by_default() -> None:
+    """A float16 conversion of a model whose activations overflow was silently wrong (inf /
+    NaN outputs) unless check_range= was given: the example inputs the exported program
+    carries are checked by default, with a warning naming the node, its source line and
+    what to do."""
+    torch.manual_seed(1)
+    model = Net(scale=300.0).eval()
+    x = torch.randn(2, 16)
+    with pytest.warns(RuntimeWarning, match="on the example inputs") as record:
+        program, converter = _converted(model, x)
+    message = str(record[0].message)
+    assert "node 'mul_1' (op aten::mul.Tensor)" in message
+    assert "test_precision_checks.py" in message and "h * self.scale * self.scale" in message
+    assert "keep_fp32_ops / keep_fp32_modules" in message and "check_range=False" in message
+    (out,) = run_program(program, {"x": x}).values()
+    _close(out, model(x).detach().numpy())
+    check = converter.last_stats.range_checks["main"]
+    assert check.inputs == "example inputs" and check.skipped is None
+    assert check.overflowing == 1 and 0 < check.seconds < converter.last_stats.seconds["main"]
+    report = ConversionReport.build(converter, program)
+    assert "main: range check on the example inputs: " in str(report)
+    assert "1 node(s) overflowed, kept in float32" in str(report)
+
+
+def test_the_default_range_check_is_switched_off_by_check_range_false() -> None:
+    torch.manual_seed(1)
+    model = Net(scale=300.0).eval()
+    x = torch.randn(2, 16)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "check_range", RuntimeWarning)  # (not numpy's)
+        program, converter = _converted(model, x, check_range=False)
+    assert converter.last_stats.range_checks == {}
+    (out,) = run_program(program, {"x": x}).values()
+    assert not np.isfinite(out).all()  # as converted before the check existed
+
+
+def test_the_default_range_check_is_silent_on_a_model_in_range() -> None:
+    torch.manual_seed(2)
+    model = Net(scale=1.0).eval()
+    x = torch.randn(2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        program, converter = _converted(model, x)
+        plain, _ = _converted(model, x, check_range=False)
+    assert str(program) == str(plain)
+    check = converter.last_stats.range_checks["main"]
+    assert check.skipped is None and check.overflowing == 0
+    # a float32 conversion runs no check
+    TorchConverter().add_exported_program(export_decomposed(model, (x,))).to_coreai()
+
+
+def test_the_default_range_check_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond its caps the default check does not run (or stops), says why in the conversion
+    stats and report, and the conversion goes on with the policy as given; sample inputs
+    (or check_range=True) run it whatever it costs."""
+    torch.manual_seed(1)
+    model = Net(scale=300.0).eval()
+    x = torch.randn(2, 16)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    monkeypatch.setattr(precision_checks, "AUTO_MAX_WEIGHT_BYTES", weights - 1)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "check_range", RuntimeWarning)  # (not numpy's)
+        program, converter = _converted(model, x)
+    check = converter.last_stats.range_checks["main"]
+    assert check.seconds == 0.0 and check.overflowing == 0
+    assert (
+        check.skipped is not None and "more than the 0 MB the default check runs" in check.skipped
+    )
+    assert "pass check_range=sample_inputs" in check.skipped
+    assert "range check on the example inputs: not run (" in str(
+        ConversionReport.build(converter, program)
+    )
+    for explicit in (True, (x,)):  # not capped
+        with pytest.warns(RuntimeWarning, match="check_range: 1 node"):
+            _converted(model, x, check_range=explicit)
+
+    monkeypatch.setattr(precision_checks, "AUTO_MAX_WEIGHT_BYTES", weights)
+    monkeypatch.setattr(precision_checks, "AUTO_MAX_SECONDS", 0.0)  # stops at the first node
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "check_range", RuntimeWarning)  # (not numpy's)
+        _, converter = _converted(model, x)
+    check = converter.last_stats.range_checks["main"]
+    assert check.skipped is not None and check.skipped.startswith("stopped after 0 s, at node 0")
+
+
+def test_the_range_check_reports_its_progress() -> None:
+    torch.manual_seed(1)
+    events: list[tuple[str, int, int]] = []
+    converter = TorchConverter(compute_precision="fp16")
+    converter.progress = lambda task, done, total: events.append((task, done, total))
+    x = torch.randn(2, 16)
+    converter.add_exported_program(export_decomposed(Net(scale=1.0).eval(), (x,))).to_coreai()
+    checked = [e for e in events if e[0] == "range check main"]
+    assert checked and checked[-1][1] == checked[-1][2] > 0
 
 
 def test_check_range_arguments_are_validated() -> None:

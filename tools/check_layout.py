@@ -7,6 +7,11 @@ Counts, over every ``import`` in ``coreai_torch`` (imports inside functions incl
 * private names imported across modules (``from a import _b`` where ``a`` is another module;
   none allowed), and imports of private modules from outside their own package;
 * upward imports between layers (``LAYERS``: a module never imports a layer above it);
+* imports between lowering families: a module of ``lowerings/`` holds one op family and takes
+  what it shares with others from ``lowerings/helpers/`` and the registry, never from another
+  family (nor does a helper import a family);
+* every lowering family has its test module, ``tests/lowerings/test_<family>.py`` (checked
+  when the tree has a ``tests/`` folder);
 * third-party libraries (``LIBRARIES``): which modules may import each (torch's tracing and FX
   never in the IR, passes or compression; coreai-core's MLIR layers only through ``_mlir``;
   transformers only in the model-specific layers, inside functions where ``import
@@ -56,9 +61,16 @@ LAYERS: list[tuple[str, ...]] = [
         "coreai_torch._utils",
     ),
     ("coreai_torch.verify",),
+    ("coreai_torch.bundles",),  # the bundles Apple's app runtimes load (llm/, hf/ write them)
     ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
     ("coreai_torch.cli", "coreai_torch"),
 ]
+
+# The lowering rules: one module per op family directly under this package; what families
+# share lives in these modules, which import no family.
+LOWERINGS = "coreai_torch.lowerings"
+LOWERING_SHARED = ("coreai_torch.lowerings.registry", "coreai_torch.lowerings.helpers")
+LOWERING_NON_FAMILIES: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,13 +136,29 @@ LIBRARIES: tuple[Library, ...] = (
     Library(
         "coreai.runtime",
         "the Core AI runtime",
-        only=("coreai_torch.runtime", "coreai_torch.ir.saving", "coreai_torch.hf"),
+        only=(
+            "coreai_torch.runtime",
+            "coreai_torch.ir.saving",
+            "coreai_torch.bundles",
+            "coreai_torch.hf",
+        ),
     ),
     Library(
         "transformers",
         "Hugging Face models (an optional dependency)",
-        only=("coreai_torch.rewrites.moe", "coreai_torch.llm", "coreai_torch.hf"),
+        only=(
+            "coreai_torch.rewrites.moe",
+            "coreai_torch.bundles",
+            "coreai_torch.llm",
+            "coreai_torch.hf",
+        ),
         eager_in=("coreai_torch.hf",),
+    ),
+    Library(
+        "jinja2",
+        "chat templates (optional; installed with transformers)",
+        only=("coreai_torch.bundles",),
+        eager_in=(),
     ),
     Library(
         "rich",
@@ -330,6 +358,33 @@ def layer_of(name: str) -> int | None:
     return None if best is None else best[1]
 
 
+def is_lowering_family(name: str) -> bool:
+    """Whether ``name`` is an op-family module of the lowerings (``lowerings/<family>.py``)."""
+    parent, _, _ = name.rpartition(".")
+    return (
+        parent == LOWERINGS
+        and not _within(name, LOWERING_SHARED)
+        and not _within(name, LOWERING_NON_FAMILIES)
+    )
+
+
+def lowering_import_problem(source: str, target: str) -> str | None:
+    """Why ``source`` may not import ``target`` under the lowering-family rule, if it may not."""
+    if target == source or not _within(target, (LOWERINGS,)):
+        return None
+    importer_is_family = is_lowering_family(source)
+    if not (importer_is_family or _within(source, LOWERING_SHARED)):
+        return None
+    if not (is_lowering_family(target) or target == LOWERINGS):
+        return None
+    if importer_is_family:
+        return (
+            f"lowering family {source} imports the family {target}: what families share "
+            f"belongs in {LOWERING_SHARED[1]}"
+        )
+    return f"lowering helper {source} imports the family {target}: helpers import no family"
+
+
 def cycles(modules: dict[str, Module]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     graph = {
@@ -385,10 +440,23 @@ def _is_package_init_edge(source: str, target: str) -> bool:
     return target.startswith(source + ".") or source.startswith(target + ".")
 
 
+def missing_lowering_tests(root: Path, modules: dict[str, Module]) -> list[str]:
+    """The lowering families without ``tests/lowerings/test_<family>.py`` under ``root``."""
+    if not (root / "tests").is_dir():
+        return []
+    return [
+        f"{m.path}: the lowering family {name} has no test module "
+        f"tests/lowerings/test_{name.rpartition('.')[2]}.py"
+        for name, m in modules.items()
+        if is_lowering_family(name)
+        and not (root / "tests" / "lowerings" / f"test_{name.rpartition('.')[2]}.py").is_file()
+    ]
+
+
 def check(root: Path) -> list[str]:
     modules = discover(root)
     parse(modules)
-    problems: list[str] = []
+    problems: list[str] = missing_lowering_tests(root, modules)
 
     top = sorted(name for name, m in modules.items() if name.count(".") == 1 and not m.is_package)
     if len(top) > MAX_TOP_LEVEL:
@@ -416,6 +484,9 @@ def check(root: Path) -> list[str]:
             home = _private_module(target)
             if home is not None and not (name == home or name.startswith(home + ".")):
                 problems.append(f"{m.path}:{line}: imports private module {target}")
+            family_problem = lowering_import_problem(name, target)
+            if family_problem is not None:
+                problems.append(f"{m.path}:{line}: {family_problem}")
             source_layer, target_layer = layer_of(name), layer_of(target)
             if (
                 source_layer is not None

@@ -31,6 +31,7 @@ from coreai_torch.cli.options import (
     add_hash_option,
     add_precision_arguments,
     add_progress_option,
+    add_range_check_argument,
     add_setup_option,
     compression_config,
     decomposed_source,
@@ -303,6 +304,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     convert.add_argument("--entrypoint", default="main", help="entry point name (default main)")
     convert.add_argument("--no-optimize", action="store_true", help="skip program.optimize()")
     add_precision_arguments(convert)
+    add_range_check_argument(convert)
     add_compression_arguments(convert)
     add_progress_option(convert, "converting, optimizing and saving")
     add_setup_option(convert)

@@ -95,6 +95,8 @@ def precision_options(opts: argparse.Namespace) -> dict[str, Any]:
         raise CliError("--keep-fp32 needs --precision fp16 or bf16 (it keeps parts in float32)")
     options["keep_fp32_ops"] = [k for k in keep if "::" in k]
     options["keep_fp32_modules"] = [k for k in keep if "::" not in k]
+    if getattr(opts, "no_check_range", False):
+        options["check_range"] = False
     return options
 
 
@@ -102,6 +104,7 @@ def requested_precision(opts: argparse.Namespace) -> Any:
     """The ``Precision`` ``--precision`` / ``--keep-fp32`` ask for, or None (the
     ``precision=`` of ``llm.export`` and the ``coreai_torch.hf`` classes)."""
     options = precision_options(opts)
+    options.pop("check_range", None)  # (a converter option, not the policy's)
     policy = options.pop("compute_precision", None)
     return None if policy is None else dataclasses.replace(policy, **options)
 
@@ -307,6 +310,15 @@ def add_precision_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="A,B",
         help="with --precision fp16|bf16: also keep these in float32 -- ATen ops "
         "('aten::mm'), module paths ('lm_head', 'layers.*.mlp') or module class names",
+    )
+
+
+def add_range_check_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-check-range",
+        action="store_true",
+        help="with --precision fp16|bf16: do not run the float32 program on the example "
+        "inputs to keep the nodes whose values overflow the half type in float32",
     )
 
 

@@ -195,6 +195,8 @@ class ConversionReport:
             entrypoints.append(entry)
             for tensor in signature.weights.values():
                 weights.setdefault(id(tensor), tensor)
+        checks = getattr(stats, "range_checks", {})
+        notes = [*(notes or []), *(f"{n}: {c.describe()}" for n, c in checks.items())]
         phases = dict(timings or {})
         if "to_coreai" not in phases:
             phases["to_coreai"] = sum(stats.seconds.values()) + stats.verify_seconds
@@ -208,7 +210,7 @@ class ConversionReport:
             source=source,
             asset=str(asset_path) if asset_path else "",
             asset_bytes=_disk_size(asset_path) if asset_path else 0,
-            notes=list(notes or []),
+            notes=notes,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -404,11 +404,14 @@ def _gone(
     """Weights ``config`` would select that the program no longer reads as weights: a
     rewrite (``optimize()``) removed them or computed another constant from them."""
     gone = []
+    # weights optimize() computed from others, read under their own name (conv.weight.folded)
+    succeeded = {display_name(o) for n, o in store.folded.items() if display_name(n) in present}
     for resource, tensor in store.by_name.items():
         name = display_name(resource)
         if (
             resource.endswith(".T")
             or name in present
+            or name in succeeded
             or name in compressed_
             or not tensor.is_floating_point()
             or tensor.dim() < 2

@@ -48,6 +48,7 @@ from torch.export.graph_signature import (
     TensorArgument,
 )
 
+from coreai_torch.frontend.export import RECURRENT_OPS
 from coreai_torch.frontend.fusions import find_rms_norms
 from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
 from coreai_torch.precision.policy import Precision
@@ -108,6 +109,7 @@ _FOLLOWS_OPERANDS = {
     aten.index_select.default,
     aten.gather.default,
     aten.constant_pad_nd.default,
+    *RECURRENT_OPS,  # (without this, FakeTensor ran every time step of their decomposition)
 }
 _DTYPE_ARGS = ("dtype", "output_dtype", "out_dtype")
 #: norm op -> positions of the parameters and running statistics it reads as exported
@@ -515,16 +517,27 @@ class _Rewriter:
         """The new example value of a half node whose op computes in its operands' type,
         made without running the op (the exported value in the half type), or None."""
         val = _val(node)
+        values = list(val) if isinstance(val, (tuple, list)) else [val]  # recurrent ops: several
         if (
             decision != HALF
             or node.target not in _FOLLOWS_OPERANDS
-            or not isinstance(val, torch.Tensor)
-            or val.dtype != torch.float32
-            or not all(isinstance(d, int) for d in (*val.shape, *val.stride()))
+            or not all(
+                isinstance(v, torch.Tensor)
+                and v.dtype == torch.float32
+                and all(isinstance(d, int) for d in (*v.shape, *v.stride()))
+                for v in values
+            )
         ):
             return None
-        meta = torch.empty_strided(val.shape, val.stride(), dtype=self.half, device="meta")
-        return FakeTensor(self.fake_mode, meta, val.device)
+        retyped = [
+            FakeTensor(
+                self.fake_mode,
+                torch.empty_strided(v.shape, v.stride(), dtype=self.half, device="meta"),
+                v.device,
+            )
+            for v in values
+        ]
+        return type(val)(retyped) if isinstance(val, (tuple, list)) else retyped[0]
 
     def propagate(self, node: torch.fx.Node) -> Any:
         def value(a: torch.fx.Node) -> Any:

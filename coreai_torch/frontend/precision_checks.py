@@ -10,9 +10,13 @@
   - weights whose values lie outside the half type's finite range (float16: beyond
     +-65504) would be stored as infinities: the nodes reading them compute in float32
     instead, so the weights stay float32 (a ``RuntimeWarning`` names them);
-  - with sample inputs (``TorchConverter(check_range=...)``), the float32 program runs once
-    in PyTorch, and each node whose value leaves the half type's range, and the nodes
-    reading it, compute in float32 (a ``RuntimeWarning`` names them and their source lines).
+  - on sample inputs, the float32 program runs once in PyTorch, and each node whose value
+    leaves the half type's range, and the nodes reading it, compute in float32 (a
+    ``RuntimeWarning`` names them and their source lines).  The samples are those given
+    (``TorchConverter(check_range=...)``) or, by default, the example inputs the
+    ``torch.export`` program carries, within a cost cap (:data:`AUTO_MAX_WEIGHT_BYTES`,
+    :data:`AUTO_MAX_SECONDS`); ``check_range=False`` turns the check off.  What it did and
+    the time it took: :class:`RangeCheck` (``TorchConverter.last_stats.range_checks``).
 
 Neither can prove that other inputs stay in range; ``coreai_torch.verify.verify(model, args,
 precision=...)`` checks a converted program against PyTorch on given inputs.
@@ -21,9 +25,10 @@ precision=...)`` checks a converted program against PyTorch on given inputs.
 from __future__ import annotations
 
 import difflib
+import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -38,6 +43,12 @@ from coreai_torch.tensors import lazy
 
 #: nodes listed per warning
 SHOWN = 8
+#: the default range check (on the exported program's example inputs) runs the float32
+#: program only when its weights take at most this many bytes (a larger model is checked when
+#: sample inputs are given: ``check_range=...``)
+AUTO_MAX_WEIGHT_BYTES = 1 << 30
+#: ... and gives up after this many seconds (the conversion goes on without it)
+AUTO_MAX_SECONDS = 30.0
 
 
 def _graph_nodes(ep: ExportedProgram) -> Iterable[torch.fx.Node]:
@@ -136,13 +147,81 @@ def _module_names(nodes: Iterable[torch.fx.Node]) -> tuple[set[str], set[str]]:
 # ----------------------------------------------------------------------------------- range ---
 
 
+@dataclass
+class RangeCheck:
+    """The activation range check of one entry point: on which inputs, how long it took, what
+    it found, or why it did not run."""
+
+    #: "sample inputs" (``check_range=...``) or "example inputs" (the exported program's)
+    inputs: str
+    #: the inputs (None: the check does not run)
+    args: Any = None
+    #: the most seconds it may take (None: no limit)
+    budget: float | None = None
+    seconds: float = 0.0
+    #: nodes whose values left the half type's range (they compute in float32)
+    overflowing: int = 0
+    #: why it did not run, or stopped early (None: it ran)
+    skipped: str | None = None
+
+    def describe(self) -> str:
+        """One line for the conversion report."""
+        if self.skipped is not None:
+            return f"range check on the {self.inputs}: not run ({self.skipped})"
+        found = (
+            f"{self.overflowing} node(s) overflowed, kept in float32"
+            if self.overflowing
+            else "every value fits"
+        )
+        return f"range check on the {self.inputs}: {self.seconds:.2f} s, {found}"
+
+
+def plan_range_check(
+    check_range: Any, ep: ExportedProgram, entrypoint: str, entrypoints: Sequence[str]
+) -> RangeCheck | None:
+    """What the range check of ``entrypoint`` runs on: the sample inputs ``check_range``
+    gives, or (``check_range=None``) the example inputs of ``ep`` within the cost cap; None
+    when it is off (``check_range=False``)."""
+    if check_range is False:
+        return None
+    if check_range is not None and check_range is not True:
+        return RangeCheck("sample inputs", sample_args_for(check_range, entrypoint, entrypoints))
+    capped = check_range is None  # True: the example inputs, whatever it costs
+    check = RangeCheck("example inputs", budget=AUTO_MAX_SECONDS if capped else None)
+    example = getattr(ep, "example_inputs", None)
+    weights = [tensor for _, tensor in _weight_placeholders(ep).values()]
+    size = sum(t.numel() * t.element_size() for t in weights)
+    if example is None:
+        check.skipped = "the exported program has none; pass check_range=sample_inputs"
+    elif capped and any(lazy.is_lazy(t) for t in weights):
+        check.skipped = "the weights are still in their checkpoint; pass check_range=sample_inputs"
+    elif capped and size > AUTO_MAX_WEIGHT_BYTES:
+        check.skipped = (
+            f"{size / 2**20:.0f} MB of weights, more than the {AUTO_MAX_WEIGHT_BYTES / 2**20:.0f} "
+            "MB the default check runs; pass check_range=sample_inputs to run it"
+        )
+    else:
+        args, kwargs = example
+        check.args = (*args, kwargs) if kwargs else tuple(args)
+    return check
+
+
 def range_policy(
-    ep: ExportedProgram, policy: Precision, sample_args: Sequence[Any] | None = None
+    ep: ExportedProgram,
+    policy: Precision,
+    sample_args: Sequence[Any] | None = None,
+    *,
+    check: RangeCheck | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Precision:
     """``policy`` extended with the nodes of ``ep`` that must compute in float32 for their
-    weights (and, with ``sample_args``, their values) to fit ``policy.compute``."""
+    weights (and, with ``sample_args`` or ``check.args``, their values) to fit
+    ``policy.compute``.  ``check`` receives the time the values took (and why they were not
+    checked); ``progress(nodes run, nodes)`` follows the run."""
     if not policy.is_half:
         return policy
+    if check is not None and check.args is not None:
+        sample_args = check.args
     limit = torch.finfo(policy.compute).max
     keep: dict[str, str] = {}  # node name -> why
     weights = _overflowing_weights(ep, limit)
@@ -164,7 +243,14 @@ def range_policy(
             stacklevel=4,
         )
     if sample_args is not None:
-        overflowing = _overflowing_nodes(ep, sample_args, limit)
+        check = check or RangeCheck("sample inputs", sample_args)
+        start = time.perf_counter()
+        try:
+            overflowing = _overflowing_nodes(ep, sample_args, limit, check.budget, progress)
+        except _Unchecked as reason:  # (only the default check on example inputs stops)
+            overflowing, check.skipped = [], str(reason)
+        check.seconds = time.perf_counter() - start
+        check.overflowing = len(overflowing)
         if overflowing:
             readers = [u for n in overflowing for u in n.users if u.op == "call_function"]
             chosen = list(dict.fromkeys([*overflowing, *readers]))
@@ -172,7 +258,7 @@ def range_policy(
                 keep.setdefault(node.name, "overflows")
             warnings.warn(
                 f"check_range: {len(overflowing)} node(s) computed values beyond "
-                f"{policy.name}'s largest finite value {limit:.6g} on the sample inputs; they "
+                f"{policy.name}'s largest finite value {limit:.6g} on the {check.inputs}; they "
                 f"and the nodes reading them ({len(chosen)} in all) compute in float32:\n"
                 + "\n".join(f"  - {describe(n)}" for n in overflowing[:SHOWN])
                 + (
@@ -180,7 +266,9 @@ def range_policy(
                     if len(overflowing) > SHOWN
                     else ""
                 )
-                + "\nOther inputs may overflow elsewhere: check with "
+                + "\nTo choose them yourself, convert with keep_fp32_ops / keep_fp32_modules "
+                "(and check_range=False to skip this run). Other inputs may overflow "
+                "elsewhere: check with "
                 f"coreai_torch.verify.verify(model, args, precision={policy.name!r})",
                 RuntimeWarning,
                 stacklevel=4,
@@ -246,14 +334,37 @@ def _readers(ep: ExportedProgram, placeholders: set[str]) -> list[torch.fx.Node]
     return readers
 
 
-class _RangeRecorder(torch.fx.Interpreter):
-    """Runs the graph, noting the largest finite magnitude of each floating result."""
+class _Unchecked(Exception):
+    """The values could not be checked within the budget (the reason is the message)."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
+
+class _RangeRecorder(torch.fx.Interpreter):
+    """Runs the graph, noting the largest finite magnitude of each floating result; stops
+    (:class:`_Unchecked`) once it has run longer than ``budget`` seconds."""
+
+    def __init__(
+        self,
+        gm: torch.fx.GraphModule,
+        budget: float | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
         super().__init__(gm)
         self.peaks: dict[torch.fx.Node, float] = {}
+        self.deadline = None if budget is None else time.perf_counter() + budget
+        self.budget = budget
+        self.progress = progress
+        self.total = len(gm.graph.nodes)
+        self.done = 0
 
     def run_node(self, n: torch.fx.Node) -> Any:
+        if self.deadline is not None and time.perf_counter() > self.deadline:
+            raise _Unchecked(
+                f"stopped after {self.budget:g} s, at node {self.done} of {self.total}; pass "
+                "check_range=sample_inputs to run it whole"
+            )
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.total)
         result = super().run_node(n)
         if n.op == "call_function":
             peak = 0.0
@@ -267,11 +378,20 @@ class _RangeRecorder(torch.fx.Interpreter):
 
 
 def _overflowing_nodes(
-    ep: ExportedProgram, sample_args: Sequence[Any], limit: float
+    ep: ExportedProgram,
+    sample_args: Sequence[Any],
+    limit: float,
+    budget: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[torch.fx.Node]:
-    """The nodes whose float32 values on ``sample_args`` exceed ``limit``, in graph order."""
+    """The nodes whose float32 values on ``sample_args`` exceed ``limit``, in graph order.
+
+    With a ``budget`` (the default check), inputs that do not fit the program and a run
+    longer than ``budget`` seconds raise :class:`_Unchecked`."""
     flat = pytree.tree_leaves(tuple(sample_args))
     user = [s for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    if len(flat) != len(user) and budget is not None:
+        raise _Unchecked(f"{len(flat)} example input value(s) for {len(user)} program input(s)")
     if len(flat) != len(user):
         raise ValueError(
             f"check_range: the program takes {len(user)} input value(s) "
@@ -285,7 +405,7 @@ def _overflowing_nodes(
         else:
             source = ep.state_dict if spec.target in ep.state_dict else ep.constants
             values.append(source[spec.target])
-    recorder = _RangeRecorder(ep.graph_module)
+    recorder = _RangeRecorder(ep.graph_module, budget, progress)
     with torch.no_grad():
         recorder.run(*values)
     derived = _weight_derived(ep)  # weights (and their layout changes): checked as weights

@@ -160,8 +160,10 @@ def unsupported_op_error(
         "Register a lowering for each of them on the converter before calling to_coreai():",
         f'    @converter.register_torch_lowering("{example}"{override})',
         "    def lower(values_map, node, loc):",
-        "        x = coreai_torch._utils.get_operand(values_map, node, 0, loc)",
+        "        x = coreai_torch.lowerings.get_operand(values_map, node, 0, loc)",
         "        return ...  # a Core AI value (or a list of values for multi-output ops)",
+        "(with bind=True it takes the op's arguments by name instead, like the built-in "
+        "lowerings: def lower(cx, x, ...); see docs/extending.md)",
     ]
     return UnsupportedOpError("\n".join(lines), ops=missing)
 

@@ -34,8 +34,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from coreai_torch._mlir import ca
 from coreai_torch.errors import AssetNotFoundError, InvalidAssetError
-from coreai_torch.ir.bytecode import MAGIC, BytecodeFormatError, resource_entries
+from coreai_torch.ir.bytecode import (
+    EMPTY_BLOB,
+    MAGIC,
+    BytecodeFormatError,
+    encode_varint,
+    resource_entries,
+    with_empty_blobs,
+)
 
 #: the files of an asset written by ``save_asset``
 BYTECODE_FILE = "main.mlirb"
@@ -253,10 +261,14 @@ def check_bytecode_layout(path: Path) -> list[tuple[int, int]]:
     entries matching their offset table, nothing after the last section.  Reads only the
     framing (a few KB for a multi-GB file).  Returns the ``(offset, size)`` of each weight
     blob's data."""
-    size = path.stat().st_size
+    return _read_framing(path, _check_layout)
+
+
+def _read_framing(path: Path, read: Callable[[_Reader], Any]) -> Any:
+    """``read`` on the bytecode file ``path``; a malformed file is an :class:`InvalidAssetError`."""
     try:
         with open(path, "rb") as file:
-            return _check_layout(_Reader(file, size))
+            return read(_Reader(file, path.stat().st_size))
     except BytecodeFormatError as error:
         raise InvalidAssetError(
             f"{path} is not a readable Core AI program: {error}; the asset is damaged, save "
@@ -264,13 +276,17 @@ def check_bytecode_layout(path: Path) -> list[tuple[int, int]]:
         ) from error
 
 
-def _check_layout(reader: _Reader) -> list[tuple[int, int]]:
+def _read_header(reader: _Reader) -> None:
     if reader.read(min(len(MAGIC), reader.size), "the header") != MAGIC:
         raise BytecodeFormatError("no MLIR bytecode header ('ML\\xefR')")
     reader.varint("the bytecode version")
     while reader.read(1, "the producer name") != b"\0":
         if reader.position > 256:
             raise BytecodeFormatError("the producer name does not end")
+
+
+def _check_layout(reader: _Reader) -> list[tuple[int, int]]:
+    _read_header(reader)
     seen: set[int] = set()
     entries: list[tuple[int, int]] | None = None
     blobs: list[tuple[int, int]] = []
@@ -337,6 +353,76 @@ def _check_resources(
             f"section is {length}"
         )
     return blobs
+
+
+def weightless_bytecode(path: str | os.PathLike[str]) -> bytes:
+    """The asset's program bytecode (``path`` is its ``main.mlirb``) with every weight blob
+    emptied: a few KB that describe the same functions, inputs, outputs and states, read
+    without reading the weights (coreai-core's ``summary()`` of the asset itself holds the
+    whole file in memory)."""
+    return _read_framing(Path(path), _weightless)
+
+
+def _weightless(reader: _Reader) -> bytes:
+    _read_header(reader)
+    header_end = reader.position
+    reader.position = 0
+    out = bytearray(reader.read(header_end, "the header"))
+    entries: list[tuple[int, int]] | None = None
+    while reader.position < reader.size:
+        code = reader.read(1, "a section id")[0]
+        section = code & 0x7F
+        name = f"section {section}"
+        length = reader.varint(name)
+        if code & 0x80:
+            reader.align(reader.varint(name), name)
+        if section == _RESOURCE_OFFSET:
+            body = reader.read(length, name)
+            try:
+                entries = resource_entries(body)
+            except IndexError as error:
+                raise BytecodeFormatError(f"{name} does not parse") from error
+            body = with_empty_blobs(body)
+        elif section == _RESOURCE:
+            if entries is None:
+                raise BytecodeFormatError("the resource section comes before its offsets")
+            parts = []
+            for kind, entry_size in entries:
+                if kind == 0 and entry_size:
+                    reader.skip(entry_size, "a weight blob")
+                    parts.append(EMPTY_BLOB)
+                else:
+                    parts.append(reader.read(entry_size, "a resource entry"))
+            body = b"".join(parts)
+        else:
+            body = reader.read(length, name)
+        out += bytes([section]) + encode_varint(len(body)) + body  # sections unaligned
+    return bytes(out)
+
+
+def structure_summary(path: str | os.PathLike[str]) -> Any:
+    """coreai-core's ``AIModelAssetSummary`` (functions and their inputs, outputs and states,
+    without statistics) of the asset directory ``path``, read from its
+    :func:`weightless_bytecode` (memory: a few KB, not the asset's size)."""
+    root = Path(path)
+    bytecode = root / BYTECODE_FILE
+    if not bytecode.is_file():
+        raise InvalidAssetError(
+            f"{root} has no {BYTECODE_FILE}: not a Core AI asset written by "
+            "save_asset (a compiled .aimodelc cannot be read here)"
+        )
+    skeleton = weightless_bytecode(bytecode)
+    with tempfile.TemporaryDirectory(prefix="coreai_torch_structure_") as tmp:
+        copy = Path(tmp) / "structure.aimodel"
+        copy.mkdir()
+        (copy / BYTECODE_FILE).write_bytes(skeleton)
+        (copy / METADATA_FILE).write_text('{"assetVersion": "2.0"}')
+        try:
+            return ca.AIModelAsset.load(copy).summary(include_statistics=False)
+        except RuntimeError as error:
+            raise InvalidAssetError(
+                f"{root}: coreai-core cannot read the program's structure ({error})"
+            ) from error
 
 
 # ----------------------------------------------------------------- compiling in a child ---

@@ -80,6 +80,39 @@ def _decode_varint(data: bytes, offset: int) -> tuple[int, int]:
     return int.from_bytes(data[offset : offset + length], "little") >> length, offset + length
 
 
+def encode_varint(value: int) -> bytes:
+    """``value`` as an MLIR bytecode prefix varint (the inverse of the readers here)."""
+    for length in range(1, 9):
+        if value < 1 << (7 * length):
+            return ((value << length) | (1 << (length - 1))).to_bytes(length, "little")
+    return b"\0" + value.to_bytes(8, "little")
+
+
+#: a blob entry holding no data (alignment 1, size 0)
+EMPTY_BLOB = encode_varint(1) + encode_varint(0)
+
+
+def with_empty_blobs(section: bytes) -> bytes:
+    """The resource offset section ``section`` rewritten for a resource section in which every
+    blob entry is :data:`EMPTY_BLOB` (the other entries unchanged)."""
+    out = bytearray()
+    offset = 0
+    groups, offset = _decode_varint(section, offset)
+    out += encode_varint(groups)
+    while offset < len(section):
+        key, offset = _decode_varint(section, offset)
+        count, offset = _decode_varint(section, offset)
+        out += encode_varint(key) + encode_varint(count)
+        for _ in range(count):
+            name, offset = _decode_varint(section, offset)
+            size, offset = _decode_varint(section, offset)
+            kind = section[offset]
+            offset += 1
+            size = len(EMPTY_BLOB) if kind == _BLOB_KIND and size else size
+            out += encode_varint(name) + encode_varint(size) + bytes([kind])
+    return bytes(out)
+
+
 def resource_entries(section: bytes) -> list[tuple[int, int]]:
     """``(kind, size)`` of every resource entry, in the order of the resource section."""
     entries = []

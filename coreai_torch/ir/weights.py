@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import io
 import itertools
 import mmap
 import os
@@ -71,6 +72,50 @@ def resource_name(op: ir.Operation) -> str | None:
         return None
     match = _RESOURCE.match(str(value))
     return match[1] if match else None
+
+
+class _BytesSource:
+    """An in-memory :class:`~coreai_torch.ir.bytecode.Source`."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.position = memoryview(data), 0
+
+    def peek(self, count: int) -> bytes:
+        return bytes(self.data[self.position : self.position + count])
+
+    def take(self, count: int) -> bytes:
+        out = self.peek(count)
+        self.position += count
+        return out
+
+    def copy(self, count: int) -> None:
+        self.position += count
+
+    def at_end(self) -> bool:
+        return self.position >= len(self.data)
+
+
+def resource_tensor(op: ir.Operation) -> torch.Tensor:
+    """A copy of the data of a ``coreai.constant dense_resource<...>`` (one Core AI made, say,
+    which no store holds), read from the bytecode of a module holding only that constant."""
+    from coreai_torch.ir.bytecode import rewrite_blobs
+
+    with op.context, ir.Location.unknown():
+        holder = ir.Module.create()
+        with ir.InsertionPoint(holder.body):
+            op.clone()
+        stream = io.BytesIO()
+        holder.operation.write_bytecode(stream)
+    blobs: list[bytes] = []
+
+    def keep(source: Any, size: int) -> bool:
+        blobs.append(source.take(size))
+        return True
+
+    rewrite_blobs(_BytesSource(stream.getvalue()), keep)
+    tensor_type = ir.RankedTensorType(op.result.type)
+    dtype = dtypes.to_torch(tensor_type.element_type)
+    return torch.frombuffer(bytearray(blobs[0]), dtype=dtype).reshape(list(tensor_type.shape))
 
 
 def referenced_resources(module: ir.Module) -> set[str]:
@@ -396,6 +441,9 @@ class WeightStore:
         self._recipe_count = 0
         #: programs holding constants of this store (see :meth:`share_with`)
         self._users: weakref.WeakSet[ModuleHolder] = weakref.WeakSet()
+        #: resource name of a weight ``optimize()`` computed from another -> the other's
+        #: (:mod:`coreai_torch.passes.folded_weights`)
+        self.folded: dict[str, str] = {}
 
     @staticmethod
     def _key(tensor: torch.Tensor) -> tuple:

@@ -11,15 +11,18 @@ import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.ir.values import Scalar, cast, dtype_of
-from coreai_torch.lowerings.elementwise import (
+from coreai_torch.lowerings.helpers.arithmetic import (
     clamp_values,
-    const_like,
     gt,
     le,
     neg_values,
 )
+from coreai_torch.lowerings.helpers.float_math import (
+    expm1_values,
+    log1p_values,
+)
+from coreai_torch.lowerings.helpers.operands import const_like
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.lowerings.unary import expm1_values, log1p_values
 
 
 def _where_positive(x: ir.Value, positive: ir.Value, other: ir.Value) -> ir.Value:

@@ -2,7 +2,7 @@
 (``airy_ai_forward`` in ``aten/src/ATen/native/Math.h``, after Cephes): NaN at ±inf, 0 above
 103.892, the oscillating asymptotic form below -2.09, the decaying one from 2.09 (used
 from there on), and between them the Maclaurin series summed until a term is below the
-dtype's epsilon relative to the sum (an elementwise loop, ``common.elementwise_loop``).
+dtype's epsilon relative to the sum (an elementwise loop, ``helpers.loops.elementwise_loop``).
 16-bit floats compute in float32.
 """
 
@@ -26,10 +26,11 @@ from coreai_torch.ir.values import (
     pick,
     sub,
 )
-from coreai_torch.lowerings.common import elementwise_loop
-from coreai_torch.lowerings.elementwise import isinf_values, opmath
+from coreai_torch.lowerings.helpers.arithmetic import isinf_values
+from coreai_torch.lowerings.helpers.float_math import polynomial
+from coreai_torch.lowerings.helpers.loops import elementwise_loop
+from coreai_torch.lowerings.helpers.operands import opmath
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.lowerings.unary import polynomial
 
 _AN = [3.46538101525629032477e-01, 1.20075952739645805542e01, 7.62796053615234516538e01,
        1.68089224934630576269e02, 1.59756391350164413639e02, 7.05360906840444183113e01,

@@ -27,9 +27,9 @@ from coreai_torch.ir.values import (
     transpose,
     unsqueeze,
 )
-from coreai_torch.lowerings.accumulation import accumulation_dtype
-from coreai_torch.lowerings.common import aten_composite
-from coreai_torch.lowerings.elementwise import neg_values
+from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
+from coreai_torch.lowerings.helpers.arithmetic import neg_values
+from coreai_torch.lowerings.helpers.composite import aten_composite
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
@@ -90,7 +90,7 @@ def attention_values(
     Batch dimensions broadcast (``q`` and ``k``/``v`` may differ in rank); rows that the mask
     hides completely give zeros, as in PyTorch (not NaN).  16-bit operands are computed in
     float32 and the result rounded once, like ATen's CPU kernels (unless the conversion
-    asks for 16-bit products: :mod:`coreai_torch.lowerings.accumulation`).
+    asks for 16-bit products: :mod:`coreai_torch.lowerings.helpers.accumulation`).
     """
     result_dtype = dtype_of(q)
     dtype = accumulation_dtype(cx, result_dtype)

@@ -25,18 +25,20 @@ from coreai_torch.ir.values import (
     shape_of,
     transpose,
 )
-from coreai_torch.lowerings.common import uint64_bits
-from coreai_torch.lowerings.elementwise import (
-    Operand,
-    const_like,
+from coreai_torch.lowerings.helpers.arithmetic import (
     gt,
     isnan_values,
-    operand,
     signbit_values,
 )
-from coreai_torch.lowerings.layout import slice_axis
+from coreai_torch.lowerings.helpers.float_math import frexp_parts
+from coreai_torch.lowerings.helpers.layout import slice_axis
+from coreai_torch.lowerings.helpers.operands import (
+    Operand,
+    const_like,
+    operand,
+    uint64_bits,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.lowerings.special import frexp_parts
 
 
 def _operands(cx: LoweringContext, a: Operand, b: Operand) -> tuple[ir.Value, ir.Value]:

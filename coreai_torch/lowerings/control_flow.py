@@ -30,8 +30,8 @@ from coreai_torch._mlir import cai, ir
 from coreai_torch.errors import ConversionError, UnsupportedOpError
 from coreai_torch.ir.values import cast, dim_size, dtype_of, filled_dynamic, index_value, rank_of
 from coreai_torch.locations import describe
+from coreai_torch.lowerings.helpers.operands import sym_scalar
 from coreai_torch.lowerings.registry import raw_lowering
-from coreai_torch.lowerings.symbolic import sym_scalar
 
 # ------------------------------------------------------------------------------ helpers ----
 

@@ -23,7 +23,7 @@ from coreai_torch.ir.values import (
     u32,
     unsqueeze,
 )
-from coreai_torch.lowerings.layout import (
+from coreai_torch.lowerings.helpers.layout import (
     contract_axis,
     flatten_window_gather,
     lowest,

@@ -36,7 +36,7 @@ from coreai_torch._mlir import cai, ir
 from coreai_torch.frontend.schema import bind_arguments
 from coreai_torch.ir import compressed
 from coreai_torch.ir.values import cast, reshape, shape_of
-from coreai_torch.lowerings.quantized import emit_compressed, weight_tensor
+from coreai_torch.lowerings.helpers.weights import emit_compressed, weight_tensor
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 _FLOAT4 = torch.float4_e2m1fn_x2

@@ -4,9 +4,6 @@ time from PyTorch's own values, so it matches eager bit for bit."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
@@ -16,7 +13,6 @@ from coreai_torch.ir.values import (
     as_value,
     broadcast_to,
     cast,
-    constant,
     dim_size,
     filled_dynamic,
     is_symbolic,
@@ -24,21 +20,8 @@ from coreai_torch.ir.values import (
     refine,
     reshape,
 )
-from coreai_torch.lowerings.layout import static_out_shape
+from coreai_torch.lowerings.helpers.layout import filled, static_out_shape, tensor_constant
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-
-
-def filled(shape: Sequence[int], value: Scalar, dtype: torch.dtype) -> ir.Value:
-    """A constant tensor of ``shape`` filled with ``value`` (stored as a splat)."""
-    scalar = torch.tensor(value).to(dtype)  # PyTorch's own conversion (wrapping, rounding)
-    return tensor_constant(scalar.expand(list(shape)))
-
-
-def tensor_constant(values: torch.Tensor) -> ir.Value:
-    """A constant holding a (small) torch tensor, in its dtype."""
-    if values.dtype == torch.bfloat16:
-        return cai.constant(np.array(values.float().numpy()), dtype=ir.BF16Type.get())
-    return constant(np.array(values.numpy()), values.dtype)
 
 
 @lowering(

@@ -11,30 +11,14 @@ import numpy as np
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.ir.values import cast, dim_size, dtype_of, i32, normalize_dim, rank_of
-from coreai_torch.lowerings.elementwise import const_like, isnan_values, opmath
-from coreai_torch.lowerings.reduction import reduce
+from coreai_torch.ir.values import cast, dtype_of, normalize_dim, rank_of
+from coreai_torch.lowerings.helpers.arithmetic import isnan_values
+from coreai_torch.lowerings.helpers.operands import (
+    const_like,
+    opmath,
+)
+from coreai_torch.lowerings.helpers.reductions import positions, reduce, scan
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-
-
-def scan(x: ir.Value, axis: int, combiner: str, *, reverse: bool = False) -> ir.Value:
-    """Inclusive scan of ``x`` along ``axis`` with ``combiner`` (sum/product/min/max)."""
-    return cai.scan(x, np.uint32(axis), reverse, combiner)
-
-
-def positions(x: ir.Value, axis: int) -> ir.Value:
-    """0, 1, ... along ``axis`` as int64, shaped to broadcast against ``x``."""
-    rank = rank_of(x)
-    size = dim_size(x, axis)
-    if isinstance(size, int):
-        iota = cai.constant(np.arange(size, dtype=np.int64))
-    else:
-        stop = cast(size, torch.int64)
-        iota = cai.range_(cai.constant(np.int64(0)), stop, cai.constant(np.int64(1)))
-    trailing = rank - 1 - axis
-    if trailing == 0:
-        return iota
-    return cai.reshape(iota, i32([-1] + [1] * trailing))
 
 
 def _cumulative(cx: LoweringContext, x: ir.Value, dim: int, combiner: str) -> ir.Value:

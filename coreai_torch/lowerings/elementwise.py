@@ -24,183 +24,41 @@ the ``-1`` results are computed separately (``x // -1 == -x`` wrapping like PyTo
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeAlias
 
 import torch
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
-from coreai_torch.ir.values import Scalar, cast, constant, dtype_of, numel
-from coreai_torch.lowerings.common import result_dtype
+from coreai_torch.ir.values import Scalar, cast, constant, dtype_of
+from coreai_torch.lowerings.helpers.arithmetic import (
+    all_false,
+    ceil_values,
+    clamp_values,
+    floor_values,
+    full_like,
+    ge,
+    gt,
+    isinf_values,
+    isnan_values,
+    le,
+    lt,
+    neg_values,
+    select,
+    sign_values,
+    signbit_values,
+    to_bool,
+    trunc_values,
+)
+from coreai_torch.lowerings.helpers.operands import (
+    Operand,
+    const_like,
+    is_float_value,
+    is_value,
+    operand,
+    opmath,
+    result_dtype,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.lowerings.shape import wrap_integer as wrap_integer
-
-Operand: TypeAlias = ir.Value | Scalar
-
-# ------------------------------------------------------------------------------- helpers ---
-
-
-def is_value(x: object) -> bool:
-    return isinstance(x, ir.Value)
-
-
-def operand(x: Operand, dtype: torch.dtype) -> ir.Value:
-    """``x`` converted to ``dtype`` like PyTorch converts operands: integers wrap around
-    (``uint8_tensor + (-3)`` adds 253), where Core AI's cast would saturate."""
-    if isinstance(x, ir.Value):
-        return cast(wrap_integer(x, dtype), dtype)
-    if isinstance(x, int) and not isinstance(x, bool) and dtypes.is_integer(dtype):
-        info = torch.iinfo(dtype)
-        x = (x - info.min) % (info.max - info.min + 1) + info.min
-    return constant(x, dtype)
-
-
-#: Largest intermediate (in elements) that the pairwise formulations (mode, histc, bucketize,
-#: searchsorted, cdist) may build; beyond it they are rejected instead of exhausting memory.
-PAIRWISE_LIMIT = 2**26
-
-
-def check_size(cx: LoweringContext, value: ir.Value, what: str) -> ir.Value:
-    """``value``, after checking that its static size is within :data:`PAIRWISE_LIMIT`."""
-    size = numel(value)
-    if size is not None and size > PAIRWISE_LIMIT:
-        raise cx.unsupported(
-            f"{what} would build an intermediate of {size} elements (limit {PAIRWISE_LIMIT})"
-        )
-    return value
-
-
-def const_like(value: Scalar, like: ir.Value) -> ir.Value:
-    """A 0-d constant with the element type of ``like``."""
-    return constant(value, dtype_of(like))
-
-
-def to_bool(x: Operand) -> ir.Value:
-    """PyTorch's truthiness: nonzero (NaN included) is true."""
-    if is_value(x):
-        if dtype_of(x) == torch.bool:
-            return x
-        return cai.broadcasting_not_equal(x, const_like(0, x))
-    return constant(bool(x), torch.bool)
-
-
-def all_false(x: ir.Value) -> ir.Value:
-    """A bool tensor of ``x``'s shape (static or dynamic) filled with ``False``."""
-    if is_float_value(x):
-        return cai.broadcasting_greater(x, x)  # false even for NaN, unlike x != x
-    return cai.broadcasting_not_equal(x, x)
-
-
-def full_like(x: ir.Value, value: Scalar, dtype: torch.dtype | None = None) -> ir.Value:
-    """A tensor of ``x``'s shape (static or dynamic) filled with ``value``."""
-    fill = constant(value, dtype or dtype_of(x))
-    return cai.broadcasting_where(all_false(x), fill, fill)
-
-
-def is_float_value(x: ir.Value) -> bool:
-    return dtype_of(x).is_floating_point
-
-
-def numeric(x: ir.Value) -> ir.Value:
-    """Bool values as uint8 (Core AI's numeric ops reject ``i1``); others unchanged."""
-    return cast(x, torch.uint8) if dtype_of(x) == torch.bool else x
-
-
-def select(cond: ir.Value, a: Operand, b: Operand, like: ir.Value) -> ir.Value:
-    """``where(cond, a, b)`` with scalars converted to ``like``'s dtype."""
-    dtype = dtype_of(like)
-    return cai.broadcasting_where(cond, operand(a, dtype), operand(b, dtype))
-
-
-def gt(a: ir.Value, b: ir.Value) -> ir.Value:
-    return cai.broadcasting_greater(numeric(a), numeric(b))
-
-
-def lt(a: ir.Value, b: ir.Value) -> ir.Value:
-    return gt(b, a)
-
-
-def ge(a: ir.Value, b: ir.Value) -> ir.Value:
-    return cai.broadcasting_or(gt(a, b), cai.broadcasting_equal(a, b))
-
-
-def le(a: ir.Value, b: ir.Value) -> ir.Value:
-    return ge(b, a)
-
-
-def isnan_values(x: ir.Value) -> ir.Value:
-    if not is_float_value(x):
-        return all_false(x)
-    return cai.broadcasting_not_equal(x, x)
-
-
-def isinf_values(x: ir.Value) -> ir.Value:
-    if not is_float_value(x):
-        return all_false(x)
-    return cai.broadcasting_equal(cai.abs_(x), const_like(float("inf"), x))
-
-
-def signbit_values(x: ir.Value) -> ir.Value:
-    """``x < 0``, true for ``-0.0`` too (through ``1 / -0.0 == -inf``)."""
-    dtype = dtype_of(x)
-    if dtype == torch.bool or (dtypes.is_integer(dtype) and not dtype.is_signed):
-        return all_false(x)
-    zero = const_like(0, x)
-    negative = cai.broadcasting_greater(zero, x)
-    if not dtype.is_floating_point:
-        return negative
-    negative_zero = cai.broadcasting_and(
-        cai.broadcasting_equal(x, zero),
-        cai.broadcasting_greater(zero, cai.broadcasting_divide(const_like(1.0, x), x)),
-    )
-    return cai.broadcasting_or(negative, negative_zero)
-
-
-def sign_values(x: ir.Value) -> ir.Value:
-    """-1, 0 or 1 (0 for NaN, like PyTorch)."""
-    if dtype_of(x) == torch.bool:
-        return x
-    zero = const_like(0, x)
-    dtype = dtype_of(x)
-    pos = cast(cai.broadcasting_greater(x, zero), dtype)
-    if dtypes.is_integer(dtype) and not dtype.is_signed:
-        return pos
-    return cai.broadcasting_sub(pos, cast(cai.broadcasting_greater(zero, x), dtype))
-
-
-def neg_values(x: ir.Value) -> ir.Value:
-    return cai.broadcasting_sub(const_like(0, x), x)
-
-
-# ------------------------------------------------------------------------------- rounding --
-# Core AI has round-half-even but no floor/ceil; they are derived from ``round`` so that
-# infinities, NaN, -0.0 and values beyond 2**23 come out exactly like PyTorch's.
-
-
-def _round_toward(x: ir.Value, up: bool) -> ir.Value:
-    if not is_float_value(x):
-        return x
-    r = cai.round_(x)
-    overshoot = cai.broadcasting_greater(x, r) if up else cai.broadcasting_greater(r, x)
-    step = const_like(1.0 if up else -1.0, x)
-    return cai.broadcasting_where(overshoot, cai.broadcasting_add(r, step), r)
-
-
-def floor_values(x: ir.Value) -> ir.Value:
-    return _round_toward(x, False)
-
-
-def ceil_values(x: ir.Value) -> ir.Value:
-    return _round_toward(x, True)
-
-
-def trunc_values(x: ir.Value) -> ir.Value:
-    if not is_float_value(x):
-        return x
-    return cai.broadcasting_where(
-        cai.broadcasting_greater(const_like(0.0, x), x), ceil_values(x), floor_values(x)
-    )
-
 
 # ------------------------------------------------------------------------------- division --
 
@@ -321,11 +179,6 @@ def trunc_divide_values(a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 # ------------------------------------------------------------------------------ arithmetic --
-
-
-def opmath(dtype: torch.dtype) -> torch.dtype:
-    """The dtype PyTorch computes multi-step float formulas in (float32 for 16-bit floats)."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def _operands(
@@ -587,22 +440,6 @@ def fmax(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
 @lowering("aten::fmin.default")
 def fmin(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
     return _nan_ignoring(cx, self, other, False)
-
-
-def clamp_values(x: ir.Value, lo: Operand | None, hi: Operand | None) -> ir.Value:
-    """``min(max(x, lo), hi)`` (NaN propagates, ``lo > hi`` gives ``hi``, like PyTorch)."""
-    dtype = dtype_of(x)
-    if dtype == torch.bool:
-        if lo is not None:
-            x = cai.broadcasting_or(x, operand(lo, dtype))
-        if hi is not None:
-            x = cai.broadcasting_and(x, operand(hi, dtype))
-        return x
-    if lo is not None:
-        x = cai.broadcasting_maximum(x, operand(lo, dtype))
-    if hi is not None:
-        x = cai.broadcasting_minimum(x, operand(hi, dtype))
-    return x
 
 
 @lowering("aten::clamp.default", "aten::clamp.Tensor", "aten::clip.default", "aten::clip.Tensor")

@@ -41,8 +41,12 @@ from coreai_torch.ir.values import (
     sub,
     unsqueeze,
 )
-from coreai_torch.lowerings.elementwise import PAIRWISE_LIMIT, ge, le
-from coreai_torch.lowerings.layout import slice_axis
+from coreai_torch.lowerings.helpers.arithmetic import (
+    ge,
+    le,
+)
+from coreai_torch.lowerings.helpers.layout import slice_axis
+from coreai_torch.lowerings.helpers.reductions import PAIRWISE_LIMIT
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 # ------------------------------------------------------------------------------- edges ----

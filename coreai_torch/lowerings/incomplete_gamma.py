@@ -9,7 +9,7 @@
   continued fraction of Q (DLMF 8.9.2), each ``1 -`` the other function where ATen does so.
 
 Every element takes one path; the iterative ones (series, continued fraction) run as
-elementwise loops (``common.elementwise_loop``) over the elements that need them, with
+elementwise loops (``helpers.loops.elementwise_loop``) over the elements that need them, with
 ATen's stopping rules and iteration limit.  Computed in float32 for 16-bit inputs.
 """
 
@@ -39,14 +39,23 @@ from coreai_torch.ir.values import (
     sub,
     unsqueeze,
 )
-from coreai_torch.lowerings.common import elementwise_loop
-from coreai_torch.lowerings.cumulative import scan
-from coreai_torch.lowerings.elementwise import Operand, isinf_values, operand, opmath
-from coreai_torch.lowerings.layout import slice_axis
-from coreai_torch.lowerings.linalg import batched_matmul
+from coreai_torch.lowerings.helpers.arithmetic import isinf_values
+from coreai_torch.lowerings.helpers.float_math import (
+    erfc_values,
+    expm1_values,
+    lgamma_values,
+    log1p_values,
+)
+from coreai_torch.lowerings.helpers.layout import slice_axis
+from coreai_torch.lowerings.helpers.loops import elementwise_loop
+from coreai_torch.lowerings.helpers.matrices import batched_matmul
+from coreai_torch.lowerings.helpers.operands import (
+    Operand,
+    operand,
+    opmath,
+)
+from coreai_torch.lowerings.helpers.reductions import scan
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.lowerings.special import lgamma_values
-from coreai_torch.lowerings.unary import erfc_values, expm1_values, log1p_values
 
 MAXITER = 2000
 _LANCZOS_G = 6.024680040776729583740234375

@@ -12,9 +12,7 @@ from coreai_torch._mlir import cai, ir
 from coreai_torch.frontend.sizes import flows_only_to_outputs
 from coreai_torch.ir.values import (
     Scalar,
-    Size,
     as_value,
-    broadcast_dynamic,
     broadcast_to,
     cast,
     constant,
@@ -25,89 +23,19 @@ from coreai_torch.ir.values import (
     rank_of,
     reshape,
     shape_of,
-    squeeze,
     transpose,
     unsqueeze,
 )
-from coreai_torch.lowerings.layout import slice_region, static_shape, take_values
+from coreai_torch.lowerings.helpers.layout import (
+    broadcast_sizes,
+    index_layout,
+    result_permutation,
+    slice_region,
+    stacked_indices,
+    static_shape,
+    take_values,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-
-
-def index_layout(
-    cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None]
-) -> tuple[list[int], list[int | None], list[int]]:
-    """Positions of the index tensors, their broadcast shape (``None`` for dynamic dims) and
-    the permutation that moves the indexed dims first (in order) — shared by ``index`` and
-    ``index_put``."""
-    positions = [i for i, ix in enumerate(indices) if ix is not None]
-    for i in positions:
-        if dtype_of(indices[i]) in (torch.bool, torch.uint8):
-            raise cx.unsupported(
-                "indexing with a boolean mask gives a data-dependent shape, which Core AI "
-                "programs cannot express; use torch.where(mask, x, other) or a fixed-size "
-                "index tensor instead"
-            )
-    bshape = broadcast_shape([shape_of(indices[i]) for i in positions])
-    perm = positions + [d for d in range(rank_of(self)) if d not in positions]
-    return positions, bshape, perm
-
-
-def broadcast_shape(shapes: Sequence[Sequence[int | None]]) -> list[int | None]:
-    """NumPy broadcasting of shapes whose dims may be dynamic (``None``): a dim is static when
-    some operand has a static size other than 1 there, or when every operand has 1."""
-    rank = max((len(s) for s in shapes), default=0)
-    out: list[int | None] = []
-    for axis in range(rank):
-        dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
-        sized = [d for d in dims if d is not None and d != 1]
-        out.append(sized[0] if sized else (1 if None not in dims else None))
-    return out
-
-
-def broadcast_sizes(
-    indices: Sequence[ir.Value | None], positions: Sequence[int], bshape: Sequence[int | None]
-) -> list[Size]:
-    """The broadcast shape of the index tensors as sizes: ints, and 0-d si32 values computed
-    on the runtime from the index tensors' shapes for dynamic dims."""
-    if None not in bshape:
-        return [int(d) for d in bshape]
-    target = None
-    for p in positions:
-        shape = cai.get_shape(indices[p])
-        target = shape if target is None else cai.broadcast_shapes(target, shape)
-    target = cai.cast(target, np.int32)
-    return [
-        d if d is not None else squeeze(cai.slice_(target, i32([i]), i32([i + 1]), i32([1])), [0])
-        for i, d in enumerate(bshape)
-    ]
-
-
-def stacked_indices(
-    indices: Sequence[ir.Value | None],
-    positions: Sequence[int],
-    sizes: Sequence[Size],
-    bshape: Sequence[int | None],
-) -> ir.Value:
-    """The index tensors broadcast to ``sizes`` (static dims ``bshape``) and stacked on a new
-    last dim (si32)."""
-    k = len(bshape)
-    stacked = [
-        unsqueeze(broadcast_dynamic(cast(indices[p], torch.int32), sizes, bshape), [k])
-        for p in positions
-    ]
-    return stacked[0] if len(stacked) == 1 else cai.concat(i32(k), stacked)
-
-
-def result_permutation(positions: Sequence[int], nb: int, rank: int) -> list[int]:
-    """Permutation from the gathered ``(broadcast dims, remaining dims)`` layout to PyTorch's.
-
-    PyTorch puts the broadcast dims where the first indexed dim was when the index tensors
-    are adjacent, and first otherwise.
-    """
-    adjacent = list(positions) == list(range(positions[0], positions[-1] + 1))
-    first = positions[0] if adjacent else 0
-    rest = rank - len(positions)
-    return list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, nb + rest))
 
 
 @lowering("aten::index.Tensor", "aten::_unsafe_index.Tensor")

@@ -3,7 +3,7 @@
 packed factor and ``info`` match PyTorch's (the pivot choices were checked against PyTorch's
 LAPACK on random and sparse symmetric matrices up to 100 x 100).
 
-Like the LU factorization in ``linalg.py`` the algorithm is unrolled over the (static)
+Like the LU factorization in ``lu.py`` the algorithm is unrolled over the (static)
 matrix size, one step per column, vectorised over the batch.  Where LAPACK's step size
 depends on the data (a 1x1 or a 2x2 pivot), every column position is visited and a batch
 element whose previous step took a 2x2 pivot skips it.  Row/column interchanges are
@@ -39,8 +39,8 @@ from coreai_torch.ir.values import (
     sub,
     swap_last_axes,
 )
-from coreai_torch.lowerings.elementwise import ge
-from coreai_torch.lowerings.layout import slice_axis
+from coreai_torch.lowerings.helpers.arithmetic import ge
+from coreai_torch.lowerings.helpers.layout import slice_axis
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 # ------------------------------------------------------------------------------ helpers ---

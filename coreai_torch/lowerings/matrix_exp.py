@@ -9,7 +9,7 @@ and scaling and squaring for larger norms.
 * Several matrices: every one takes the ``T₁₈`` scaling-and-squaring path (ATen does too).
 
 The squarings run in one ``coreai.while`` over the batch, each matrix stopping after its own
-``s`` (``common.elementwise_loop``).  1x1 matrices are ``exp``.  float16/bfloat16 compute in
+``s`` (``helpers.loops.elementwise_loop``).  1x1 matrices are ``exp``.  float16/bfloat16 compute in
 float32 and round once (PyTorch's own CPU kernel overflows there).
 """
 
@@ -37,8 +37,9 @@ from coreai_torch.ir.values import (
     reshape,
     shape_of,
 )
-from coreai_torch.lowerings.common import elementwise_loop
-from coreai_torch.lowerings.elementwise import ceil_values
+from coreai_torch.lowerings.helpers.arithmetic import ceil_values
+from coreai_torch.lowerings.helpers.loops import elementwise_loop
+from coreai_torch.lowerings.helpers.matrices import matrix_product
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 #: θ for degrees 1, 2, 4, 8, 12, 18 (float32, float64)
@@ -74,10 +75,6 @@ _T18 = [
 SQUARING_LIMIT = 1100
 
 
-def _mm(a: ir.Value, b: ir.Value) -> ir.Value:
-    return cai.batch_matmul(a, b)
-
-
 def _combination(matrices: list[ir.Value], coefficients: list[float]) -> ir.Value:
     """``Σ cᵢ Mᵢ`` with every term kept (a zero coefficient still multiplies, like ATen)."""
     out = mul(matrices[0], coefficients[0])
@@ -91,11 +88,11 @@ def _powers(a: ir.Value, count: int) -> list[ir.Value]:
     n = shape_of(a)[-1]
     out = [constant(np.eye(n), dtype_of(a)), a]
     if count > 2:
-        out.append(_mm(a, a))
+        out.append(matrix_product(a, a))
     if count > 3:
-        out.append(_mm(a, out[2]))
+        out.append(matrix_product(a, out[2]))
     if count > 4:
-        out.append(_mm(out[3], out[3]))
+        out.append(matrix_product(out[3], out[3]))
     return out
 
 
@@ -109,7 +106,7 @@ def taylor(a: ir.Value, degree: int) -> ir.Value:
         return add(add(i, a1), div(a2, 2.0))
     if degree == 4:
         i, a1, a2 = _powers(a, 3)
-        a4 = _mm(a2, _combination([i, a1, a2], [1 / 2.0, 1 / 6.0, 1 / 24.0]))
+        a4 = matrix_product(a2, _combination([i, a1, a2], [1 / 2.0, 1 / 6.0, 1 / 24.0]))
         return _combination([i, a1, a2, a4], [1.0, 1.0, 0.0, 1.0])
     if degree == 8:
         s = 0.1330413469565007072504e2
@@ -121,18 +118,20 @@ def taylor(a: ir.Value, degree: int) -> ir.Value:
         x7 = (89.0 - s) / (5040.0 * x3)
         y2 = (857.0 - 58.0 * s) / 630.0
         i, a1, a2 = _powers(a, 3)
-        a4 = _mm(a2, _combination([a1, a2], [x1, x2]))
-        a8 = _mm(_combination([a2, a4], [x3, 1.0]), _combination([i, a1, a2, a4], [x4, x5, x6, x7]))
+        a4 = matrix_product(a2, _combination([a1, a2], [x1, x2]))
+        a8 = matrix_product(
+            _combination([a2, a4], [x3, 1.0]), _combination([i, a1, a2, a4], [x4, x5, x6, x7])
+        )
         return _combination([i, a1, a2, a4, a8], [1.0, 1.0, y2, 0.0, 1.0])
     if degree == 12:
         powers = _powers(a, 4)
         b = [_combination(powers, row) for row in _T12]
-        a6 = add(b[2], _mm(b[3], b[3]))
-        return add(b[0], _mm(add(b[1], a6), a6))
+        a6 = add(b[2], matrix_product(b[3], b[3]))
+        return add(b[0], matrix_product(add(b[1], a6), a6))
     powers = _powers(a, 5)
     b = [_combination(powers, row) for row in _T18]
-    a9 = add(b[3], _mm(b[0], b[4]))
-    return add(b[1], _mm(add(b[2], a9), a9))
+    a9 = add(b[3], matrix_product(b[0], b[4]))
+    return add(b[1], matrix_product(add(b[2], a9), a9))
 
 
 def _scaled_and_squared(a: ir.Value, norm: ir.Value, theta: float) -> ir.Value:
@@ -145,7 +144,7 @@ def _scaled_and_squared(a: ir.Value, norm: ir.Value, theta: float) -> ir.Value:
     def step(i: ir.Value, values: list[ir.Value]) -> tuple[list[ir.Value], ir.Value]:
         (m,) = values
         done = cast(cai.add(i, cai.constant(np.int32(1))), dtype_of(s))
-        return [_mm(m, m)], greater(s, done)
+        return [matrix_product(m, m)], greater(s, done)
 
     live = all_of(greater(s, 0.0), less(s, math.inf))
     return elementwise_loop(live, [start], step, SQUARING_LIMIT)[0]

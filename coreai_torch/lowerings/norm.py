@@ -30,8 +30,8 @@ from coreai_torch.ir.values import (
     reshape_dynamic,
     shape_of,
 )
-from coreai_torch.lowerings.common import aten_composite
-from coreai_torch.lowerings.elementwise import opmath
+from coreai_torch.lowerings.helpers.composite import aten_composite
+from coreai_torch.lowerings.helpers.operands import opmath
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
@@ -522,7 +522,3 @@ def log_softmax(
     shifted = cai.broadcasting_sub(x, cai.reduce_max(x, axis))
     lse = cai.log(cai.reduce_sum(cai.exp(shifted), axis))
     return cai.broadcasting_sub(shifted, lse)
-
-
-# The other ATen composite op rules live next to these (registered on import).
-from coreai_torch.lowerings import pixel_shuffle as _pixel_shuffle  # noqa: E402, F401

@@ -9,7 +9,10 @@ import numpy as np
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.ir.values import Scalar, constant, dtype_of, rank_of, shape_of, slice_dynamic
-from coreai_torch.lowerings.layout import slice_axis, static_shape
+from coreai_torch.lowerings.helpers.layout import (
+    slice_axis,
+    static_shape,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 

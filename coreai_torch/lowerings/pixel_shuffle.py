@@ -6,7 +6,7 @@ import math
 
 from coreai_torch._mlir import ir
 from coreai_torch.ir.values import reshape, shape_of, transpose
-from coreai_torch.lowerings.common import aten_composite
+from coreai_torch.lowerings.helpers.composite import aten_composite
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 

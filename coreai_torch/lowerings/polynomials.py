@@ -41,14 +41,16 @@ from coreai_torch.ir.values import (
     pick,
     sub,
 )
-from coreai_torch.lowerings.common import elementwise_loop
-from coreai_torch.lowerings.elementwise import (
+from coreai_torch.lowerings.helpers.arithmetic import (
+    floor_values,
+    trunc_values,
+)
+from coreai_torch.lowerings.helpers.loops import elementwise_loop
+from coreai_torch.lowerings.helpers.operands import (
     Operand,
     const_like,
-    floor_values,
     operand,
     opmath,
-    trunc_values,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 

@@ -37,37 +37,22 @@ from coreai_torch.ir.values import (
     squeeze,
     unsqueeze,
 )
-from coreai_torch.lowerings.creation import filled
-from coreai_torch.lowerings.elementwise import (
-    check_size,
-    const_like,
+from coreai_torch.lowerings.helpers.arithmetic import (
     isinf_values,
-    isnan_values,
-    neg_values,
-    opmath,
     to_bool,
 )
+from coreai_torch.lowerings.helpers.layout import filled
+from coreai_torch.lowerings.helpers.operands import (
+    const_like,
+    opmath,
+)
+from coreai_torch.lowerings.helpers.reductions import Dims, arg_extreme, check_size, reduce
 from coreai_torch.lowerings.registry import (
     EMPTY_INPUT_OPS,
     EmptyTensor,
     LoweringContext,
     lowering,
 )
-
-Dims = Sequence[int] | int | None
-
-
-def reduce(fn: Callable[..., ir.Value], x: ir.Value, dims: Dims, keepdim: bool) -> ir.Value:
-    """Apply a keep-dims Core AI reduction over ``dims`` and drop them unless ``keepdim``.
-
-    ``None`` or an empty list means every dimension (PyTorch's convention for sum/amax).
-    """
-    rank = rank_of(x)
-    if rank == 0:
-        return x
-    axes = normalize_dims(dims, rank)
-    out = fn(x, i32(axes))
-    return out if keepdim else squeeze(out, axes)
 
 
 def reduction(*names: str, empty: Scalar | tuple[Scalar, ...]) -> Callable[[Callable], Callable]:
@@ -170,30 +155,6 @@ def min_(cx: LoweringContext, self: ir.Value) -> ir.Value:
 
 
 # ----------------------------------------------------------------------- argmax / argmin ---
-
-
-def _order_reversed(x: ir.Value) -> ir.Value:
-    """A copy of ``x`` whose order is reversed, without overflow (for argmin)."""
-    dtype = dtype_of(x)
-    if dtype.is_floating_point:
-        return neg_values(x)
-    if dtype == torch.bool:
-        return cast(cai.not_(x), torch.uint8)
-    all_ones = -1 if dtype.is_signed else torch.iinfo(dtype).max
-    return cai.broadcasting_bitwise_xor(x, const_like(all_ones, x))
-
-
-def arg_extreme(x: ir.Value, axis: int, largest: bool) -> ir.Value:
-    """First index of the max (min) along ``axis`` (kept as size 1), first NaN if any; int64."""
-    key = x if largest else _order_reversed(x)
-    if dtype_of(key) == torch.bool:
-        key = cast(key, torch.uint8)
-    index = cai.argmax(key, i32(axis))
-    if dtype_of(x).is_floating_point:
-        nan = cast(isnan_values(x), torch.uint8)
-        has_nan = cai.any_(isnan_values(x), i32([axis]))
-        index = cai.broadcasting_where(has_nan, cai.argmax(nan, i32(axis)), index)
-    return cast(index, torch.int64)
 
 
 def _arg_rule(largest: bool) -> Callable:

@@ -1,17 +1,21 @@
-"""The lowering registry: qualified op name -> lowering callback.
+"""The lowering contract and registry: qualified op name -> lowering callback.
 
 Every lowering — built-in or registered by a user with
-``TorchConverter.register_torch_lowering`` — has the documented signature::
+``TorchConverter.register_torch_lowering`` — lands in a :class:`LoweringTable` as the
+documented callback::
 
     fn(values_map: dict[str, Value], node: torch.fx.Node, loc: Location) -> Value | list[Value]
 
 Keys are qualified names with the overload: ``"aten::add.Tensor"``,
 ``"my_lib::scaled_add.default"``, ``"higher_order::cond"``.
 
-Built-in rules are usually written with :func:`lowering`, which binds the node's arguments to
-the op schema (defaults filled in, tensors replaced by their Core AI values) and calls the rule
-as ``rule(cx, **arguments)`` with a :class:`LoweringContext` ``cx``.  What lands in the table is
-still the documented callback.
+A rule may be written in that form directly (the simple form: operands through
+:func:`get_operand`), or like the built-ins, ``rule(cx, **arguments)``: :func:`schema_bound`
+binds the node's arguments to the op's schema (defaults filled in, tensors replaced by their
+Core AI values, unsupported non-default arguments rejected) and passes the node's
+:class:`LoweringContext` as ``cx``.  Built-ins register that way with :func:`lowering`, users
+with ``register_torch_lowering(name, bind=True)``.  Either way the importer checks what the
+rule returns (count, type, dtype and shape against PyTorch's).
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import torch
 import torch.fx
 
 from coreai_torch._mlir import ir
-from coreai_torch.errors import UnsupportedOpError
+from coreai_torch.errors import LoweringError, UnsupportedOpError
 from coreai_torch.frontend.schema import bind_arguments
+from coreai_torch.ir.values import constant
 from coreai_torch.ir.weights import WeightStore
 from coreai_torch.locations import describe, qualified_name
 
@@ -180,16 +185,24 @@ class LoweringOptions:
     #: emit ``layer_norm``, ``rms_norm``, attention, ... as composite ops (else inline them)
     aten_composites: bool = True
     #: products and sums of 16-bit floats accumulate in float32, like ATen's
-    #: (:mod:`coreai_torch.lowerings.accumulation`)
+    #: (:mod:`coreai_torch.lowerings.helpers.accumulation`)
     fp32_accumulation: bool = True
 
 
 class LoweringContext:
-    """What a rule gets besides its arguments: the node, its location, the conversion's
-    options and weight store, and the importer (constants, sub-graphs).
+    """What a rule gets besides its arguments.
 
-    Built-in rules written with :func:`lowering` receive it as ``cx``; a rule with the
-    documented ``fn(values_map, node, loc)`` form can build one the same way.
+    * ``cx.node``, ``cx.loc``, ``cx.values_map``: the FX node, its location (active while the
+      rule runs) and the values of the nodes lowered so far;
+    * ``cx.out``, ``cx.out_dtype``, ``cx.out_shape``: PyTorch's result for the node (what the
+      rule must return; the importer checks it);
+    * ``cx.unsupported(why)``: the error to raise for a use of the op the rule cannot lower (it
+      names the op, the node and the model's source line);
+    * ``cx.options`` (:class:`LoweringOptions`) and ``cx.weights``: the conversion's options and
+      weight store.
+
+    Rules written like the built-ins receive it as ``cx``; a rule in the simple form
+    ``fn(values_map, node, loc)`` can build one: ``LoweringContext(values_map, node, loc)``.
     """
 
     def __init__(self, values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location):
@@ -249,38 +262,100 @@ def _defaults(schema: torch.FunctionSchema) -> dict[str, Any]:
     return {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
 
 
-def lowering(*names: str, table: LoweringTable | None = None) -> Callable[[Callable], Callable]:
-    """Register a schema-bound built-in rule ``rule(cx, **schema_arguments)`` for ``names``.
+def context_parameter_problem(rule: Callable[..., Any]) -> str | None:
+    """Why ``rule(cx, ...)`` cannot take the context first (None if it can)."""
+    params = list(inspect.signature(rule).parameters.values())
+    if not params or params[0].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.VAR_POSITIONAL,
+    ):
+        return "it takes no positional first parameter for the LoweringContext (cx)"
+    return None
 
-    Tensor arguments arrive as Core AI values (lists of tensors as lists), everything else as
-    Python values with schema defaults filled in.  An argument the rule does not declare must
-    keep its default (or be harmless, like ``device``); otherwise the node is reported as
-    unsupported instead of being lowered wrongly.
+
+def rule_parameter_problem(rule: Callable[..., Any], schema: torch.FunctionSchema) -> str | None:
+    """Why ``rule(cx, **arguments)`` cannot take the arguments of ``schema`` (None if it can):
+    no ``cx`` parameter, or a parameter the op does not have and that has no default."""
+    problem = context_parameter_problem(rule)
+    if problem is not None:
+        return problem
+    params = list(inspect.signature(rule).parameters.values())
+    names = {_python_name(a.name) for a in schema.arguments}
+    unknown = [
+        p.name
+        for p in params[1:]
+        if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        and p.default is inspect.Parameter.empty
+        and p.name not in names
+    ]
+    if params[0].name in names:
+        unknown.insert(0, f"{params[0].name} (the first parameter receives the context, cx)")
+    if not unknown:
+        return None
+    return (
+        f"it declares {', '.join(unknown)}, which the op's schema does not have "
+        f"(its arguments: {', '.join(_python_name(a.name) for a in schema.arguments)})"
+    )
+
+
+def schema_bound(rule: Callable[..., Any]) -> LoweringFn:
+    """The documented callback for a rule written like a built-in: ``rule(cx, **arguments)``.
+
+    The node's arguments are bound to the op's schema by name (defaults filled in; a Python
+    keyword gets a trailing underscore, ``from_``): tensors arrive as Core AI values (lists of
+    tensors as lists), everything else as Python values.  An argument the rule does not declare
+    must keep its default (or be harmless, like ``device``); otherwise the node is reported as
+    unsupported (:class:`~coreai_torch.errors.UnsupportedOpError`) instead of being lowered
+    wrongly.  ``cx`` is the node's :class:`LoweringContext`.
     """
+    params = inspect.signature(rule).parameters
+    accepts_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    title = getattr(rule, "__qualname__", repr(rule))
+    checked: set[Any] = set()  # the ops whose schema the rule's parameters were checked against
+
+    def callback(values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location) -> Any:
+        cx = LoweringContext(values_map, node, loc)
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            raise LoweringError(
+                f"{describe(node)}: the lowering {title} takes the op's arguments by "
+                "name, but the op has no schema to bind them to; write it in the simple form "
+                "fn(values_map, node, loc)"
+            )
+        if node.target not in checked:
+            problem = rule_parameter_problem(rule, schema)
+            if problem is not None:
+                raise LoweringError(
+                    f"{describe(node)}: the lowering {title} cannot take the arguments of "
+                    f"{qualified_name(node.target)}: {problem}"
+                )
+            checked.add(node.target)
+        arguments = bind_arguments(node)
+        defaults = _defaults(schema)
+        kwargs: dict[str, Any] = {}
+        for name, value in arguments.items():
+            pname = _python_name(name)
+            if accepts_all or pname in params:
+                kwargs[pname] = _resolve(values_map, value)
+            elif name not in _HARMLESS_ARGS and value != defaults.get(name, None):
+                raise cx.unsupported(f"argument {name}={value!r} is not supported by this lowering")
+        return rule(cx, **kwargs)
+
+    callback.__name__ = getattr(rule, "__name__", "lowering")
+    callback.__qualname__ = title
+    callback.__doc__ = rule.__doc__
+    callback.__wrapped__ = rule  # type: ignore[attr-defined]
+    return callback
+
+
+def lowering(*names: str, table: LoweringTable | None = None) -> Callable[[Callable], Callable]:
+    """Register a built-in rule ``rule(cx, **schema_arguments)`` for ``names``
+    (:func:`schema_bound`)."""
     target_table = table if table is not None else BUILTIN_LOWERINGS
 
     def decorate(rule: Callable) -> Callable:
-        params = inspect.signature(rule).parameters
-        accepts_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-
-        def callback(values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location):
-            cx = LoweringContext(values_map, node, loc)
-            arguments = bind_arguments(node)
-            defaults = _defaults(node.target._schema)
-            kwargs: dict[str, Any] = {}
-            for name, value in arguments.items():
-                pname = _python_name(name)
-                if accepts_all or pname in params:
-                    kwargs[pname] = _resolve(values_map, value)
-                elif name not in _HARMLESS_ARGS and value != defaults.get(name, None):
-                    raise cx.unsupported(
-                        f"argument {name}={value!r} is not supported by this lowering"
-                    )
-            return rule(cx, **kwargs)
-
-        callback.__name__ = rule.__name__
-        callback.__doc__ = rule.__doc__
-        callback.__wrapped__ = rule  # type: ignore[attr-defined]
+        callback = schema_bound(rule)
         for name in names:
             target_table.register(name, callback)
         return rule
@@ -300,6 +375,116 @@ def raw_lowering(
         return fn
 
     return decorate
+
+
+# --------------------------------------------------------------------------------------------
+# Operands of the simple form
+# --------------------------------------------------------------------------------------------
+
+
+def _scalar_dtype(node: torch.fx.Node, value: bool | int | float) -> torch.dtype:
+    """The dtype a Python scalar operand should take inside ``node``."""
+    tensor_dtypes = [
+        a.meta["val"].dtype
+        for a in node.all_input_nodes
+        if isinstance(a.meta.get("val"), torch.Tensor)
+    ]
+    out = node.meta.get("val")
+    if isinstance(out, torch.Tensor):
+        tensor_dtypes.append(out.dtype)
+    for dtype in tensor_dtypes:
+        if isinstance(value, bool) and dtype == torch.bool:
+            return dtype
+        if isinstance(value, int) and not isinstance(value, bool) and not dtype.is_complex:
+            return dtype
+        if isinstance(value, float) and dtype.is_floating_point:
+            return dtype
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    return torch.get_default_dtype()
+
+
+_MISSING = object()
+
+
+def _argument(node: torch.fx.Node, index: int) -> Any:
+    """``node.args[index]``, or the keyword / schema default for that position."""
+    if index < len(node.args):
+        return node.args[index]
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None and index < len(schema.arguments):
+        argument = schema.arguments[index]
+        if argument.name in node.kwargs:
+            return node.kwargs[argument.name]
+        if argument.has_default_value():
+            return argument.default_value
+    return _MISSING
+
+
+def _value_of(values_map: dict[str, ir.Value], node: torch.fx.Node, index: int, arg: Any) -> Any:
+    if isinstance(arg, torch.fx.Node):
+        try:
+            return values_map[arg.name]
+        except KeyError:
+            raise LoweringError(
+                f"operand {index} of {describe(node)} ('{arg.name}') has no Core AI value yet"
+            ) from None
+    if isinstance(arg, (bool, int, float)):
+        return constant(arg, _scalar_dtype(node, arg))
+    if isinstance(arg, (list, tuple)) and all(isinstance(a, torch.fx.Node) for a in arg):
+        return [_value_of(values_map, node, index, a) for a in arg]
+    kind = "list" if isinstance(arg, (list, tuple)) else type(arg).__name__
+    raise LoweringError(
+        f"operand {index} of {describe(node)} is a {kind} ({arg!r}), not a tensor or a "
+        "scalar; read it from node.args directly"
+    )
+
+
+def get_operand(
+    values_map: dict[str, ir.Value], node: torch.fx.Node, index: int, loc: ir.Location | None = None
+) -> ir.Value:
+    """The Core AI value of positional argument ``index`` of ``node``.
+
+    A tensor argument gives its value from ``values_map``; a Python scalar becomes a constant
+    of the dtype of the tensors around it (``0.5`` next to ``float16`` tensors is a ``float16``
+    constant); a list of tensors gives a list of values.  An argument passed by keyword or left
+    at its default is found through the op's schema.
+    """
+    arg = _argument(node, index)
+    if arg is _MISSING:
+        raise LoweringError(
+            f"{describe(node)} has {len(node.args)} positional argument(s); index {index} "
+            "is out of range"
+        )
+    if loc is None:
+        loc = ir.Location.current or ir.Location.unknown()
+    with loc:
+        return _value_of(values_map, node, index, arg)
+
+
+def get_operands(
+    values_map: dict[str, ir.Value],
+    node: torch.fx.Node,
+    indices: Sequence[int],
+    loc: ir.Location | None = None,
+) -> list[ir.Value]:
+    """``[get_operand(values_map, node, i, loc) for i in indices]``."""
+    return [get_operand(values_map, node, i, loc) for i in indices]
+
+
+def resolve_op(name: str) -> torch._ops.OpOverload | None:
+    """The torch op ``"namespace::op.overload"`` names, if it is defined now (else None)."""
+    namespace, sep, rest = name.partition("::")
+    op, dot, overload = rest.partition(".")
+    if not (sep and dot):
+        return None
+    try:
+        found = getattr(getattr(getattr(torch.ops, namespace), op), overload)
+    except (AttributeError, RuntimeError):
+        return None
+    return found if isinstance(found, torch._ops.OpOverload) else None
 
 
 def op_names(ops: Sequence[Any]) -> list[str]:

@@ -26,7 +26,12 @@ from coreai_torch.ir.values import (
     shape_of,
     transpose,
 )
-from coreai_torch.lowerings.layout import contract_axis, static_out_shape, static_shape, take
+from coreai_torch.lowerings.helpers.layout import (
+    contract_axis,
+    static_out_shape,
+    static_shape,
+    take,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 aten = torch.ops.aten

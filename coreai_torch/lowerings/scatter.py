@@ -27,17 +27,16 @@ from coreai_torch.ir.values import (
     transpose,
     unsqueeze,
 )
-from coreai_torch.lowerings.indexing import (
+from coreai_torch.lowerings.helpers.layout import (
     broadcast_sizes,
-    index_layout,
-    result_permutation,
-    stacked_indices,
-)
-from coreai_torch.lowerings.layout import (
+    diagonal_table,
     highest,
+    index_layout,
     inverse,
     lowest,
+    result_permutation,
     slice_region,
+    stacked_indices,
     static_shape,
     strided_table,
 )
@@ -47,7 +46,6 @@ from coreai_torch.lowerings.registry import (
     LoweringContext,
     lowering,
 )
-from coreai_torch.lowerings.shape import diagonal_table
 
 
 def _mode(name: str) -> ir.Attribute:

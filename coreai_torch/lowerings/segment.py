@@ -34,9 +34,12 @@ from coreai_torch.ir.values import (
     squeeze,
     unsqueeze,
 )
-from coreai_torch.lowerings.cumulative import scan
-from coreai_torch.lowerings.elementwise import PAIRWISE_LIMIT, ge
-from coreai_torch.lowerings.layout import slice_axis
+from coreai_torch.lowerings.helpers.arithmetic import ge
+from coreai_torch.lowerings.helpers.layout import slice_axis
+from coreai_torch.lowerings.helpers.reductions import (
+    PAIRWISE_LIMIT,
+    scan,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 _START = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": -math.inf, "min": math.inf}

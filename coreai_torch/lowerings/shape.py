@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.ir.values import (
@@ -14,7 +13,6 @@ from coreai_torch.ir.values import (
     broadcast_dynamic,
     broadcast_to,
     cast,
-    constant,
     dim_size,
     dtype_of,
     i32,
@@ -31,8 +29,8 @@ from coreai_torch.ir.values import (
     transpose,
     unsqueeze,
 )
-from coreai_torch.lowerings.common import uint64_bits
-from coreai_torch.lowerings.layout import (
+from coreai_torch.lowerings.helpers.layout import (
+    diagonal_table,
     slice_axis,
     static_out_shape,
     static_shape,
@@ -40,6 +38,7 @@ from coreai_torch.lowerings.layout import (
     take,
     take_values,
 )
+from coreai_torch.lowerings.helpers.operands import wrap_integer
 from coreai_torch.lowerings.registry import (
     EMPTY_INPUT_OPS,
     EmptyTensor,
@@ -57,9 +56,17 @@ from coreai_torch.lowerings.registry import (
     "aten::view_copy.default",
     "aten::_reshape_alias.default",
 )
-def view(cx: LoweringContext, self: ir.Value, size: Sequence[Size], **_: object) -> ir.Value:
+def view(
+    cx: LoweringContext,
+    self: ir.Value,
+    size: Sequence[Size] | None = None,
+    shape: Sequence[Size] | None = None,
+    **_: object,
+) -> ir.Value:
     if None in cx.out_shape:
-        return reshape_dynamic(self, size, cx.out_shape)
+        sizes = size if size is not None else shape
+        assert sizes is not None
+        return reshape_dynamic(self, sizes, cx.out_shape)
     return reshape(self, static_out_shape(cx))
 
 
@@ -367,13 +374,6 @@ def unfold(cx: LoweringContext, self: ir.Value, dimension: int, size: int, step:
     return transpose(windows, [a for a in range(rank) if a != d + 1] + [d + 1])
 
 
-def diagonal_table(rows: int, cols: int, offset: int) -> np.ndarray:
-    r = np.arange(rows)
-    c = r + offset
-    keep = (c >= 0) & (c < cols)
-    return (r[keep] * cols + c[keep]).astype(np.int64)
-
-
 @lowering("aten::diagonal.default", "aten::diagonal_copy.default")
 def diagonal(
     cx: LoweringContext, self: ir.Value, offset: int = 0, dim1: int = 0, dim2: int = 1
@@ -426,28 +426,6 @@ def identity(cx: LoweringContext, self: ir.Value, **_: object) -> ir.Value:
 def assert_tensor_metadata(cx: LoweringContext, **_: object) -> None:
     """A check PyTorch already made at export time; nothing to emit."""
     return None
-
-
-def wrap_integer(value: ir.Value, dtype: torch.dtype) -> ir.Value:
-    """Integer conversion that wraps around like PyTorch (Core AI's cast saturates)."""
-    src = dtype_of(value)
-    if src.is_floating_point or src == torch.bool or dtype.is_floating_point:
-        return value
-    if dtype == torch.uint64 and src.is_signed:
-        return uint64_bits(cast(value, torch.int64))
-    if dtype == torch.bool or src in (torch.uint64,) or dtype in (torch.uint64, torch.int64):
-        return value
-    s, d = torch.iinfo(src), torch.iinfo(dtype)
-    if d.min <= s.min and s.max <= d.max:
-        return value
-    # ((x - min) mod span + span) mod span + min, in int64 (C-style modulo keeps the sign).
-    wide = cast(value, torch.int64)
-    span = constant(d.max - d.min + 1, torch.int64)
-    shifted = cai.broadcasting_sub(wide, constant(d.min, torch.int64))
-    wrapped = cai.broadcasting_modulo(
-        cai.broadcasting_add(cai.broadcasting_modulo(shifted, span), span), span
-    )
-    return cai.broadcasting_add(wrapped, constant(d.min, torch.int64))
 
 
 @lowering(

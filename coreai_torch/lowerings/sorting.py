@@ -14,7 +14,6 @@ import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.ir.values import (
-    INT32_MAX,
     Scalar,
     Size,
     cast,
@@ -24,27 +23,29 @@ from coreai_torch.ir.values import (
     i32,
     normalize_dim,
     rank_of,
-    refine,
-    shape_of,
-    shape_vector,
     squeeze,
     unsqueeze,
 )
-from coreai_torch.lowerings.common import result_dtype
-from coreai_torch.lowerings.cumulative import positions
-from coreai_torch.lowerings.elementwise import (
-    Operand,
-    check_size,
-    const_like,
+from coreai_torch.lowerings.helpers.arithmetic import (
     floor_values,
     ge,
     gt,
     isnan_values,
     le,
+)
+from coreai_torch.lowerings.helpers.layout import slice_axis
+from coreai_torch.lowerings.helpers.operands import (
+    Operand,
+    const_like,
     operand,
     opmath,
+    result_dtype,
 )
-from coreai_torch.lowerings.reduction import arg_extreme
+from coreai_torch.lowerings.helpers.reductions import (
+    arg_extreme,
+    check_size,
+    positions,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 
@@ -61,18 +62,6 @@ def sort_indices(x: ir.Value, axis: int, descending: bool) -> ir.Value:
 
 def take(x: ir.Value, order: ir.Value, axis: int) -> ir.Value:
     return cai.gather_along_axis(x, order, i32(axis))
-
-
-def slice_axis(x: ir.Value, axis: int, start: Size, stop: Size, size: int) -> ir.Value:
-    """``x[..., start:stop, ...]`` (``size`` elements) along ``axis``; bounds may be 0-d
-    runtime values and the other dimensions dynamic."""
-    rank = rank_of(x)
-    begin: list[Size] = [0] * rank
-    end: list[Size] = [INT32_MAX] * rank
-    begin[axis], end[axis] = start, stop
-    out = cai.slice_(x, shape_vector(begin), shape_vector(end), i32([1] * rank))
-    shape = shape_of(x)
-    return refine(out, shape[:axis] + [size] + shape[axis + 1 :])
 
 
 def _sorted(x: ir.Value, dim: int, descending: bool) -> list[ir.Value]:
@@ -125,7 +114,7 @@ def topk(
     if rank_of(x) == 0:
         return [x, constant(0, torch.int64)]
     axis = normalize_dim(dim, rank_of(x))
-    order = slice_axis(sort_indices(x, axis, largest), axis, 0, k, k)
+    order = slice_axis(sort_indices(x, axis, largest), axis, 0, k, size=k)
     return [take(x, order, axis), cast(order, torch.int64)]
 
 

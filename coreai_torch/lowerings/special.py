@@ -14,56 +14,44 @@ import math
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.ir.values import cast, dtype_of, i32, rank_of, squeeze
-from coreai_torch.lowerings.elementwise import (
-    Operand,
-    const_like,
+from coreai_torch.ir.values import (
+    add,
+    cast,
+    div,
+    dtype_of,
+    equal,
+    i32,
+    less,
+    mul,
+    pick,
+    rank_of,
+    squeeze,
+    sub,
+)
+from coreai_torch.lowerings.helpers.arithmetic import (
     floor_values,
     isinf_values,
     isnan_values,
     neg_values,
-    operand,
-    opmath,
     signbit_values,
 )
+from coreai_torch.lowerings.helpers.float_math import (
+    ERFC_COEFFICIENTS,
+    frexp_parts,
+    is_nonpositive_integer,
+    lgamma_values,
+    polynomial,
+    reduced,
+)
+from coreai_torch.lowerings.helpers.operands import (
+    Operand,
+    const_like,
+    operand,
+    opmath,
+)
 from coreai_torch.lowerings.registry import LoweringContext, lowering
-from coreai_torch.lowerings.unary import ERFC_COEFFICIENTS, polynomial
 
 # -------------------------------------------------------------------------------- helpers ---
-
-
-def _c(value: float, like: ir.Value) -> ir.Value:
-    return const_like(value, like)
-
-
-def _add(a: ir.Value, b: float | ir.Value) -> ir.Value:
-    return cai.broadcasting_add(a, b if isinstance(b, ir.Value) else _c(b, a))
-
-
-def _sub(a: ir.Value, b: float | ir.Value) -> ir.Value:
-    return cai.broadcasting_sub(a, b if isinstance(b, ir.Value) else _c(b, a))
-
-
-def _mul(a: ir.Value, b: float | ir.Value) -> ir.Value:
-    return cai.broadcasting_mul(a, b if isinstance(b, ir.Value) else _c(b, a))
-
-
-def _div(a: ir.Value | float, b: ir.Value) -> ir.Value:
-    return cai.broadcasting_divide(a if isinstance(a, ir.Value) else _c(a, b), b)
-
-
-def _where(cond: ir.Value, a: ir.Value | float, b: ir.Value | float, like: ir.Value):
-    a = a if isinstance(a, ir.Value) else _c(a, like)
-    b = b if isinstance(b, ir.Value) else _c(b, like)
-    return cai.broadcasting_where(cond, a, b)
-
-
-def _less(a: ir.Value, b: float) -> ir.Value:
-    return cai.broadcasting_greater(_c(b, a), a)
-
-
-def _eq(a: ir.Value, b: float) -> ir.Value:
-    return cai.broadcasting_equal(a, _c(b, a))
 
 
 def _int_power(x: ir.Value, n: int) -> ir.Value:
@@ -80,18 +68,6 @@ def _int_power(x: ir.Value, n: int) -> ir.Value:
     return result
 
 
-def _is_nonpositive_integer(x: ir.Value) -> ir.Value:
-    return cai.broadcasting_and(
-        cai.broadcasting_greater(_c(0.5, x), x), cai.broadcasting_equal(floor_values(x), x)
-    )
-
-
-def _reduced(x: ir.Value) -> tuple[ir.Value, ir.Value]:
-    """``(x - round(x), round(x))``: the exact argument reduction for ``sin(pi x)``."""
-    r = cai.round_(x)
-    return cai.broadcasting_sub(x, r), r
-
-
 def _float_rule(cx: LoweringContext, fn, *operands: Operand) -> ir.Value:
     """``fn`` over the operands in PyTorch's compute dtype (float32 for 16-bit floats)."""
     dtype = cx.out_dtype
@@ -101,75 +77,33 @@ def _float_rule(cx: LoweringContext, fn, *operands: Operand) -> ir.Value:
 
 # ------------------------------------------------------------------------ gamma family ---
 
-_LANCZOS_G = 7.0
-_LANCZOS = [
-    0.99999999999980993,
-    676.5203681218851,
-    -1259.1392167224028,
-    771.32342877765313,
-    -176.61503916999185,
-    12.507343278686905,
-    -0.13857109526572012,
-    9.9843695780195716e-6,
-    1.5056327351493116e-7,
-]
-
-
-def _lgamma_positive(x: ir.Value) -> ir.Value:
-    """Lanczos approximation for ``x >= 0.5``."""
-    z = _sub(x, 1.0)
-    a = _c(_LANCZOS[0], x)
-    for k, coefficient in enumerate(_LANCZOS[1:], start=1):
-        a = cai.broadcasting_add(a, _div(coefficient, _add(z, float(k))))
-    t = _add(z, _LANCZOS_G + 0.5)
-    return _add(
-        cai.broadcasting_sub(
-            cai.broadcasting_mul(_add(z, 0.5), cai.log(t)), cai.broadcasting_sub(t, cai.log(a))
-        ),
-        0.5 * math.log(2 * math.pi),
-    )
-
-
-def lgamma_values(x: ir.Value) -> ir.Value:
-    """``log|Γ(x)|``; reflection below 0.5, +inf at the poles (non-positive integers)."""
-    small = _less(x, 0.5)
-    reflected_arg = _where(small, _sub(_c(1.0, x), x), x, x)
-    positive = _lgamma_positive(reflected_arg)
-    frac, _ = _reduced(x)
-    sin_pi = cai.abs_(cai.sin(_mul(frac, math.pi)))
-    reflected = cai.broadcasting_sub(cai.log(_div(math.pi, sin_pi)), positive)
-    out = _where(small, reflected, positive, x)
-    out = _where(_is_nonpositive_integer(x), math.inf, out, x)
-    return _where(isinf_values(x), math.inf, out, x)
-
-
 # ψ(y) ~ ln y - 1/2y - Σ B_2k / (2k y^2k) for y >= 6
 _DIGAMMA_ASYMPTOTIC = [1.0 / 132, -1.0 / 240, 1.0 / 252, -1.0 / 120, 1.0 / 12]
 
 
 def _digamma_positive(x: ir.Value) -> ir.Value:
     """ψ(x) for x > 0: recurrence up to x + 6, then the asymptotic series."""
-    shift = _c(0.0, x)
+    shift = const_like(0.0, x)
     for k in range(6):
-        shift = cai.broadcasting_add(shift, _div(1.0, _add(x, float(k))))
-    y = _add(x, 6.0)
-    inv2 = _div(1.0, cai.broadcasting_mul(y, y))
+        shift = cai.broadcasting_add(shift, div(1.0, add(x, float(k))))
+    y = add(x, 6.0)
+    inv2 = div(1.0, cai.broadcasting_mul(y, y))
     series = cai.broadcasting_mul(polynomial(inv2, _DIGAMMA_ASYMPTOTIC), inv2)
-    psi = cai.broadcasting_sub(cai.broadcasting_sub(cai.log(y), _div(0.5, y)), series)
+    psi = cai.broadcasting_sub(cai.broadcasting_sub(cai.log(y), div(0.5, y)), series)
     return cai.broadcasting_sub(psi, shift)
 
 
 def digamma_values(x: ir.Value) -> ir.Value:
     """ψ(x); reflection for x < 0, -inf at 0, NaN at negative integers (like PyTorch)."""
-    negative = _less(x, 0.0)
-    positive = _digamma_positive(_where(negative, _sub(_c(1.0, x), x), x, x))
-    frac, _ = _reduced(x)
-    cot = _div(math.pi, cai.tan(_mul(frac, math.pi)))
-    out = _where(negative, cai.broadcasting_sub(positive, cot), positive, x)
-    out = _where(_is_nonpositive_integer(x), math.nan, out, x)
-    out = _where(_eq(x, 0.0), _where(signbit_values(x), math.inf, -math.inf, x), out, x)
-    out = _where(_eq(x, math.inf), math.inf, out, x)
-    return _where(_eq(x, -math.inf), math.nan, out, x)
+    negative = less(x, 0.0)
+    positive = _digamma_positive(pick(negative, sub(const_like(1.0, x), x), x, x))
+    frac, _ = reduced(x)
+    cot = div(math.pi, cai.tan(mul(frac, math.pi)))
+    out = pick(negative, cai.broadcasting_sub(positive, cot), positive, x)
+    out = pick(is_nonpositive_integer(x), math.nan, out, x)
+    out = pick(equal(x, 0.0), pick(signbit_values(x), math.inf, -math.inf, x), out, x)
+    out = pick(equal(x, math.inf), math.inf, out, x)
+    return pick(equal(x, -math.inf), math.nan, out, x)
 
 
 # Euler–Maclaurin terms B_2j / (2j)!
@@ -192,23 +126,23 @@ def _zeta_tail(s: ir.Value | int, q: ir.Value, inverse_powers, terms: int) -> ir
 
     ``inverse_powers(base, e)`` gives ``base ** -(s + e)`` (integer or real ``s``).
     """
-    total = _c(0.0, q)
+    total = const_like(0.0, q)
     for k in range(terms):
-        total = cai.broadcasting_add(total, inverse_powers(_add(q, float(k)), 0))
-    a = _add(q, float(terms))
-    s_minus_1 = _sub(s, 1.0) if isinstance(s, ir.Value) else _c(float(s - 1), q)
+        total = cai.broadcasting_add(total, inverse_powers(add(q, float(k)), 0))
+    a = add(q, float(terms))
+    s_minus_1 = sub(s, 1.0) if isinstance(s, ir.Value) else const_like(float(s - 1), q)
     total = cai.broadcasting_add(
         total, cai.broadcasting_divide(cai.broadcasting_mul(inverse_powers(a, 0), a), s_minus_1)
     )
-    total = cai.broadcasting_add(total, _mul(inverse_powers(a, 0), 0.5))
-    rising = s if isinstance(s, ir.Value) else _c(float(s), q)  # s (s+1) ... (s+2j-2)
+    total = cai.broadcasting_add(total, mul(inverse_powers(a, 0), 0.5))
+    rising = s if isinstance(s, ir.Value) else const_like(float(s), q)  # s (s+1) ... (s+2j-2)
     for j, coefficient in enumerate(_BERNOULLI_OVER_FACTORIAL, start=1):
-        term = _mul(cai.broadcasting_mul(rising, inverse_powers(a, 2 * j - 1)), coefficient)
+        term = mul(cai.broadcasting_mul(rising, inverse_powers(a, 2 * j - 1)), coefficient)
         total = cai.broadcasting_add(total, term)
-        step = s if isinstance(s, ir.Value) else _c(float(s), q)
+        step = s if isinstance(s, ir.Value) else const_like(float(s), q)
         rising = cai.broadcasting_mul(
             rising,
-            cai.broadcasting_mul(_add(step, float(2 * j - 1)), _add(step, float(2 * j))),
+            cai.broadcasting_mul(add(step, float(2 * j - 1)), add(step, float(2 * j))),
         )
     return total
 
@@ -218,29 +152,29 @@ def polygamma_values(n: int, x: ir.Value) -> ir.Value:
     s = n + 1
 
     def inverse_powers(base: ir.Value, extra: int) -> ir.Value:
-        return _int_power(_div(1.0, base), s + extra)
+        return _int_power(div(1.0, base), s + extra)
 
     zeta = _zeta_tail(s, x, inverse_powers, _POLYGAMMA_TERMS)
-    out = _mul(zeta, (-1.0) ** (n + 1) * math.factorial(n))
-    pole = _is_nonpositive_integer(x)
-    out = _where(pole, math.inf if n % 2 else -math.inf, out, x)
-    return _where(_eq(x, math.inf), 0.0, out, x)
+    out = mul(zeta, (-1.0) ** (n + 1) * math.factorial(n))
+    pole = is_nonpositive_integer(x)
+    out = pick(pole, math.inf if n % 2 else -math.inf, out, x)
+    return pick(equal(x, math.inf), 0.0, out, x)
 
 
 def zeta_values(s: ir.Value, q: ir.Value) -> ir.Value:
     """Hurwitz ζ(s, q) for s > 1, q > 0 (NaN for s < 1, inf for s == 1, like PyTorch)."""
 
     def inverse_powers(base: ir.Value, extra: int) -> ir.Value:
-        exponent = neg_values(_add(s, float(extra))) if extra else neg_values(s)
+        exponent = neg_values(add(s, float(extra))) if extra else neg_values(s)
         return cai.broadcasting_pow(base, exponent)
 
     out = _zeta_tail(s, q, inverse_powers, _ZETA_TERMS)
     # Cephes' order of precedence: s == 1, s < 1, q a pole, q < 0 with non-integer s
     fractional_s = cai.broadcasting_not_equal(floor_values(s), s)
-    out = _where(cai.broadcasting_and(_less(q, 0.0), fractional_s), math.nan, out, out)
-    out = _where(_is_nonpositive_integer(q), math.inf, out, out)
-    out = _where(_less(s, 1.0), math.nan, out, out)
-    return _where(_eq(s, 1.0), math.inf, out, out)
+    out = pick(cai.broadcasting_and(less(q, 0.0), fractional_s), math.nan, out, out)
+    out = pick(is_nonpositive_integer(q), math.inf, out, out)
+    out = pick(less(s, 1.0), math.nan, out, out)
+    return pick(equal(s, 1.0), math.inf, out, out)
 
 
 @lowering("aten::lgamma.default")
@@ -274,9 +208,9 @@ def mvlgamma(cx: LoweringContext, self: ir.Value, p: int) -> ir.Value:
     """``p (p-1)/4 log π + Σ_{j<p} lgamma(x - j/2)``."""
 
     def fn(x: ir.Value) -> ir.Value:
-        total = _c(p * (p - 1) / 4 * math.log(math.pi), x)
+        total = const_like(p * (p - 1) / 4 * math.log(math.pi), x)
         for j in range(p):
-            total = cai.broadcasting_add(total, lgamma_values(_sub(x, j / 2)))
+            total = cai.broadcasting_add(total, lgamma_values(sub(x, j / 2)))
         return total
 
     return _float_rule(cx, fn, self)
@@ -314,21 +248,21 @@ _I1_LARGE = [
 def bessel_i(x: ir.Value, order: int, scaled: bool) -> ir.Value:
     """Modified Bessel function I0 or I1 of ``x`` (times ``exp(-|x|)`` if ``scaled``)."""
     a = cai.abs_(x)
-    small_arg = _div(a, _c(3.75, a))
+    small_arg = div(a, const_like(3.75, a))
     t_small = cai.broadcasting_mul(small_arg, small_arg)
-    t_large = _div(3.75, a)
+    t_large = div(3.75, a)
     small = polynomial(t_small, _I0_SMALL if order == 0 else _I1_SMALL)
     if order == 1:
         small = cai.broadcasting_mul(small, a)
-    large = _div(polynomial(t_large, _I0_LARGE if order == 0 else _I1_LARGE), cai.sqrt(a))
+    large = div(polynomial(t_large, _I0_LARGE if order == 0 else _I1_LARGE), cai.sqrt(a))
     if scaled:
         small = cai.broadcasting_mul(small, cai.exp(neg_values(a)))
     else:
         # exp(a) / sqrt(a) overflows only where I(x) itself does
         large = cai.broadcasting_mul(large, cai.exp(a))
-    out = _where(_less(a, 3.75), small, large, x)
+    out = pick(less(a, 3.75), small, large, x)
     if order == 1:
-        out = _where(signbit_values(x), neg_values(out), out, x)
+        out = pick(signbit_values(x), neg_values(out), out, x)
     return out
 
 
@@ -353,7 +287,7 @@ def _modified_bessel_i(order: int):
 
     def rule(cx: LoweringContext, self: ir.Value) -> ir.Value:
         def fn(x: ir.Value) -> ir.Value:
-            return _where(isinf_values(x), math.nan, bessel_i(x, order, False), x)
+            return pick(isinf_values(x), math.nan, bessel_i(x, order, False), x)
 
         return _float_rule(cx, fn, self)
 
@@ -371,14 +305,14 @@ def erfcx_values(x: ir.Value) -> ir.Value:
     """``exp(x²) erfc(x)``: erfc(x) = t exp(-x² + P(t)) with t = 1 / (1 + x/2), so for
     x >= 0 it is t exp(P(t)) and never overflows."""
     a = cai.abs_(x)
-    t = _div(1.0, _add(_mul(a, 0.5), 1.0))
+    t = div(1.0, add(mul(a, 0.5), 1.0))
     tail = cai.broadcasting_mul(t, cai.exp(polynomial(t, ERFC_COEFFICIENTS)))
     squared = cai.exp(cai.broadcasting_mul(x, x))
-    near = cai.broadcasting_mul(squared, cai.broadcasting_sub(_c(1.0, x), cai.erf(x)))
-    negative = cai.broadcasting_sub(_mul(squared, 2.0), tail)
-    out = _where(signbit_values(x), negative, tail, x)
-    out = _where(_less(a, 0.5), near, out, x)
-    return _where(_eq(x, math.inf), 0.0, out, x)
+    near = cai.broadcasting_mul(squared, cai.broadcasting_sub(const_like(1.0, x), cai.erf(x)))
+    negative = cai.broadcasting_sub(mul(squared, 2.0), tail)
+    out = pick(signbit_values(x), negative, tail, x)
+    out = pick(less(a, 0.5), near, out, x)
+    return pick(equal(x, math.inf), 0.0, out, x)
 
 
 # P. J. Acklam's rational approximation of the normal quantile (relative error < 1.2e-9).
@@ -395,18 +329,18 @@ _ACKLAM_D = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996,
 def ndtri_values(p: ir.Value) -> ir.Value:
     """Φ⁻¹(p): a central rational function, and tail ones in ``sqrt(-2 log p)`` that keep
     tiny probabilities (``ndtri(1e-30) = -11.46``) precise."""
-    q = _sub(p, 0.5)
+    q = sub(p, 0.5)
     r = cai.broadcasting_mul(q, q)
-    central = _div(cai.broadcasting_mul(polynomial(r, _ACKLAM_A), q), polynomial(r, _ACKLAM_B))
-    tail_p = cai.broadcasting_minimum(p, cai.broadcasting_sub(_c(1.0, p), p))
-    t = cai.sqrt(_mul(cai.log(tail_p), -2.0))
-    tail = _div(polynomial(t, _ACKLAM_C), polynomial(t, _ACKLAM_D))
-    tail = _where(cai.broadcasting_greater(p, _c(0.5, p)), neg_values(tail), tail, p)
-    out = _where(_less(cai.abs_(q), 0.47575), central, tail, p)
-    out = _where(_eq(p, 0.0), -math.inf, out, p)
-    out = _where(_eq(p, 1.0), math.inf, out, p)
-    outside = cai.broadcasting_or(_less(p, 0.0), cai.broadcasting_greater(p, _c(1.0, p)))
-    return _where(outside, math.nan, out, p)
+    central = div(cai.broadcasting_mul(polynomial(r, _ACKLAM_A), q), polynomial(r, _ACKLAM_B))
+    tail_p = cai.broadcasting_minimum(p, cai.broadcasting_sub(const_like(1.0, p), p))
+    t = cai.sqrt(mul(cai.log(tail_p), -2.0))
+    tail = div(polynomial(t, _ACKLAM_C), polynomial(t, _ACKLAM_D))
+    tail = pick(cai.broadcasting_greater(p, const_like(0.5, p)), neg_values(tail), tail, p)
+    out = pick(less(cai.abs_(q), 0.47575), central, tail, p)
+    out = pick(equal(p, 0.0), -math.inf, out, p)
+    out = pick(equal(p, 1.0), math.inf, out, p)
+    outside = cai.broadcasting_or(less(p, 0.0), cai.broadcasting_greater(p, const_like(1.0, p)))
+    return pick(outside, math.nan, out, p)
 
 
 @lowering("aten::special_erfcx.default")
@@ -422,9 +356,7 @@ def ndtri(cx: LoweringContext, self: ir.Value) -> ir.Value:
 @lowering("aten::special_ndtr.default")
 def ndtr(cx: LoweringContext, self: ir.Value) -> ir.Value:
     """``(1 + erf(x / √2)) / 2``."""
-    return _float_rule(
-        cx, lambda x: _mul(_add(cai.erf(_mul(x, 1 / math.sqrt(2.0))), 1.0), 0.5), self
-    )
+    return _float_rule(cx, lambda x: mul(add(cai.erf(mul(x, 1 / math.sqrt(2.0))), 1.0), 0.5), self)
 
 
 # ------------------------------------------------------------------- angle, ldexp, frexp ---
@@ -434,8 +366,8 @@ def ndtr(cx: LoweringContext, self: ir.Value) -> ir.Value:
 def angle(cx: LoweringContext, self: ir.Value) -> ir.Value:
     """π for negative reals, 0 otherwise (NaN stays NaN)."""
     x = cast(self, cx.out_dtype)
-    out = _where(_less(x, 0.0), math.pi, 0.0, x)
-    return _where(isnan_values(x), x, out, x)
+    out = pick(less(x, 0.0), math.pi, 0.0, x)
+    return pick(isnan_values(x), x, out, x)
 
 
 @lowering("aten::ldexp.Tensor")
@@ -443,35 +375,9 @@ def ldexp(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
     """``self * 2 ** other``."""
 
     def fn(x: ir.Value, e: ir.Value) -> ir.Value:
-        return cai.broadcasting_mul(x, cai.broadcasting_pow(_c(2.0, e), e))
+        return cai.broadcasting_mul(x, cai.broadcasting_pow(const_like(2.0, e), e))
 
     return _float_rule(cx, fn, self, other)
-
-
-def frexp_parts(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """``(m, e, finite_nonzero)`` with ``a = m 2^e``, ``m`` in [0.5, 1), for float32 ``a >= 0``
-    (``m = 1, e = 0`` where ``a`` is 0, inf or NaN)."""
-    finite_nonzero = cai.broadcasting_and(
-        cai.broadcasting_equal(cai.broadcasting_sub(a, a), _c(0.0, a)),
-        cai.broadcasting_not_equal(a, _c(0.0, a)),
-    )
-    safe = _where(finite_nonzero, a, 1.0, a)
-    exponent = _add(floor_values(_mul(cai.log(safe), 1 / math.log(2.0))), 1.0)
-    # 2^-e in two halves so that subnormal inputs do not overflow the scale factor
-    half = floor_values(_mul(exponent, 0.5))
-    two = _c(2.0, a)
-    mantissa = cai.broadcasting_mul(
-        cai.broadcasting_mul(safe, cai.broadcasting_pow(two, neg_values(half))),
-        cai.broadcasting_pow(two, neg_values(cai.broadcasting_sub(exponent, half))),
-    )
-    # log2 is off by one next to powers of two: fix the exponent both ways
-    too_big = cai.broadcasting_not_equal(_less(mantissa, 1.0), _c(True, finite_nonzero))
-    mantissa = _where(too_big, _mul(mantissa, 0.5), mantissa, a)
-    exponent = _where(too_big, _add(exponent, 1.0), exponent, a)
-    too_small = _less(mantissa, 0.5)
-    mantissa = _where(too_small, _mul(mantissa, 2.0), mantissa, a)
-    exponent = _where(too_small, _sub(exponent, 1.0), exponent, a)
-    return mantissa, exponent, finite_nonzero
 
 
 @lowering("aten::frexp.Tensor")
@@ -482,7 +388,7 @@ def frexp(cx: LoweringContext, self: ir.Value) -> list[ir.Value]:
     mantissa = cast(mantissa, dtype_of(x))
     mantissa = cai.broadcasting_where(signbit_values(x), neg_values(mantissa), mantissa)
     mantissa = cai.broadcasting_where(finite_nonzero, mantissa, x)
-    exponent = _where(finite_nonzero, exponent, 0.0, exponent)
+    exponent = pick(finite_nonzero, exponent, 0.0, exponent)
     return [mantissa, cast(exponent, torch.int32)]
 
 
@@ -499,22 +405,22 @@ def nextafter(cx: LoweringContext, self: ir.Value, other: ir.Value) -> ir.Value:
     smallest = info.tiny * info.eps  # subnormal spacing
     x, y = operand(self, torch.float32), operand(other, torch.float32)
     mantissa, exponent, _ = frexp_parts(cai.abs_(x))
-    two = _c(2.0, x)
-    above = cai.broadcasting_pow(two, _sub(exponent, float(digits)))
-    below = _where(_eq(mantissa, 0.5), _mul(above, 0.5), above, x)
-    above = cai.broadcasting_maximum(above, _c(smallest, x))
-    below = cai.broadcasting_maximum(below, _c(smallest, x))
+    two = const_like(2.0, x)
+    above = cai.broadcasting_pow(two, sub(exponent, float(digits)))
+    below = pick(equal(mantissa, 0.5), mul(above, 0.5), above, x)
+    above = cai.broadcasting_maximum(above, const_like(smallest, x))
+    below = cai.broadcasting_maximum(below, const_like(smallest, x))
     up = cai.broadcasting_greater(y, x)
-    away_from_zero = cai.broadcasting_equal(up, cai.broadcasting_greater(x, _c(0.0, x)))
+    away_from_zero = cai.broadcasting_equal(up, cai.broadcasting_greater(x, const_like(0.0, x)))
     step = cai.broadcasting_where(away_from_zero, above, below)
     out = cai.broadcasting_add(x, cai.broadcasting_where(up, step, neg_values(step)))
-    from_zero = _where(up, smallest, -smallest, x)
-    out = cai.broadcasting_where(_eq(x, 0.0), from_zero, out)
-    largest = _where(signbit_values(x), -info.max, info.max, x)
+    from_zero = pick(up, smallest, -smallest, x)
+    out = cai.broadcasting_where(equal(x, 0.0), from_zero, out)
+    largest = pick(signbit_values(x), -info.max, info.max, x)
     out = cai.broadcasting_where(isinf_values(x), largest, out)
     out = cai.broadcasting_where(cai.broadcasting_equal(x, y), y, out)
     nan = cai.broadcasting_or(isnan_values(x), isnan_values(y))
-    return cast(_where(nan, math.nan, out, x), dtype)
+    return cast(pick(nan, math.nan, out, x), dtype)
 
 
 # ------------------------------------------------------------------------------- gcd, lcm ---
@@ -592,23 +498,23 @@ _TWO_OVER_PI = 2 / math.pi
 
 def _bessel_asymptotic(a: ir.Value, order: int, second_kind: bool) -> ir.Value:
     """``sqrt(2/(πa)) (P cos(ξ) - z Q sin(ξ))`` (J) or ``(P sin(ξ) + z Q cos(ξ))`` (Y)."""
-    z = _div(8.0, a)
+    z = div(8.0, a)
     y = cai.broadcasting_mul(z, z)
     p = polynomial(y, _P0 if order == 0 else _P1)
     q = cai.broadcasting_mul(polynomial(y, _Q0 if order == 0 else _Q1), z)
-    phase = _sub(a, math.pi / 4 * (1 + 2 * order))
+    phase = sub(a, math.pi / 4 * (1 + 2 * order))
     cos, sin = cai.cos(phase), cai.sin(phase)
     if second_kind:
         wave = cai.broadcasting_add(cai.broadcasting_mul(p, sin), cai.broadcasting_mul(q, cos))
     else:
         wave = cai.broadcasting_sub(cai.broadcasting_mul(p, cos), cai.broadcasting_mul(q, sin))
-    return cai.broadcasting_mul(cai.sqrt(_div(_TWO_OVER_PI, a)), wave)
+    return cai.broadcasting_mul(cai.sqrt(div(_TWO_OVER_PI, a)), wave)
 
 
 def bessel_j(x: ir.Value, order: int) -> ir.Value:
     a = cai.abs_(x)
     y = cai.broadcasting_mul(x, x)
-    near = _div(
+    near = div(
         polynomial(y, _J0_NUM if order == 0 else _J1_NUM),
         polynomial(y, _J0_DEN if order == 0 else _J1_DEN),
     )
@@ -616,25 +522,25 @@ def bessel_j(x: ir.Value, order: int) -> ir.Value:
         near = cai.broadcasting_mul(near, x)
     far = _bessel_asymptotic(a, order, False)
     if order == 1:
-        far = _where(signbit_values(x), neg_values(far), far, x)
-    return _where(_less(a, 8.0), near, far, x)  # NaN at ±inf, like PyTorch
+        far = pick(signbit_values(x), neg_values(far), far, x)
+    return pick(less(a, 8.0), near, far, x)  # NaN at ±inf, like PyTorch
 
 
 def bessel_y(x: ir.Value, order: int) -> ir.Value:
     y = cai.broadcasting_mul(x, x)
-    ratio = _div(
+    ratio = div(
         polynomial(y, _Y0_NUM if order == 0 else _Y1_NUM),
         polynomial(y, _Y0_DEN if order == 0 else _Y1_DEN),
     )
     log_term = cai.broadcasting_mul(bessel_j(x, order), cai.log(x))
     if order == 1:
         ratio = cai.broadcasting_mul(ratio, x)
-        log_term = cai.broadcasting_sub(log_term, _div(1.0, x))
-    near = cai.broadcasting_add(ratio, _mul(log_term, _TWO_OVER_PI))
+        log_term = cai.broadcasting_sub(log_term, div(1.0, x))
+    near = cai.broadcasting_add(ratio, mul(log_term, _TWO_OVER_PI))
     far = _bessel_asymptotic(x, order, True)
-    out = _where(_less(x, 8.0), near, far, x)  # NaN at +inf, like PyTorch
-    out = _where(_eq(x, 0.0), -math.inf, out, x)
-    return _where(_less(x, 0.0), math.nan, out, x)
+    out = pick(less(x, 8.0), near, far, x)  # NaN at +inf, like PyTorch
+    out = pick(equal(x, 0.0), -math.inf, out, x)
+    return pick(less(x, 0.0), math.nan, out, x)
 
 
 # Abramowitz & Stegun 9.8.5-9.8.8
@@ -646,7 +552,7 @@ _K1_LARGE = [-0.00068245, 0.00325614, -0.00780353, 0.01504268, -0.03655620, 0.23
 
 def bessel_k(x: ir.Value, order: int, scaled: bool) -> ir.Value:
     """Modified Bessel function K0/K1 (times ``exp(x)`` if ``scaled``)."""
-    half = _mul(x, 0.5)
+    half = mul(x, 0.5)
     t = cai.broadcasting_mul(half, half)
     log_half = cai.log(half)
     series = polynomial(t, _K0_SMALL if order == 0 else _K1_SMALL)
@@ -656,24 +562,24 @@ def bessel_k(x: ir.Value, order: int, scaled: bool) -> ir.Value:
         near = cai.broadcasting_add(
             cai.broadcasting_mul(cai.broadcasting_mul(x, log_half), bessel_i(x, 1, False)), series
         )
-        near = _div(near, x)
+        near = div(near, x)
     if scaled:
         near = cai.broadcasting_mul(near, cai.exp(x))
-    far = _div(polynomial(_div(2.0, x), _K0_LARGE if order == 0 else _K1_LARGE), cai.sqrt(x))
+    far = div(polynomial(div(2.0, x), _K0_LARGE if order == 0 else _K1_LARGE), cai.sqrt(x))
     if not scaled:
         far = cai.broadcasting_mul(far, cai.exp(neg_values(x)))
-    out = _where(_less(x, 2.0), near, far, x)
-    out = _where(_eq(x, 0.0), math.inf, out, x)
-    out = _where(_eq(x, math.inf), 0.0, out, x)
-    return _where(_less(x, 0.0), math.nan, out, x)
+    out = pick(less(x, 2.0), near, far, x)
+    out = pick(equal(x, 0.0), math.inf, out, x)
+    out = pick(equal(x, math.inf), 0.0, out, x)
+    return pick(less(x, 0.0), math.nan, out, x)
 
 
 def spherical_bessel_j0(x: ir.Value) -> ir.Value:
     """``sin(x) / x`` (a series near 0, 0 at ±inf)."""
     y = cai.broadcasting_mul(x, x)
     near = polynomial(y, [1.0 / 120, -1.0 / 6, 1.0])
-    out = _where(_less(cai.abs_(x), 0.01), near, _div(cai.sin(x), x), x)
-    return _where(isinf_values(x), 0.0, out, x)
+    out = pick(less(cai.abs_(x), 0.01), near, div(cai.sin(x), x), x)
+    return pick(isinf_values(x), 0.0, out, x)
 
 
 for _name, _fn in {

@@ -3,7 +3,7 @@
 Programs exported with ``torch.export.Dim`` compute sizes at run time.  A SymInt node becomes a
 0-d ``si32`` value (read from ``coreai.get_shape``), a SymFloat a 0-d ``f32`` value and a
 SymBool a 0-d ``i1`` value; tensor ops receive those values in their size arguments (see
-``common.shape_vector``).  Asserts on sizes (``_assert_scalar``, ``sym_constrain_range*``) are
+``values.shape_vector``).  Asserts on sizes (``_assert_scalar``, ``sym_constrain_range*``) are
 checked by torch.export when the program is traced and emit nothing.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,20 +33,8 @@ from coreai_torch.ir.values import (
     squeeze,
 )
 from coreai_torch.locations import qualified_name
+from coreai_torch.lowerings.helpers.operands import SymOperand, sym_scalar
 from coreai_torch.lowerings.registry import LoweringContext, lowering, raw_lowering
-
-SymOperand: TypeAlias = ir.Value | bool | int | float
-
-
-def sym_scalar(x: SymOperand) -> ir.Value:
-    """A symbolic operand as a 0-d value: ints si32, floats f32, bools i1."""
-    if isinstance(x, ir.Value):
-        return squeeze(x, list(range(rank_of(x))))
-    if isinstance(x, bool):
-        return cai.constant(np.bool_(x))
-    if isinstance(x, int):
-        return index_value(x)
-    return cai.constant(np.float32(x))
 
 
 def _numeric(*operands: SymOperand) -> list[ir.Value]:

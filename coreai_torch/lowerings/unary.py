@@ -14,14 +14,22 @@ from collections.abc import Callable
 import torch
 
 from coreai_torch._mlir import cai, ir
-from coreai_torch.ir.values import cast, dtype_of
-from coreai_torch.lowerings.elementwise import (
-    Operand,
-    const_like,
+from coreai_torch.ir.values import add, cast, dtype_of, less, mul, sub
+from coreai_torch.lowerings.helpers.arithmetic import (
     isinf_values,
     neg_values,
-    operand,
     signbit_values,
+)
+from coreai_torch.lowerings.helpers.float_math import (
+    erfc_values,
+    expm1_values,
+    log1p_values,
+    polynomial,
+)
+from coreai_torch.lowerings.helpers.operands import (
+    Operand,
+    const_like,
+    operand,
 )
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
@@ -46,54 +54,7 @@ def in_dtype(fn: Unary, x: ir.Value, *, f32: bool) -> ir.Value:
     return fn(x)
 
 
-def _add(a: ir.Value, b: float | ir.Value) -> ir.Value:
-    return cai.broadcasting_add(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
-
-
-def _mul(a: ir.Value, b: float | ir.Value) -> ir.Value:
-    return cai.broadcasting_mul(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
-
-
-def _sub(a: ir.Value, b: float | ir.Value) -> ir.Value:
-    return cai.broadcasting_sub(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
-
-
-def _div(a: ir.Value, b: float | ir.Value) -> ir.Value:
-    return cai.broadcasting_divide(a, const_like(b, a) if not isinstance(b, ir.Value) else b)
-
-
-def _rdiv(a: float, b: ir.Value) -> ir.Value:
-    return cai.broadcasting_divide(const_like(a, b), b)
-
-
-def _less(a: ir.Value, b: float) -> ir.Value:
-    return cai.broadcasting_greater(const_like(b, a), a)
-
-
-def polynomial(x: ir.Value, coefficients: list[float]) -> ir.Value:
-    """Horner evaluation; coefficients from the highest power down."""
-    p = const_like(coefficients[0], x)
-    for c in coefficients[1:]:
-        p = _add(cai.broadcasting_mul(p, x), c)
-    return p
-
-
 # ------------------------------------------------------------------------------ composites --
-
-
-def log1p_values(x: ir.Value) -> ir.Value:
-    """``log(1 + x)``; ``2 atanh(x / (2 + x))`` near 0 where ``1 + x`` would round."""
-    small = _less(cai.abs_(x), 0.5)
-    near = _mul(cai.atanh(cai.broadcasting_divide(x, _add(x, 2.0))), 2.0)
-    return cai.broadcasting_where(small, near, cai.log(_add(x, 1.0)))
-
-
-def expm1_values(x: ir.Value) -> ir.Value:
-    """``exp(x) - 1``; ``2t / (1 - t)`` with ``t = tanh(x / 2)`` near 0."""
-    small = _less(cai.abs_(x), 0.5)
-    t = cai.tanh(_mul(x, 0.5))
-    near = cai.broadcasting_divide(_mul(t, 2.0), cai.broadcasting_sub(const_like(1.0, t), t))
-    return cai.broadcasting_where(small, near, _sub(cai.exp(x), 1.0))
 
 
 def exp2_values(x: ir.Value) -> ir.Value:
@@ -101,39 +62,11 @@ def exp2_values(x: ir.Value) -> ir.Value:
 
 
 def log2_values(x: ir.Value) -> ir.Value:
-    return _mul(cai.log(x), 1.0 / math.log(2.0))
+    return mul(cai.log(x), 1.0 / math.log(2.0))
 
 
 def log10_values(x: ir.Value) -> ir.Value:
-    return _mul(cai.log(x), 1.0 / math.log(10.0))
-
-
-# Numerical Recipes' erfc approximation (relative error < 1.2e-7 everywhere).
-ERFC_COEFFICIENTS = [
-    0.17087277,
-    -0.82215223,
-    1.48851587,
-    -1.13520398,
-    0.27886807,
-    -0.18628806,
-    0.09678418,
-    0.37409196,
-    1.00002368,
-    -1.26551223,
-]
-
-
-def erfc_values(x: ir.Value) -> ir.Value:
-    """``1 - erf(x)``, accurate in the tail (``erfc(10) == 2.1e-45``)."""
-    z = cai.abs_(x)
-    t = _rdiv(1.0, _add(_mul(z, 0.5), 1.0))
-    exponent = cai.broadcasting_sub(polynomial(t, ERFC_COEFFICIENTS), cai.broadcasting_mul(z, z))
-    tail = cai.broadcasting_mul(t, cai.exp(exponent))
-    tail = cai.broadcasting_where(
-        signbit_values(x), cai.broadcasting_sub(const_like(2.0, x), tail), tail
-    )
-    near = cai.broadcasting_sub(const_like(1.0, x), cai.erf(x))
-    return cai.broadcasting_where(_less(z, 0.5), near, tail)
+    return mul(cai.log(x), 1.0 / math.log(10.0))
 
 
 # M. Giles, "Approximating the erfinv function" (single precision).
@@ -163,12 +96,12 @@ _ERFINV_TAIL = [
 
 def erfinv_values(x: ir.Value) -> ir.Value:
     one = const_like(1.0, x)
-    w = neg_values(cai.log(cai.broadcasting_mul(_sub(one, x), _add(x, 1.0))))
-    central = polynomial(_sub(w, 2.5), _ERFINV_CENTRAL)
-    tail = polynomial(_sub(cai.sqrt(w), 3.0), _ERFINV_TAIL)
-    p = cai.broadcasting_where(_less(w, 5.0), central, tail)
+    w = neg_values(cai.log(cai.broadcasting_mul(sub(one, x), add(x, 1.0))))
+    central = polynomial(sub(w, 2.5), _ERFINV_CENTRAL)
+    tail = polynomial(sub(cai.sqrt(w), 3.0), _ERFINV_TAIL)
+    p = cai.broadcasting_where(less(w, 5.0), central, tail)
     edge = cai.broadcasting_equal(cai.abs_(x), one)
-    return cai.broadcasting_where(edge, _mul(x, float("inf")), cai.broadcasting_mul(p, x))
+    return cai.broadcasting_where(edge, mul(x, float("inf")), cai.broadcasting_mul(p, x))
 
 
 def atan2_values(y: ir.Value, x: ir.Value) -> ir.Value:
@@ -196,7 +129,7 @@ def hypot_values(a: ir.Value, b: ir.Value) -> ir.Value:
     big = cai.broadcasting_maximum(a, b)
     small = cai.broadcasting_minimum(a, b)
     ratio = cai.broadcasting_divide(small, big)
-    h = cai.broadcasting_mul(big, cai.sqrt(_add(cai.broadcasting_mul(ratio, ratio), 1.0)))
+    h = cai.broadcasting_mul(big, cai.sqrt(add(cai.broadcasting_mul(ratio, ratio), 1.0)))
     zero = const_like(0.0, a)
     h = cai.broadcasting_where(cai.broadcasting_equal(big, zero), zero, h)
     inf = cai.broadcasting_or(isinf_values(a), isinf_values(b))

@@ -16,7 +16,7 @@ it changed something (``verify="always"``: every time).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from coreai_torch._mlir import ir, run_pre_compilation_rewrite
@@ -24,6 +24,7 @@ from coreai_torch.errors import VerificationError
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.weights import WeightStore
 from coreai_torch.passes import weight_casts  # (registers its fold guards)
+from coreai_torch.passes.folded_weights import Readers, name_folded_weights, note_weight_readers
 from coreai_torch.passes.placement import (
     decompress_to_float32,
     lookups_before_decompression,
@@ -41,6 +42,8 @@ class PassContext:
     weights: WeightStore | None = None
     #: ``optimize(transpose_weights=...)``: store weights read transposed transposed
     transpose_weights: bool = True
+    #: the weight each convolution / matmul read before the rewrite
+    readers: Readers = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,22 @@ def _folded_weights(module: ir.Module, context: PassContext) -> int:
     return weight_casts.make_folded_weights(module, context.weights)
 
 
+def _noted_readers(module: ir.Module, context: PassContext) -> int:
+    """Which weight each convolution / matmul reads, to name what the rewrite folds."""
+    if context.weights is not None:
+        context.readers = note_weight_readers(module, context.weights)
+    return 0
+
+
+def _named_folded_weights(module: ir.Module, context: PassContext) -> int:
+    """Weights the rewrite computed from others (batch norm folded into a kernel) moved into
+    the store, named after the weights they came from (``compress()`` then finds them)."""
+    if context.weights is None:
+        return 0
+    with module.context, ir.Location.unknown():
+        return name_folded_weights(module, context.weights, context.readers)
+
+
 def _pre_compilation_rewrite(module: ir.Module, context: PassContext) -> int:
     """Core AI's own rewrite: constant folding, CSE, DCE, canonicalisation."""
     run_pre_compilation_rewrite(module=module)
@@ -120,7 +139,9 @@ OPTIMIZE: tuple[Pass, ...] = (
     Pass("rewrite misfold guards", _module_pass(protect_from_misfolds)),
     Pass("transposed gathered weights", _transposed_gathered),
     Pass("weights the rewrite folds", _folded_weights),
+    Pass("weight readers noted", _noted_readers),
     Pass("pre-compilation rewrite", _pre_compilation_rewrite, "always", fallible=True),
+    Pass("folded weights named", _named_folded_weights, "changed"),
     Pass("transposed weights", _transposed, "changed"),
     *PLACEMENT,
 )

@@ -76,7 +76,7 @@ def _float32_casts(op: ir.Operation) -> list[ir.Operation] | None:
 def _float32_matmuls(op: ir.Operation) -> tuple[list[ir.Operation], list[ir.Operation]] | None:
     """The float32 matmuls reading the decompressed weight ``op`` as right operand: directly
     (a float32 weight), or each through a cast to float32 (a half weight read by the float32
-    accumulation of :mod:`coreai_torch.lowerings.accumulation`); with those casts."""
+    accumulation of :mod:`coreai_torch.lowerings.helpers.accumulation`); with those casts."""
     element = ir.RankedTensorType(op.result.type).element_type
     if isinstance(element, ir.F32Type):
         matmuls = _right_operand_of_matmuls(op.result)

@@ -8,6 +8,10 @@ folded correctly, so before the rewrite runs, :func:`protect_from_misfolds` turn
 floating-point ``A - C`` with a constant ``C`` that feeds a multiplication or division into the
 exactly equivalent ``A + (-1 * C)`` (``a - c`` and ``a + (-c)`` agree bit for bit in IEEE
 arithmetic, signed zeros and NaN included).  The rewrite then folds ``-1 * C`` itself.
+
+The other guards below keep reshapes in place where the rewrite would move them wrongly, and
+keep a convolution whose result is scaled per channel *and* read elsewhere from being
+duplicated (:func:`_protect_shared_convolutions`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import numpy as np
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
-from coreai_torch.ir.values import constant, greater
+from coreai_torch.ir.values import constant, greater, reshape
 
 _SUB_OPS = frozenset({"coreai.decomposable.broadcasting_sub", "coreai.sub"})
 _SCALING_OPS = frozenset(
@@ -296,10 +300,75 @@ def _protect_unit_dim_reshapes_of_broadcast_operands(
     return protected
 
 
+# ---------------------------------------------------------------------------------------------
+# The rewrite folds a per-channel scale of a convolution's result (a `mul` / `divide` by a
+# constant of the result's rank, [1, C, 1, 1]: batch norm, PReLU's slope) into the kernel:
+# conv(x, W) * s -> conv(x, W * s).  It does so even when the convolution's result is read by
+# other ops too (PReLU: where(y > 0, y, y * slope)), and the convolution then runs twice, the
+# second time on an anonymous scaled copy of its kernel (a larger asset, and a weight
+# `compress()` does not know by name).  A scale of one rank less ([C, 1, 1], which broadcasts
+# the same) is left alone, so such scales lose their leading unit dimension; a scale that is
+# the convolution's only reader is still folded.
+
+_CONVOLUTIONS = frozenset({"coreai.conv2d", "coreai.conv3d"})
+_DIVIDE_OPS = frozenset({"coreai.decomposable.broadcasting_divide", "coreai.divide"})
+_BIAS_OPS = frozenset({"coreai.decomposable.broadcasting_add", "coreai.add", *_SUB_OPS})
+
+
+def _scaled_convolution_is_shared(value: ir.Value, is_constant: Callable[[ir.Value], bool]) -> bool:
+    """Whether ``value`` is a convolution's result (through constant bias adds) that some op
+    other than the one scaling it reads on the way."""
+    uses = 0
+    while True:
+        uses += len(list(value.uses)) - 1  # readers besides the next op of the chain
+        op = _owner(value)
+        if op is None:
+            return False
+        if op.name in _CONVOLUTIONS:
+            return uses > 0
+        if op.name not in _BIAS_OPS:
+            return False
+        lhs, rhs = op.operands[0], op.operands[1]
+        if is_constant(rhs) and not is_constant(lhs):
+            value = lhs
+        elif is_constant(lhs) and not is_constant(rhs):
+            value = rhs
+        else:
+            return False
+
+
+def _protect_shared_convolutions(module: ir.Module, ops: list[ir.Operation]) -> int:
+    """``conv(x) * s`` (``s`` a constant ``[1, C, 1, 1]``, the convolution's result read
+    elsewhere too) -> ``conv(x) * reshape(s, [C, 1, 1])``, which the rewrite does not fold
+    into a second convolution."""
+    candidates, is_constant = _candidates(ops, _SCALING_OPS)
+    protected = 0
+    with module.context:
+        for op in candidates:
+            for index in (0, 1):
+                scale, scaled = op.operands[index], op.operands[1 - index]
+                if index == 0 and op.name in _DIVIDE_OPS:
+                    continue  # s / conv(x) is not a scale of the convolution
+                if not (is_constant(scale) and not is_constant(scaled)):
+                    continue
+                shape = _static_shape(scale)
+                if shape is None or len(shape) < 2 or shape[0] != 1:
+                    continue
+                if len(shape) != len(_static_shape(scaled) or []):
+                    continue
+                if not _scaled_convolution_is_shared(scaled, is_constant):
+                    continue
+                with ir.InsertionPoint(op), op.location:
+                    op.operands[index] = reshape(scale, shape[1:])
+                protected += 1
+    return protected
+
+
 _GUARDS = (
     _protect_constant_shifts,
     _protect_reshaped_matmul_operands,
     _protect_unit_dim_reshapes_of_broadcast_operands,
+    _protect_shared_convolutions,
 )
 
 

@@ -3,7 +3,7 @@
 
 Core AI constant-folds ``cast(constant)``, in the pre-compilation rewrite and when an asset is
 serialised: a float16 weight read in float32 (16-bit products accumulate in float32,
-:mod:`coreai_torch.lowerings.accumulation`), an int8 weight read as float, or the float16
+:mod:`coreai_torch.lowerings.helpers.accumulation`), an int8 weight read as float, or the float16
 scales of a compressed weight would be stored converted -- two to four times their size in the
 asset.  It also folds ``transpose(constant)`` of float16 weights (and of the stacked weights of
 mixture-of-experts layers) into anonymous copies: the weight then loses its name, so

@@ -12,7 +12,7 @@ the weight's constants:
   ``gather_nd`` of the experts each token selected (``(experts, ...)`` indexed by a run-time
   ``[..., 1]`` tensor) whose result a matmul reads (through reshapes of the gathered batch);
 * on the way: casts between float types (a half-precision weight read in float32: the float32
-  accumulation of :mod:`coreai_torch.lowerings.accumulation`), multiplications by one (the
+  accumulation of :mod:`coreai_torch.lowerings.helpers.accumulation`), multiplications by one (the
   guards of :mod:`coreai_torch.passes.safe_rewrite`) and transposes, whose axes are
   followed.  Transposes every reader goes through (``nn.Linear`` before ``optimize()``) are
   absorbed: the weight is stored transposed, so the readers get the decompressed weight

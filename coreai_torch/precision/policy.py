@@ -11,7 +11,7 @@ A :class:`Precision` says
   (``keep_fp32_modules``) or by a predicate on the FX node (``keep_fp32``);
 * ``fp32_accumulation``: whether products of 16-bit operands (matmuls, linear layers,
   attention) accumulate in float32 and round once, as in ATen
-  (:mod:`coreai_torch.lowerings.accumulation`).
+  (:mod:`coreai_torch.lowerings.helpers.accumulation`).
 """
 
 from __future__ import annotations

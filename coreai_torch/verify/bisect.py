@@ -293,6 +293,7 @@ class _Search:
             probe.precision = self.precision
         probe.progress = False
         probe._check_selectors = False  # a prefix need not hold every selected node
+        probe.check_range = False  # the divergence searched for is the one as converted
         with warnings.catch_warnings():  # the full conversion said it already
             warnings.simplefilter("ignore", RuntimeWarning)
             program = probe.add_exported_program(program_ep).to_coreai()

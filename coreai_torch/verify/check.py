@@ -74,12 +74,16 @@ def verify(
     max|expected|)`` (default :data:`~coreai_torch.verify.compare.HALF_TOLERANCE`;
     ``atol``/``rtol`` do not apply), and when they do not match (and ``bisect``) the report
     names the first FX node that overflows or loses more than that, with its source line
-    (``report.divergence``).
+    (``report.divergence``).  The program it converts itself skips the range check a
+    conversion runs on its example inputs (``TorchConverter(check_range=False)``), which
+    would keep the nodes overflowing on ``args`` in float32.
     """
     policy = from_spec(precision) if precision is not None else None
     if program is None:
         ep = export_decomposed(model, args, kwargs)
-        converter = TorchConverter(compute_precision=policy or "fp32")
+        # without the range check on the example inputs (they are ``args``): it would keep
+        # in float32 the very nodes this is meant to find
+        converter = TorchConverter(compute_precision=policy or "fp32", check_range=False)
         program = converter.add_exported_program(ep, entrypoint_name=entrypoint).to_coreai()
     policy = policy or getattr(program, "precision", None)
     half = policy is not None and policy.is_half

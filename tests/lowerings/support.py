@@ -58,3 +58,8 @@ def rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 def fast_first(*values: Any) -> list[Any]:
     """Parameters where only the first runs in the fast suite (the rest are ``slow``)."""
     return [values[0], *(pytest.param(v, marks=pytest.mark.slow) for v in values[1:])]
+
+
+def idx(*values: int) -> torch.Tensor:
+    """An int64 index tensor of ``values``."""
+    return torch.tensor(values)

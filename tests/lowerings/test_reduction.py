@@ -16,32 +16,22 @@ from coreai_torch.errors import ConversionError
 from coreai_torch.frontend.export import export_decomposed
 from tests.helpers import check_runs
 from tests.lowerings.support import Fn, check_fn, convert_fn
-from tests.lowerings.values import NAN, Case, bools, check_cases, floats, grouped, ints
-
-
-def _with_nans(x: torch.Tensor) -> torch.Tensor:
-    """One NaN in some slices along dim 1, none in others (NaN indices are well defined)."""
-    x = x.clone()
-    x[0, 1, 2] = NAN
-    x[1, 3, 0] = NAN
-    return x
-
-
-def operands() -> list[torch.Tensor]:
-    """float32 (3, 5, 4), int64, int32, bool, uint8, float32 with NaN, rank 6, 0-d."""
-    return [
-        floats(3, 5, 4),
-        ints(3, 5, 4),
-        ints(3, 5, 4, dtype=torch.int32),
-        bools(3, 5, 4),
-        ints(3, 5, 4, dtype=torch.uint8),
-        _with_nans(floats(3, 5, 4)),
-        floats(2, 1, 2, 3, 1, 2),
-        floats(),
-    ]
-
-
-FLOAT, INT64, INT32, BOOL, UINT8, NANS, RANK6, SCALAR = range(8)
+from tests.lowerings.values import (
+    BOOL,
+    FLOAT,
+    INT32,
+    INT64,
+    NAN,
+    NANS,
+    RANK6,
+    SCALAR,
+    UINT8,
+    check_cases,
+    floats,
+    grouped,
+    ints,
+    over_operands,
+)
 
 # name -> (op, operand indices)
 REDUCTIONS: dict[str, tuple[Callable[[Any], Any], list[int]]] = {
@@ -93,14 +83,9 @@ REDUCTIONS: dict[str, tuple[Callable[[Any], Any], list[int]]] = {
 }
 
 
-def _over_operands(op: Callable[[Any], Any], which: list[int]) -> Case:
-    xs = operands()
-    return (lambda *args: tuple(op(x) for x in args)), [xs[i] for i in which]
-
-
 @pytest.mark.parametrize("names", grouped(list(REDUCTIONS), 4))
 def test_reduction(names: list[str]) -> None:
-    check_cases([_over_operands(*REDUCTIONS[n]) for n in names])
+    check_cases([over_operands(*REDUCTIONS[n]) for n in names])
 
 
 def test_argmax_ties_and_nan_positions() -> None:
@@ -123,105 +108,8 @@ def test_argmax_ties_and_nan_positions() -> None:
 
 # ------------------------------------------------------------------------- cumulative ------
 
-CUMULATIVE: dict[str, tuple[Callable[[Any], Any], list[int]]] = {
-    "cumsum": (lambda x: x.cumsum(1), [FLOAT, INT64, INT32, BOOL, UINT8, RANK6]),
-    "cumsum_neg_dim": (lambda x: x.cumsum(-1, dtype=torch.float32), [FLOAT, INT64, SCALAR]),
-    "cumprod": (lambda x: x.cumprod(0), [FLOAT, INT64, BOOL, SCALAR]),
-    "cummax": (lambda x: torch.cummax(x, -2), [FLOAT, INT64, INT32, BOOL, NANS]),
-    "cummin": (lambda x: torch.cummin(x, -1), [FLOAT, INT64, UINT8, NANS, RANK6, SCALAR]),
-    "logcumsumexp": (lambda x: torch.logcumsumexp(x, -1), [FLOAT, RANK6, SCALAR]),
-}
-
-
-@pytest.mark.parametrize("names", grouped(list(CUMULATIVE), 3))
-def test_cumulative(names: list[str]) -> None:
-    check_cases([_over_operands(*CUMULATIVE[n]) for n in names])
-
-
-def test_cummax_ties_and_nans() -> None:
-    """Ties move the index to the latest position; after a NaN only later NaNs move it."""
-    x = torch.tensor([[1.0, 3.0, 3.0, NAN, 5.0, NAN, 0.0], [2.0, 2.0, 1.0, 2.0, 0.0, 0.0, 4.0]])
-    check_fn(lambda x: (torch.cummax(x, 1), torch.cummin(x, 1)), x)
-
 
 # ---------------------------------------------------------------------------- sorting ------
-
-
-def _distinct(*shape: int) -> torch.Tensor:
-    """Values without ties (sort indices are then unique)."""
-    n = 1
-    for s in shape:
-        n *= s
-    return (torch.randperm(n).float() - n / 2).reshape(shape)
-
-
-SORTING: dict[str, Callable[..., Any]] = {
-    "sort": lambda x, t, i, b: (x.sort(1), t.sort(-1), i.sort(0), b.sort(1)),
-    "sort_descending": lambda x, t, i, b: (
-        x.sort(0, descending=True),
-        t.sort(1, descending=True),
-        i.sort(-1, descending=True),
-        b.sort(0, descending=True),
-    ),
-    "sort_stable": lambda x, t, i, b: (
-        torch.sort(t, dim=1, stable=True),
-        torch.sort(i, stable=True),
-    ),
-    "argsort": lambda x, t, i, b: (x.argsort(1), t.argsort(-1, descending=True), i.argsort(0)),
-    "msort": lambda x, t, i, b: (torch.msort(x), torch.msort(i)),
-    "topk": lambda x, t, i, b: (x.topk(2, 1), x.topk(3, 0, largest=False), x.topk(1)),
-    "kthvalue": lambda x, t, i, b: (torch.kthvalue(x, 2, 1), torch.kthvalue(x, 1, 0, True)),
-    "median": lambda x, t, i, b: (x.median(), x.median(1), i.median(-1), i.median()),
-    "nanmedian": lambda x, t, i, b: (torch.nanmedian(x), torch.nanmedian(x, 1, keepdim=True)),
-}
-
-
-@pytest.mark.parametrize("names", grouped(list(SORTING), 3))
-def test_sorting(names: list[str]) -> None:
-    def case(name: str) -> Case:
-        ties = torch.randint(0, 3, (4, 6)).float()
-        return SORTING[name], [_distinct(3, 5, 4), ties, ints(3, 5, 4), bools(3, 6)]
-
-    check_cases([case(n) for n in names])
-
-
-def test_sorting_with_nans() -> None:
-    """NaN sorts as the largest value: last ascending, first descending; median is NaN."""
-    x = torch.tensor(
-        [[1.0, NAN, 3.0, -1.0, NAN, 0.0], [2.0, 1.0, -float("inf"), float("inf"), 0.5, NAN]]
-    )
-
-    def f(x):
-        return (
-            x.sort(1),
-            x.sort(1, descending=True),
-            x.topk(2, 1, largest=False),
-            x.median(1),
-            torch.nanmedian(x, 1),
-            torch.kthvalue(x, 2, 1),
-        )
-
-    check_fn(f, x)
-
-
-def test_bucketize_and_searchsorted() -> None:
-    boundaries = torch.tensor([-1.0, 0.0, 0.5, 2.0])
-    rows = torch.tensor([[-1.0, 0.0, 1.0], [0.0, 2.0, 4.0]])
-
-    def f(x, i, v, q):
-        return (
-            torch.bucketize(x, boundaries),
-            torch.bucketize(x, boundaries, right=True),
-            torch.bucketize(i, boundaries, out_int32=True),
-            torch.searchsorted(boundaries, x),
-            torch.searchsorted(boundaries, x, side="right"),
-            torch.searchsorted(rows, v),
-            torch.searchsorted(rows, q, right=True),
-        )
-
-    x = torch.tensor([[-2.0, -1.0, 0.0, 0.25], [0.5, 1.0, 2.0, NAN]])
-    v = torch.tensor([[-5.0, 0.0, 0.5], [1.0, 3.0, 5.0]])
-    check_fn(f, x, ints(3, 4), v, torch.tensor([[0.0], [2.0]]))
 
 
 # -------------------------------------------------------------------- 16-bit accumulation --
@@ -297,65 +185,6 @@ def test_reductions_of_empty_slices() -> None:
         )  # fmt: skip
 
     check_fn(f, floats(3, 4), ints(3, 4))
-
-
-def test_histc_and_mode() -> None:
-    x = torch.tensor([0.0, 1.0, 1.5, 2.0, 3.0, NAN, -1.0, 2.9999, 0.75])
-    m = torch.tensor([[3.0, 1.0, 3.0, 1.0, 2.0], [5.0, 5.0, 4.0, 4.0, 4.0], [1.0, 2, 3, 4, 5]])
-
-    def f(x, m, i):
-        return (
-            torch.histc(x, 4, 0, 3), torch.histc(m, 5), torch.histc(m[0], 3, 2, 2),
-            torch.mode(m, 1), torch.mode(m, 0, keepdim=True), torch.mode(i, -1),
-            torch.mode(i > 2, 1),
-        )  # fmt: skip
-
-    check_fn(f, x, m, ints(3, 6, low=0, high=4))
-
-
-def test_histogram() -> None:
-    """Bin counts from the data's range (edges rounded like ATen's linspace: integer data on
-    the edges of 20 and 40 bins), a given range, bin tensors, weights, density, a 0-d input,
-    histogramdd with counts, ranges and tensors per dimension, float64."""
-    H, HDD = torch.histogram, torch.histogramdd
-
-    def f(x, k, b, w, c, d):
-        return (
-            H(x, 4), H(k, 20), H(k, 40), H(k, 7, range=(1.0, 3.0)), H(x, b),
-            H(x, b, weight=w, density=True), H(x, 5, weight=w), H(x, 3, density=True),
-            H(c, 3), H(c, 2, weight=c, density=True),
-            HDD(x.reshape(-1, 2), [2, 3]), HDD(k.reshape(-1, 3), [4, 2, 5]),
-            HDD(x.reshape(-1, 2), [b, b], weight=w[:6], density=True),
-            HDD(x.reshape(-1, 3), [2, 1, 3], range=[-1.0, 1.0, 0.0, 0.0, -2.0, 2.0]),
-            H(d, 6), H(d, 3, range=(-1.0, 1.0), density=True),
-        )  # fmt: skip
-
-    x = floats(12)
-    k = torch.randint(0, 5, (45,)).float()
-    b = torch.tensor([-1.0, 0.0, 0.5, 2.0])
-    check_fn(f, x, k, b, torch.rand(12), torch.tensor(1.5), floats(10).double())
-
-
-def test_segment_reduce() -> None:
-    """Every reduction by lengths and offsets, with and without ``initial``: empty segments,
-    NaN inside a segment, a segment axis after batch dims, segments not covering the axis."""
-    SR = torch.segment_reduce
-
-    def f(d, lengths, offsets, m, rows, short):
-        outs = []
-        for r in ("mean", "max", "min", "sum", "prod"):
-            outs += [
-                SR(d, r, lengths=lengths), SR(d, r, lengths=lengths, initial=1),
-                SR(d, r, offsets=offsets), SR(m, r, lengths=rows, axis=1, initial=2),
-                SR(m.T.reshape(5, 2, 2)[:4], r, lengths=short, unsafe=True),
-                SR(m, r, lengths=rows[:, 1:], axis=-1),
-            ]  # fmt: skip
-        return tuple(outs)
-
-    d = torch.tensor([1.0, 2.0, 3.0, NAN, 5.0])
-    lengths, offsets = torch.tensor([0, 1, 2, 2]), torch.tensor([0, 0, 1, 3, 5])
-    rows = torch.tensor([[0, 1, 2, 2]] * 4)
-    check_fn(f, d, lengths, offsets, floats(4, 5), rows, torch.tensor([2, 0, 1]))
 
 
 def test_distances() -> None:

@@ -1,83 +1,75 @@
-"""Special functions with iterative or piecewise evaluations on the Core AI runtime vs eager
-PyTorch: the regularized incomplete gamma functions (every method ATen picks between, and
-its boundary values) and the Airy function Ai."""
+"""Special functions on the Core AI runtime vs eager PyTorch: the gamma family (lgamma,
+digamma, polygamma, zeta, mvlgamma), Bessel I0/I1 and their scaled forms, erfcx, ndtri/ndtr,
+angle, ldexp, frexp, xlogy and nextafter, at edge values and in float16."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 from tests.lowerings.support import check_fn
-from tests.lowerings.values import INF, NAN, check_cases
+from tests.lowerings.values import INF, NAN, check_cases, grouped
 
-# (a, x) pairs reaching each of ATen's methods: P's series, Q's series (small x), the
-# continued fraction, the asymptotic expansion (20 < a < 200 and a > 200, x close to a),
-# and the prefactor's Lanczos branches (|a - x| small, a or x >= 200)
-_A = [0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 25.0, 50.0, 150.0, 300.0, 300.0, 1000.0, 0.01, 3.0]
-_A += [7.0, 0.3, 1e-3, 40.0, 190.0, 250.0, 0.9, 42.7]
-_X = [0.3, 1.05, 2.0, 8.0, 0.7, 24.0, 31.0, 20.0, 160.0, 310.0, 250.0, 1010.0, 5.0, 0.4]
-_X += [7.0, 0.8, 2.0, 90.0, 240.0, 210.0, 32.5, 0.16]
-
-#: boundary values: negative, zero, infinite and NaN arguments (a down the rows)
-_EDGE_A = [-1.0, 0.0, 0.5, 2.0, INF, NAN, 30.0]
-_EDGE_X = [-1.0, 0.0, 0.2, 0.9, 1.05, 3.0, 29.0, INF, NAN]
+S = torch.special
 
 
-def _both(a: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.igamma(a, x), torch.igammac(a, x)
+_EDGES = [0.0, -0.0, -1.0, -2.5, 1.0, 2.0, -3.0, 0.5, INF, -INF, NAN, 1e30, 1.4616, 3.7, 10.0]
 
 
-def test_incomplete_gamma() -> None:
-    pairs = (_both, [torch.tensor(_A), torch.tensor(_X)])
-    grid = (_both, [torch.tensor(_EDGE_A)[:, None], torch.tensor(_EDGE_X)])
-    # broadcasting, a 0-d operand, float64
-    shapes = (
-        lambda a, x, s, d: (*_both(a, x), *_both(s, x), *_both(d, d * 1.5)),
-        [torch.rand(3, 1, 4) * 6, torch.rand(5, 4) * 6, torch.tensor(2.5), torch.rand(4).double()],
-    )
-    check_cases([pairs, grid, shapes], atol=1e-5, rtol=1e-4)
+_POSITIVE = [0.01, 0.3, 0.5, 1.0, 1.4616, 2.0, 3.7, 6.0, 10.0, 25.0, 100.0]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_incomplete_gamma_low_precision(dtype: torch.dtype) -> None:
-    """Computed in float32 and rounded once, like ATen."""
-    a, x = (torch.rand(4, 5) * 8).to(dtype), (torch.rand(4, 5) * 8).to(dtype)
-    tol = 4e-3 if dtype == torch.float16 else 3e-2
-    check_fn(_both, a, x, atol=tol, rtol=tol)
+SPECIAL_FUNCTIONS: dict[str, Callable[[torch.Tensor, torch.Tensor], Any]] = {
+    "lgamma": lambda x, p: (torch.lgamma(x), torch.lgamma(p), torch.lgamma(-p - 0.5)),
+    "digamma": lambda x, p: (torch.digamma(x), torch.digamma(p), torch.digamma(-p - 0.3)),
+    "polygamma": lambda x, p: tuple(torch.polygamma(n, p) for n in range(5)),
+    "zeta": lambda x, p: (torch.special.zeta(p + 1, p), torch.special.zeta(3.0, p)),
+    "mvlgamma": lambda x, p: (torch.mvlgamma(p + 2, 3), torch.special.multigammaln(p + 1, 2)),
+    "i0": lambda x, p: (torch.i0(x), torch.i0(p), torch.special.i0(-p)),
+    "i0e": lambda x, p: (torch.special.i0e(x), torch.special.i0e(p * 10)),
+    "i1": lambda x, p: (torch.special.i1(x), torch.special.i1(-p)),
+    "i1e": lambda x, p: (torch.special.i1e(x), torch.special.i1e(-p * 10)),
+    "erfcx": lambda x, p: (torch.special.erfcx(x), torch.special.erfcx(-p / 4)),
+    "ndtri": lambda x, p: (torch.special.ndtri(torch.sigmoid(x)), torch.special.ndtri(p / 100)),
+    "ndtri_tails": lambda x, p: torch.special.ndtri(torch.tensor([1e-30, 1e-10, 1 - 1e-7])),
+    "ndtr": lambda x, p: (torch.special.ndtr(x), torch.special.log_ndtr(x)),
+    "angle": lambda x, p: (torch.angle(x), torch.angle(p.long() - 5)),
+    "ldexp": lambda x, p: torch.ldexp(x, torch.tensor([3, -2, 0, 1] * 3 + [5, 6, 7])),
+    "frexp": lambda x, p: (torch.frexp(x), torch.frexp(p * 1e-3), torch.frexp(-p)),
+    "xlogy": lambda x, p: (
+        torch.xlogy(x, p[0]),
+        torch.special.xlog1py(x, p[1]),
+        torch.special.entr(p),
+    ),
+}
 
 
-@pytest.mark.slow
-def test_incomplete_gamma_wide_range() -> None:
-    """Log-uniform arguments over 1e-3 .. 1e3, plus a band around a ≈ x."""
-    torch.manual_seed(0)
-    a = torch.exp(torch.rand(3000) * 14 - 7)
-    x = torch.exp(torch.rand(3000) * 14 - 7)
-    near = torch.exp(torch.rand(1000) * 7)
-    a = torch.cat([a, near])
-    x = torch.cat([x, near * (1 + (torch.rand(1000) - 0.5) * 0.8)])
-    check_fn(_both, a, x, atol=1e-5, rtol=1e-4)
+@pytest.mark.parametrize("names", grouped(list(SPECIAL_FUNCTIONS), 4))
+def test_special_function(names: list[str]) -> None:
+    cases = [(SPECIAL_FUNCTIONS[n], [torch.tensor(_EDGES), torch.tensor(_POSITIVE)]) for n in names]
+    check_cases(cases, atol=1e-5, rtol=2e-4)
 
 
-@pytest.mark.slow
-def test_incomplete_gamma_slow_convergence() -> None:
-    """a <= 20 with x close to a: the series needs many terms (no asymptotic expansion)."""
-    a = torch.tensor([19.9, 20.0, 15.0, 12.0, 8.0, 1.1])
-    x = a * torch.tensor([0.99, 1.01, 0.7, 1.3, 1.0, 1.05])
-    check_fn(_both, a, x, atol=1e-5, rtol=1e-4)
+def test_special_functions_low_precision() -> None:
+    p = torch.tensor(_POSITIVE).to(torch.float16)
+    fns = (torch.lgamma, torch.digamma, torch.i0, torch.special.i1e)
+    check_fn(lambda p: tuple(f(p) for f in fns), p, atol=1e-2, rtol=1e-2)
 
 
-def test_airy_ai() -> None:
-    """Every region of ATen's evaluation (oscillating below -2.09, the series between, the
-    decaying form above 2.09, 0 above 103.892, NaN at ±inf), int inputs, float64."""
-    x = torch.linspace(-30, 30, 241)
-    edges = torch.tensor([-2.09, 2.09, -2.0899, 2.0899, 0.0, 8.32, 8.33, 26.0, 27.0, 103.0])
-    edges = torch.cat([edges, torch.tensor([104.0, INF, -INF, NAN, -1e4])])
-    A = torch.special.airy_ai
-    check_fn(
-        lambda x, e, i: (A(x), A(e), A(i), A(x.double())),
-        x,
-        edges,
-        torch.arange(-5, 6),
-        atol=1e-5,
-        rtol=1e-4,
-    )
+def test_nextafter_exact() -> None:
+    """One unit in the last place up or down, across powers of two, 0, subnormals, ±inf."""
+    x = [1.0, 1.0, 0.0, 0.0, -1.0, 2.0, 2.0, 0.75, -0.5, 3e38, INF, -INF, NAN, 1.0, 1e-40, 1e-45]
+    y = [2.0, 0.0, 1.0, -1.0, 0.0, 0.0, 3.0, 1.0, -1.0, INF, 0.0, 0.0, 1.0, NAN, 0.0, 0.0]
+
+    def f(x, y):
+        return (
+            torch.nextafter(x, y),
+            torch.nextafter(x.half(), y.half()),
+            torch.nextafter(x.bfloat16(), y.bfloat16()),
+            torch.frexp(x),
+        )
+
+    check_fn(f, torch.tensor(x), torch.tensor(y), atol=0, rtol=0)

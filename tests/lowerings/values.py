@@ -10,6 +10,9 @@ import torch
 
 NAN, INF = float("nan"), float("inf")
 
+#: atol = rtol for float16 / bfloat16 programs of elementwise math (ATen's opmath rounds once)
+LOW_PRECISION_TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3e-2}
+
 #: IEEE edge cases (and halves, large and tiny values) for float32 checks.
 SPECIAL = [NAN, INF, -INF, 0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 1.5, 2.5, -2.5, 1e30, -1e-30]
 SPECIAL += [3.0, 7.5, 16777217.0, 0.1, -7.0, 100.0]
@@ -39,6 +42,12 @@ def divisors(*shape: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return magnitude.to(dtype)
     sign = torch.where(torch.rand(shape) > 0.5, 1, -1)
     return (magnitude * sign).to(dtype)
+
+
+def spd(*batch: int, n: int = 4) -> torch.Tensor:
+    """Random symmetric positive-definite ``n`` x ``n`` matrices (well conditioned)."""
+    x = torch.randn(*batch, n, n)
+    return x @ x.mT + n * torch.eye(n)
 
 
 def special(*, second: bool = False) -> torch.Tensor:
@@ -152,3 +161,38 @@ def check_cases(cases: list[Case], **tolerance: float) -> None:
 
     fn, args = combined(cases)
     check_fn(fn, *args, **tolerance)
+
+
+# ------------------------------------------------------- operands of reductions and scans ---
+
+
+def with_nans(x: torch.Tensor) -> torch.Tensor:
+    """One NaN in some slices along dim 1, none in others (NaN indices are well defined)."""
+    x = x.clone()
+    x[0, 1, 2] = NAN
+    x[1, 3, 0] = NAN
+    return x
+
+
+def reduction_operands() -> list[torch.Tensor]:
+    """float32 (3, 5, 4), int64, int32, bool, uint8, float32 with NaN, rank 6, 0-d."""
+    return [
+        floats(3, 5, 4),
+        ints(3, 5, 4),
+        ints(3, 5, 4, dtype=torch.int32),
+        bools(3, 5, 4),
+        ints(3, 5, 4, dtype=torch.uint8),
+        with_nans(floats(3, 5, 4)),
+        floats(2, 1, 2, 3, 1, 2),
+        floats(),
+    ]
+
+
+#: indices into :func:`reduction_operands`
+FLOAT, INT64, INT32, BOOL, UINT8, NANS, RANK6, SCALAR = range(8)
+
+
+def over_operands(op: Callable[[Any], Any], which: list[int]) -> Case:
+    """``op`` applied to each of the :func:`reduction_operands` picked by ``which``."""
+    xs = reduction_operands()
+    return (lambda *args: tuple(op(x) for x in args)), [xs[i] for i in which]

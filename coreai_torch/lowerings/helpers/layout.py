@@ -1,6 +1,9 @@
-"""Data-movement helpers shared by the view, indexing, padding, pooling and resampling rules.
+"""Data movement shared by the view, indexing, scatter, padding, pooling, resampling and
+factorization rules: slices along an axis, gathers by constant index tables, contractions
+along an axis, filled constants, strided views, and the layout of advanced indexing
+(``index`` / ``index_put``).
 
-Everything here works on static sizes read with ``common.shape_of``; a helper that needs a
+Most helpers work on static sizes read with ``values.shape_of``; a helper that needs a
 static size raises ``ValueError`` when it meets a dynamic one, and the rules turn that into
 ``cx.unsupported``.
 """
@@ -15,7 +18,9 @@ import torch
 from coreai_torch._mlir import cai, ir
 from coreai_torch.ir.values import (
     INT32_MAX,
+    Scalar,
     Size,
+    broadcast_dynamic,
     cast,
     constant,
     dtype_of,
@@ -27,6 +32,7 @@ from coreai_torch.ir.values import (
     reshape,
     shape_of,
     shape_vector,
+    squeeze,
     transpose,
     unsqueeze,
 )
@@ -49,16 +55,33 @@ def static_shape(cx: LoweringContext, value: ir.Value, what: str = "input") -> l
     return [int(d) for d in shape]
 
 
-def slice_axis(x: ir.Value, axis: int, start: int, end: int, step: int = 1) -> ir.Value:
-    """``x[..., start:end:step, ...]`` along ``axis`` (normalised, non-empty bounds; the
-    other dimensions may be dynamic)."""
+def slice_axis(
+    x: ir.Value, axis: int, start: Size, end: Size, step: int = 1, *, size: int | None = None
+) -> ir.Value:
+    """``x[..., start:end:step, ...]`` along ``axis`` (negative axes count from the end).
+
+    The bounds are in range (no Python clamping: ``values.slice_dynamic`` does that) and may
+    be 0-d runtime values; the other dimensions may be dynamic.  ``size``, the result's length
+    along the axis, is put back into the result type when given (a slice with runtime bounds
+    or of an input with dynamic dimensions has a dynamic type otherwise).
+    """
     shape = shape_of(x)
-    if (start, end, step) == (0, shape[axis], 1):
-        return x
     rank = len(shape)
-    starts, ends, strides = [0] * rank, [INT32_MAX if d is None else d for d in shape], [1] * rank
+    axis = normalize_dim(axis, rank)
+    runtime = is_symbolic([start, end])
+    if not runtime and (start, end, step) == (0, shape[axis], 1):
+        return x
+    starts: list[Size] = [0] * rank
+    ends: list[Size] = [INT32_MAX if d is None else d for d in shape]
+    strides = [1] * rank
     starts[axis], ends[axis], strides[axis] = start, end, step
-    return cai.slice_(x, i32(starts), i32(ends), i32(strides))
+    if runtime:
+        out = cai.slice_(x, shape_vector(starts), shape_vector(ends), i32(strides))
+    else:
+        out = cai.slice_(x, i32(starts), i32(ends), i32(strides))
+    if not runtime and size is None:
+        return out
+    return refine(out, [*shape[:axis], size, *shape[axis + 1 :]])
 
 
 def slice_region(x: ir.Value, sizes: Sequence[Size]) -> ir.Value:
@@ -209,3 +232,103 @@ def strided_table(
     if positions.size and (positions.max() >= total or positions.min() < 0):
         raise ValueError("the view reads outside the input's storage")
     return storage[positions]
+
+
+def diagonal_table(rows: int, cols: int, offset: int) -> np.ndarray:
+    r = np.arange(rows)
+    c = r + offset
+    keep = (c >= 0) & (c < cols)
+    return (r[keep] * cols + c[keep]).astype(np.int64)
+
+
+def filled(shape: Sequence[int], value: Scalar, dtype: torch.dtype) -> ir.Value:
+    """A constant tensor of ``shape`` filled with ``value`` (stored as a splat)."""
+    scalar = torch.tensor(value).to(dtype)  # PyTorch's own conversion (wrapping, rounding)
+    return tensor_constant(scalar.expand(list(shape)))
+
+
+def tensor_constant(values: torch.Tensor) -> ir.Value:
+    """A constant holding a (small) torch tensor, in its dtype."""
+    if values.dtype == torch.bfloat16:
+        return cai.constant(np.array(values.float().numpy()), dtype=ir.BF16Type.get())
+    return constant(np.array(values.numpy()), values.dtype)
+
+
+# ------------------------------------------------------------------ advanced indexing ---
+
+
+def index_layout(
+    cx: LoweringContext, self: ir.Value, indices: Sequence[ir.Value | None]
+) -> tuple[list[int], list[int | None], list[int]]:
+    """Positions of the index tensors, their broadcast shape (``None`` for dynamic dims) and
+    the permutation that moves the indexed dims first (in order) — shared by ``index`` and
+    ``index_put``."""
+    positions = [i for i, ix in enumerate(indices) if ix is not None]
+    for i in positions:
+        if dtype_of(indices[i]) in (torch.bool, torch.uint8):
+            raise cx.unsupported(
+                "indexing with a boolean mask gives a data-dependent shape, which Core AI "
+                "programs cannot express; use torch.where(mask, x, other) or a fixed-size "
+                "index tensor instead"
+            )
+    bshape = broadcast_shape([shape_of(indices[i]) for i in positions])
+    perm = positions + [d for d in range(rank_of(self)) if d not in positions]
+    return positions, bshape, perm
+
+
+def broadcast_shape(shapes: Sequence[Sequence[int | None]]) -> list[int | None]:
+    """NumPy broadcasting of shapes whose dims may be dynamic (``None``): a dim is static when
+    some operand has a static size other than 1 there, or when every operand has 1."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[int | None] = []
+    for axis in range(rank):
+        dims = [s[axis - rank + len(s)] for s in shapes if axis - rank + len(s) >= 0]
+        sized = [d for d in dims if d is not None and d != 1]
+        out.append(sized[0] if sized else (1 if None not in dims else None))
+    return out
+
+
+def broadcast_sizes(
+    indices: Sequence[ir.Value | None], positions: Sequence[int], bshape: Sequence[int | None]
+) -> list[Size]:
+    """The broadcast shape of the index tensors as sizes: ints, and 0-d si32 values computed
+    on the runtime from the index tensors' shapes for dynamic dims."""
+    if None not in bshape:
+        return [int(d) for d in bshape]
+    target = None
+    for p in positions:
+        shape = cai.get_shape(indices[p])
+        target = shape if target is None else cai.broadcast_shapes(target, shape)
+    target = cai.cast(target, np.int32)
+    return [
+        d if d is not None else squeeze(cai.slice_(target, i32([i]), i32([i + 1]), i32([1])), [0])
+        for i, d in enumerate(bshape)
+    ]
+
+
+def stacked_indices(
+    indices: Sequence[ir.Value | None],
+    positions: Sequence[int],
+    sizes: Sequence[Size],
+    bshape: Sequence[int | None],
+) -> ir.Value:
+    """The index tensors broadcast to ``sizes`` (static dims ``bshape``) and stacked on a new
+    last dim (si32)."""
+    k = len(bshape)
+    stacked = [
+        unsqueeze(broadcast_dynamic(cast(indices[p], torch.int32), sizes, bshape), [k])
+        for p in positions
+    ]
+    return stacked[0] if len(stacked) == 1 else cai.concat(i32(k), stacked)
+
+
+def result_permutation(positions: Sequence[int], nb: int, rank: int) -> list[int]:
+    """Permutation from the gathered ``(broadcast dims, remaining dims)`` layout to PyTorch's.
+
+    PyTorch puts the broadcast dims where the first indexed dim was when the index tensors
+    are adjacent, and first otherwise.
+    """
+    adjacent = list(positions) == list(range(positions[0], positions[-1] + 1))
+    first = positions[0] if adjacent else 0
+    rest = rank - len(positions)
+    return list(range(nb, nb + first)) + list(range(nb)) + list(range(nb + first, nb + rest))

@@ -1,5 +1,7 @@
-"""Batch norm with batch statistics: ``track_running_stats=False`` (batch statistics in eval
-mode too) and training mode, whose running-statistic updates become Core AI state."""
+"""Normalizations and softmax on the Core AI runtime vs eager PyTorch: layer, group, instance
+and RMS norm (composites and inline), softmax / log_softmax, and batch norm with batch
+statistics: ``track_running_stats=False`` (batch statistics in eval mode too) and training
+mode, whose running-statistic updates become Core AI state."""
 
 from __future__ import annotations
 
@@ -77,3 +79,43 @@ def test_training_mode_updates_running_statistics_as_state() -> None:
             )
             assert current["b_bn_num_batches_tracked"] == model.bn.num_batches_tracked.item()
     assert model.bn.num_batches_tracked.item() == 3
+
+
+# --------------------------------------------------------- layer, group, instance, RMS ----
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_normalizations(dtype: torch.dtype) -> None:
+    """Over one or several trailing dims, with and without affine parameters."""
+    w8, b8 = torch.randn(8).to(dtype), torch.randn(8).to(dtype)
+    w6 = torch.randn(6).to(dtype)
+
+    def f(x, img):
+        return (
+            F.layer_norm(x, [8], w8, b8),
+            F.layer_norm(x, [5, 8], eps=1e-3),
+            F.rms_norm(x, [8], w8),
+            F.rms_norm(x, [5, 8]),
+            F.group_norm(img, 3, w6, w6),
+            F.group_norm(img, 1),
+            F.instance_norm(img),
+            F.instance_norm(img, weight=w6, bias=w6),
+        )
+
+    tol = {torch.float32: 1e-4, torch.float16: 4e-3}[dtype]
+    x, img = (torch.randn(2, 5, 8) * 3).to(dtype), torch.randn(2, 6, 4, 3).to(dtype)
+    check_fn(f, x, img, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax(dtype: torch.dtype) -> None:
+    def f(x):
+        return (
+            x.softmax(-1), x.softmax(0), F.log_softmax(x, 1), x.log_softmax(-1),
+            x.softmax(-1, dtype=torch.float32),
+        )  # fmt: skip
+
+    x = (torch.randn(3, 4, 7) * 5).to(dtype)
+    x[0, 0, 0] = float("-inf")
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    check_fn(f, x, atol=tol, rtol=tol)
