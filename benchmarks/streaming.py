@@ -14,7 +14,11 @@ asset).  Targets (docs/performance.md): 1B fp16+int4 in at most 35 s with a peak
 0.8x the checkpoint; 8B in at most 6 minutes with a peak of at most 0.35x the checkpoint, with
 and without int4.
 
-    python -m benchmarks.streaming --model 1b [--compress int4] [--dir DIR] [--keep]
+A form ending in ``+calibration`` (``int4+calibration``) fits the compressed weights against
+:data:`CALIBRATION` sequences of random token ids (GPTQ, block by block over the streamed
+checkpoint: ``coreai_torch.compression.calibrate``); the table shows the ``calibrate`` phase.
+
+    python -m benchmarks.streaming --model 1b [--compress int4[+calibration]] [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -59,6 +63,8 @@ MODELS: dict[str, dict[str, Any]] = {
         tie_word_embeddings=False,
     ),
 }
+#: (sequences, tokens each) of the ``+calibration`` forms: the issue's 32 x 256 tokens
+CALIBRATION = (32, 256)
 #: targets: (seconds, peak RSS as a share of the checkpoint bytes), by model and form
 TARGETS = {("1b", "int4"): (35.0, 0.8), ("8b", "int4"): (360.0, 0.35), ("8b", None): (None, 0.35)}
 
@@ -175,11 +181,24 @@ def run(name: str, compress: str | None, directory: Path, keep: bool) -> dict[st
         print(f"wrote {checkpoint} in {time.perf_counter() - start:.0f} s")
     checkpoint_bytes = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors"))
     asset = directory / f"llama-{name}-{compress or 'fp16'}.aimodel"
+    form, calibrated, _ = (compress or "").partition("+calibration")
+    calibration = None
+    if calibrated:
+        sequences, tokens = CALIBRATION
+        vocab = MODELS[name]["vocab_size"]
+        generator = torch.Generator().manual_seed(0)
+        calibration = torch.randint(0, vocab, (sequences, tokens), generator=generator)
     recorder = PhaseRecorder()
     start = time.perf_counter()
     try:
         with progress_events.reporting(recorder):
-            program = llm.export(checkpoint, max_context=512, precision="fp16", compress=compress)
+            program = llm.export(
+                checkpoint,
+                max_context=512,
+                precision="fp16",
+                compress=form or None,
+                calibration=calibration,
+            )
             program.save_asset(asset)
     finally:
         recorder.stop()

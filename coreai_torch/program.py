@@ -18,6 +18,7 @@ from torch.export import ExportedProgram
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ca, clone_module, ir
 from coreai_torch.compression.apply import CompressionReport, compress
+from coreai_torch.compression.calibration import Calibration
 from coreai_torch.compression.config import CompressionConfig
 from coreai_torch.frontend.signature import ProgramSignature
 from coreai_torch.ir.checks import verify_module
@@ -29,6 +30,9 @@ from coreai_torch.precision.policy import FP32, Precision
 
 class AIProgram(ca.AIProgram):
     """A converted Core AI program (coreai-core's ``AIProgram`` plus :meth:`optimize`)."""
+
+    #: the report of the last :meth:`compress` (None: not compressed here)
+    compression_report: CompressionReport | None = None
 
     #: entry point -> its inputs, outputs and states (set by ``TorchConverter.to_coreai``)
     signatures: dict[str, ProgramSignature]
@@ -162,7 +166,9 @@ class AIProgram(ca.AIProgram):
             self.weights.prune()  # the weights now stored transposed
         return self
 
-    def compress(self, config: CompressionConfig) -> CompressionReport:
+    def compress(
+        self, config: CompressionConfig, *, calibration: Calibration | None = None
+    ) -> CompressionReport:
         """Store the weights ``config`` selects compressed (int8/int4 linear quantization or
         palettes: :mod:`coreai_torch.compression`), in place; returns what was done.
 
@@ -172,15 +178,21 @@ class AIProgram(ca.AIProgram):
         expert weights of mixture-of-experts layers are compressed too.  Weights already
         compressed are left alone; see :mod:`coreai_torch.compression.apply`.  Reports its
         progress like :meth:`optimize` (``"compress"``, bytes of weights fitted).
+
+        ``calibration``: the codes :func:`coreai_torch.compression.calibrate` fitted against
+        calibration data (GPTQ, activation-aware scales, weighted palettes, or the forms of a
+        :class:`~coreai_torch.compression.Mixed` budget), stored instead of fitting again.
         """
         report = compress(
             self.structural_module,  # weights are read from the store, never constant data
             self.weights,
             config,
+            calibration=calibration,
             progress=self.progress,
         )
         if self.weights is not None:
             self.weights.prune()  # the transposes of weights now stored compressed
+        self.compression_report = report
         return report
 
     def save_asset(

@@ -708,7 +708,7 @@ def test_configuration_errors() -> None:
         compression.Palettization(weights="(")
     with pytest.raises(TypeError):
         compression.LinearQuantization(4)  # keyword-only
-    with pytest.raises(TypeError, match="LinearQuantization, Palettization or Pruning"):
+    with pytest.raises(TypeError, match="LinearQuantization, Palettization, Pruning or Mixed"):
         convert(nn.Linear(64, 64), (torch.randn(1, 64),)).compress("int4")  # type: ignore[arg-type]
 
 
@@ -774,12 +774,20 @@ def test_a_block_size_that_does_not_divide_is_reported() -> None:
 
 
 def test_from_spec() -> None:
+    safe = {"embeddings": compression.SAFE_FORM, "output_head": compression.SAFE_FORM}
     assert compression.from_spec("int8") == compression.LinearQuantization(bits=8)
-    assert compression.from_spec("int4") == compression.LinearQuantization(bits=4, block_size=32)
+    assert compression.from_spec("int4") == compression.LinearQuantization(
+        bits=4, block_size=32, **safe
+    )
     assert compression.from_spec("int4", 128).block_size == 128
     assert compression.from_spec("int8", 64).block_size == 64
-    assert compression.from_spec("palette4") == compression.Palettization(bits=4)
-    assert compression.from_spec("palette2", 16) == compression.Palettization(bits=2, group_size=16)
+    assert compression.from_spec("palette4") == compression.Palettization(
+        bits=4, group_size=16, **safe
+    )
+    assert compression.from_spec("palette4-pt") == compression.Palettization(bits=4, **safe)
+    assert compression.from_spec("palette2", 8) == compression.Palettization(
+        bits=2, group_size=8, **safe
+    )
     for bad in ("int9", "fp8", "palette", "int1"):
         with pytest.raises(ValueError):
             compression.from_spec(bad)

@@ -62,7 +62,14 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     ("coreai_torch.verify",),
     ("coreai_torch.bundles",),  # the bundles Apple's app runtimes load (llm/, hf/ write them)
-    ("coreai_torch.llm", "coreai_torch.hf", "coreai_torch.examples", "coreai_torch._compression"),
+    (
+        "coreai_torch.llm",
+        "coreai_torch.hf",
+        "coreai_torch.diffusers",
+        "coreai_torch.examples",
+        "coreai_torch._compression",
+    ),
+    ("coreai_torch.serve",),  # the HTTP server over llm/
     ("coreai_torch.cli", "coreai_torch"),
 ]
 
@@ -89,25 +96,30 @@ class Library:
     eager_in: tuple[str, ...] | None = None
 
 
-#: The torch side the IR, the passes and compression never see: tracing, FX graphs, exported
-#: programs, fake tensors.  (The IR uses torch for dtypes and tensor memory only.)
+#: The torch side the IR, the passes, compression, the runtime, the bundles and the server
+#: never see: tracing, FX graphs, exported programs, fake tensors.  (The IR uses torch for
+#: dtypes and tensor memory only.)
 _NOT_FX = (
     "coreai_torch.ir",
     "coreai_torch.passes",
     "coreai_torch.compression",
     "coreai_torch.runtime",
+    "coreai_torch.bundles",
+    "coreai_torch.serve",
     "coreai_torch._mlir",
     "coreai_torch.dtypes",
     "coreai_torch.errors",
     "coreai_torch.progress",
 )
-#: The torch-only layers: no Core AI IR (coreai-core's MLIR through ``coreai_torch._mlir``).
+#: The torch-only layers and the server: no Core AI IR (coreai-core's MLIR through
+#: ``coreai_torch._mlir``).
 _NO_IR = (
     "coreai_torch.precision",
     "coreai_torch.tensors",
     "coreai_torch.frontend",
     "coreai_torch.composite_ops",
     "coreai_torch.rewrites",
+    "coreai_torch.serve",
 )
 LIBRARIES: tuple[Library, ...] = (
     Library("torch", "tensors and dtypes"),
@@ -151,9 +163,27 @@ LIBRARIES: tuple[Library, ...] = (
             "coreai_torch.bundles",
             "coreai_torch.llm",
             "coreai_torch.hf",
+            "coreai_torch.diffusers",  # a pipeline's text encoders
         ),
         eager_in=("coreai_torch.hf",),
     ),
+    Library(
+        "diffusers",
+        "diffusers pipelines (the diffusers extra)",
+        only=("coreai_torch.diffusers",),
+        eager_in=(),
+    ),
+    Library(
+        "starlette",
+        "the HTTP server's application (the serve extra)",
+        only=("coreai_torch.serve",),
+        eager_in=("coreai_torch.serve.app",),
+    ),
+    Library(
+        "uvicorn", "the HTTP server (the serve extra)", only=("coreai_torch.serve",), eager_in=()
+    ),
+    # the tests' HTTP client (the test extra): the server answers HTTP, it never sends it
+    Library("httpx", "an HTTP client (a test dependency)", only=()),
     Library(
         "jinja2",
         "chat templates (optional; installed with transformers)",

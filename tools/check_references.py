@@ -35,7 +35,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLE = re.compile(r":(func|class|mod|data|meth|attr|exc):`~?([A-Za-z_][\w.]*)`")
-DOTTED = re.compile(r"(?<![\w.])(coreai_torch(?:\.[A-Za-z_]\w*)+)(\s*\()?")
+DOTTED = re.compile(r"(?<![\w.])(coreai_torch(?:\.[A-Za-z_]\w*)+)(\()?")
 FILE = re.compile(r"(?<![\w./-])((?:[\w.-]+/)*[A-Za-z_][\w-]*\.py)\b")
 #: The documents checked besides the package's docstrings and messages.
 DOCUMENTS = ("README.md", "CONTRIBUTING.md", "docs/*.md")

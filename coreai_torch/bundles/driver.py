@@ -279,8 +279,10 @@ class SequentialEngine(_Engine):
             size = self.prefill_chunk_size
             for start in range(0, len(tokens), size):
                 logits = self._batch(tokens[start : start + size])
-            return logits[-1]
-        return self._batch(tokens)[-1]
+        else:
+            logits = self._batch(tokens)
+        last: np.ndarray = logits[-1]
+        return last
 
     def generate(
         self,

@@ -134,7 +134,8 @@ class _Reader:
                 raise BundleError(
                     f"{self.where}: {key} must be one of {list(options)}, got {_shown(value)}"
                 )
-            return value
+            chosen: str = value
+            return chosen
 
         return check
 

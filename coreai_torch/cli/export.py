@@ -29,6 +29,10 @@ from coreai_torch.hf.tasks import CLASSES, TASKS
 def cmd_export(opts: argparse.Namespace) -> int:
     from coreai_torch.hf.export import export_directory
 
+    if opts.task == TEXT_TO_IMAGE:
+        return _export_diffusion(opts)
+    if opts.height is not None or opts.width is not None:
+        raise CliError("--height / --width apply to --task text-to-image")
     if opts.max_context is not None and opts.task == "feature-extraction":
         raise CliError("--max-context applies to generative tasks, not feature-extraction")
     with progress_reporting(opts):
@@ -51,6 +55,34 @@ def cmd_export(opts: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: the diffusers pipelines' task (coreai_torch.diffusers)
+TEXT_TO_IMAGE = "text-to-image"
+
+
+def _export_diffusion(opts: argparse.Namespace) -> int:
+    from coreai_torch.diffusers import export_pipeline
+
+    if opts.max_context is not None:
+        raise CliError("--max-context applies to generative language tasks, not text-to-image")
+    with progress_reporting(opts):
+        data = export_pipeline(
+            opts.model_dir,
+            opts.output,
+            precision=requested_precision(opts),
+            compress=compression_config(opts),
+            height=opts.height,
+            width=opts.width,
+        )
+    roles = ", ".join(f"{role}: {c['asset']}" for role, c in data["components"].items())
+    text = (
+        f"{opts.model_dir} -> {opts.output} ({data['pipeline_class']}, {data['precision']}, "
+        f"{' / '.join(f'{h}x{w}' for h, w in data['resolutions'])}; {roles}): load it with "
+        "coreai_torch.diffusers.CoreAIDiffusionPipeline.from_pretrained"
+    )
+    emit(opts, data, text)
+    return EXIT_OK
+
+
 def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
     """The ``export`` command, on the top-level sub-parsers."""
     export = commands.add_parser(
@@ -60,10 +92,15 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         description="Export a Hugging Face model directory for a task: "
         + "; ".join(
             f"{task}: {CLASSES[task]} ({', '.join(types)})" for task, types in TASKS.items()
-        ),
+        )
+        + f"; {TEXT_TO_IMAGE}: a diffusers pipeline directory -> a diffusion bundle "
+        "(CoreAIDiffusionPipeline)",
     )
     export.add_argument(
-        "--task", required=True, choices=list(TASKS), help="what the model is used for"
+        "--task",
+        required=True,
+        choices=[*TASKS, TEXT_TO_IMAGE],
+        help="what the model is used for",
     )
     export.add_argument("model_dir", metavar="MODEL_DIR", help="written by save_pretrained")
     export.add_argument("-o", "--output", required=True, metavar="OUT_DIR", help="a new directory")
@@ -73,6 +110,8 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         help="KV-cache positions of generative tasks (default: the model's own limit, at most "
         "2048)",
     )
+    export.add_argument("--height", type=int, help="text-to-image: the image height exported")
+    export.add_argument("--width", type=int, help="text-to-image: the image width exported")
     add_precision_arguments(export)
     add_compression_arguments(export)
     add_progress_option(export, "loading, tracing, converting, compressing and saving")

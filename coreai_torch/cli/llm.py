@@ -3,7 +3,8 @@
     coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N] [--precision fp16] \\
         [--compress int4 [--block-size N]]
     coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --prompt "..." \\
-        [--max-new-tokens N]
+        [--max-new-tokens N] [--chat [--system "..."]]
+    coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --interactive   # a conversation
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from coreai_torch.cli.options import (
     EXIT_OK,
     CliError,
+    add_calibration_arguments,
     add_compression_arguments,
     add_hash_option,
     add_precision_arguments,
@@ -28,6 +30,7 @@ from coreai_torch.cli.options import (
 )
 from coreai_torch.llm.export import export
 from coreai_torch.llm.generate import Generator, decode
+from coreai_torch.llm.text import TextStream, chat_ids, eos_ids
 
 
 def cmd_export(opts: argparse.Namespace) -> int:
@@ -43,6 +46,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
             precision=precision,
             compress=compression,
             all_logits=opts.all_logits,
+            calibration=opts.calibration,
         )
         converted = time.perf_counter() - start
         program.save_asset(output)
@@ -70,44 +74,111 @@ def cmd_export(opts: argparse.Namespace) -> int:
 
 
 def cmd_generate(opts: argparse.Namespace) -> int:
+    if opts.interactive:
+        return _chat_session(opts)
+    if opts.prompt is None:
+        raise CliError("--prompt is needed (or --interactive for a conversation)")
+    if opts.chat and opts.tokenizer is None:
+        raise CliError(
+            "--chat formats the prompt with the tokenizer's chat template: pass "
+            "--tokenizer MODEL_DIR"
+        )
     if opts.tokenizer is None and not _is_ids(opts.prompt):
         raise CliError("--prompt is text: pass --tokenizer MODEL_DIR (or give token ids: 1,2,3)")
     prompt: Any = [int(t) for t in opts.prompt.split(",")] if _is_ids(opts.prompt) else opts.prompt
     with Generator(opts.asset, tokenizer=opts.tokenizer, verify_hash=opts.verify_hash) as generator:
-        tokens: list[int] = []
-        shown = ""
+        if opts.chat:
+            prompt = _chat_ids(generator.tokenizer, _messages(opts.system, [("user", opts.prompt)]))
         stream = sys.stdout if not opts.json else None
-        for token in generator.generate(
-            prompt,
-            max_new_tokens=opts.max_new_tokens,
-            do_sample=opts.do_sample,
-            temperature=opts.temperature,
-            top_k=opts.top_k,
-            top_p=opts.top_p,
-            seed=opts.seed,
-        ):
-            tokens.append(token)
-            if stream is None:
-                continue
-            if generator.tokenizer is None:
-                stream.write(f"{token} ")
-            else:
-                text = decode(generator.tokenizer, tokens)
-                stream.write(text[len(shown) :])
-                shown = text
-            stream.flush()
+        tokens = _generate(generator, prompt, opts, stream)
         stats = generator.stats
-        decoded = decode(generator.tokenizer, tokens) if generator.tokenizer is not None else None
+        text = _text(generator.tokenizer, tokens)
     if stream is not None:
         stream.write("\n")
     data = {
         "tokens": tokens,
-        "text": decoded,
+        "text": text,
         "prompt_tokens": stats.prompt_tokens,
         "prefill_tokens_per_second": round(stats.prefill_tokens_per_second, 2),
         "decode_tokens_per_second": round(stats.decode_tokens_per_second, 2),
     }
     emit(opts, data, str(stats))
+    return EXIT_OK
+
+
+def _generate(generator: Generator, prompt: Any, opts: argparse.Namespace, stream: Any) -> list:
+    """Generate for ``prompt`` as the options say, writing the text to ``stream`` as it comes
+    (the end-of-sequence token not shown); the token ids."""
+    tokens: list[int] = []
+    text = TextStream(generator.tokenizer, eos_ids(generator.tokenizer))
+    for token in generator.generate(
+        prompt,
+        max_new_tokens=opts.max_new_tokens,
+        do_sample=opts.do_sample,
+        temperature=opts.temperature,
+        top_k=opts.top_k,
+        top_p=opts.top_p,
+        seed=opts.seed,
+    ):
+        tokens.append(token)
+        if stream is not None:
+            stream.write(text.push(token))
+            stream.flush()
+    if stream is not None:
+        stream.write(text.finish())
+    return tokens
+
+
+def _text(tokenizer: Any, tokens: list[int]) -> str | None:
+    if tokenizer is None:
+        return None
+    stop = eos_ids(tokenizer)
+    return decode(tokenizer, [t for t in tokens if t not in stop])
+
+
+def _chat_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    try:
+        return chat_ids(tokenizer, messages)
+    except ValueError as error:
+        raise CliError(f"{error}; drop --chat and give the prompt as text") from None
+
+
+def _messages(system: str | None, turns: list[tuple[str, str]]) -> list[dict[str, str]]:
+    head = [{"role": "system", "content": system}] if system else []
+    return head + [{"role": role, "content": content} for role, content in turns]
+
+
+def _chat_session(opts: argparse.Namespace) -> int:
+    """``--interactive``: a conversation on the terminal (one line per message; an empty line,
+    ``/exit`` or end of input ends it).  The whole conversation is the prompt of each reply;
+    the oldest turns are dropped when it no longer fits the context."""
+    if opts.tokenizer is None:
+        raise CliError("--interactive needs --tokenizer MODEL_DIR (with a chat template)")
+    with Generator(opts.asset, tokenizer=opts.tokenizer, verify_hash=opts.verify_hash) as generator:
+        turns: list[tuple[str, str]] = []
+        pending = opts.prompt
+        while True:
+            if pending is None:
+                if sys.stdin.isatty():
+                    print("> ", end="", file=sys.stderr, flush=True)
+                line = sys.stdin.readline()
+                if not line or line.strip() in ("", "/exit"):
+                    break
+                pending = line.rstrip("\n")
+            turns.append(("user", pending))
+            pending = None
+            prompt = _chat_ids(generator.tokenizer, _messages(opts.system, turns))
+            while len(prompt) + opts.max_new_tokens - 1 > generator.max_context and len(turns) > 1:
+                turns = turns[2:] if len(turns) > 2 else turns[-1:]
+                print(
+                    "coreai-torch: the conversation outgrew the context; dropped the oldest turn",
+                    file=sys.stderr,
+                )
+                prompt = _chat_ids(generator.tokenizer, _messages(opts.system, turns))
+            tokens = _generate(generator, prompt, opts, sys.stdout)
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+            turns.append(("assistant", _text(generator.tokenizer, tokens) or ""))
     return EXIT_OK
 
 
@@ -137,6 +208,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     add_precision_arguments(export)
     add_compression_arguments(export)
+    add_calibration_arguments(export)
     export.add_argument("--all-logits", action="store_true", help="return every position's logits")
     add_progress_option(export, "loading, tracing, converting, compressing and saving")
     export.set_defaults(func=cmd_export)
@@ -146,9 +218,19 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     generate.add_argument("asset", metavar="MODEL.aimodel")
     generate.add_argument("--tokenizer", metavar="MODEL_DIR", help="directory of the tokenizer")
+    generate.add_argument("--prompt", help="text (with --tokenizer) or token ids: 1,2,3")
     generate.add_argument(
-        "--prompt", required=True, help="text (with --tokenizer) or token ids: 1,2,3"
+        "--chat",
+        action="store_true",
+        help="the prompt is a user message, formatted with the tokenizer's chat template",
     )
+    generate.add_argument(
+        "-i",
+        "--interactive",
+        action="store_true",
+        help="a conversation: read messages from the terminal, keep the turns (implies --chat)",
+    )
+    generate.add_argument("--system", help="with --chat / --interactive: a system message")
     generate.add_argument("--max-new-tokens", type=int, default=32)
     generate.add_argument("--do-sample", action="store_true", help="sample instead of greedy")
     generate.add_argument("--temperature", type=float, default=1.0)

@@ -9,12 +9,15 @@
     coreai-torch llm export MODEL_DIR -o model.aimodel [--max-context N]   # a causal LM
     coreai-torch llm generate model.aimodel --tokenizer MODEL_DIR --prompt "..."
     coreai-torch export --task text-generation MODEL_DIR -o OUT_DIR   # coreai_torch.hf classes
+    coreai-torch eval perplexity OUT_DIR --text FILE --reference MODEL_DIR   # what compression cost
+    coreai-torch serve MODEL [--host 127.0.0.1] [--port 8000]   # OpenAI-compatible HTTP API
 
 A SOURCE is either a ``.pt2`` file written by ``torch.export.save`` or ``FILE.py:FUNCTION``
 where ``FUNCTION()`` returns ``(module, example_inputs)`` or
 ``(module, example_inputs, dynamic_shapes)``.  Exit codes: 0 success, 1 mismatch (``verify``)
 or missing ops (``ops``), 2 error.  The commands live in :mod:`~coreai_torch.cli.convert`,
-:mod:`~coreai_torch.cli.llm`, :mod:`~coreai_torch.cli.export` and :mod:`~coreai_torch.cli.demo`;
+:mod:`~coreai_torch.cli.llm`, :mod:`~coreai_torch.cli.export`, :mod:`~coreai_torch.cli.serve` and
+:mod:`~coreai_torch.cli.demo`;
 what they share in :mod:`~coreai_torch.cli.options`.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import logging
 import os
 import platform
 import sys
@@ -31,9 +35,11 @@ from collections.abc import Sequence
 import torch
 
 from coreai_torch import __version__
-from coreai_torch.cli import convert, demo, export, llm
+from coreai_torch.cli import convert, demo, eval, export, llm, serve
 from coreai_torch.cli.options import EXIT_ERROR, EXIT_OK, one_line
 from coreai_torch.torch_compat import ignore_torch_internal_warnings, quiet_import_noise
+
+DEBUG_HELP = "show tracebacks of errors and the Core AI runtime's own messages"
 
 
 def _version() -> str:
@@ -46,11 +52,11 @@ def _version() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(add_help=False)
-    top.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    top.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     top.add_argument("--json", action="store_true", help="print JSON instead of text")
     # the same options after the command (without resetting what was given before it)
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
-    common.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    common.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     common.add_argument("--json", action="store_true", help="print JSON instead of text")
 
     parser = argparse.ArgumentParser(
@@ -67,6 +73,8 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_command(commands, common)
     llm.add_commands(commands, common)  # llm export | llm generate
     export.add_command(commands, common)  # export --task (coreai_torch.hf)
+    eval.add_command(commands, common)  # eval perplexity
+    serve.add_command(commands, common)  # serve (OpenAI-compatible HTTP API)
     return parser
 
 
@@ -76,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ignore_torch_internal_warnings()
     if not opts.debug:
         quiet_import_noise()
+    else:  # the runtime's messages (coreai_torch.runtime.chatter) on stderr
+        logging.basicConfig(format="%(name)s: %(message)s")
+        logging.getLogger("coreai_torch.runtime").setLevel(logging.DEBUG)
     try:
         return opts.func(opts)
     except KeyboardInterrupt:

@@ -231,16 +231,26 @@ def split_names(text: str | None) -> list[str] | None:
 
 
 def compression_config(opts: argparse.Namespace) -> Any:
-    """The compression ``--compress`` / ``--block-size`` ask for, or None."""
+    """The compression ``--compress`` / ``--block-size`` / ``--target-bpw`` ask for, or None."""
 
+    target = getattr(opts, "target_bpw", None)
     if opts.compress is None:
         if opts.block_size is not None:
             raise CliError("--block-size needs --compress (e.g. --compress int4 --block-size 64)")
+        if target is not None:
+            raise CliError("--target-bpw needs --compress mixed")
+        if getattr(opts, "calibration", None) is not None:
+            raise CliError("--calibration needs --compress (e.g. --compress int4)")
         return None
     try:
-        return compression.from_spec(opts.compress, opts.block_size)
+        config = compression.from_spec(opts.compress, opts.block_size, target_bpw=target)
     except ValueError as error:
         raise CliError(f"--compress: {error}") from None
+    if target is not None and not isinstance(config, compression.Mixed):
+        raise CliError(f"--target-bpw is the budget of --compress mixed, not of {opts.compress}")
+    if isinstance(config, compression.Mixed) and getattr(opts, "calibration", None) is None:
+        raise CliError("--compress mixed needs --calibration FILE (text the model reads)")
+    return config
 
 
 def add_progress_option(parser: argparse.ArgumentParser, what: str) -> None:
@@ -326,9 +336,12 @@ def add_compression_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--compress",
         metavar="FORM",
-        help="store the weights compressed: int8 (per output channel), int4 (blocks of 32), "
-        "palette4 (4-bit k-means palettes), sparse50 (half of each weight pruned by magnitude), "
-        "or int2..int8 / palette1..palette8 / sparse<percent>",
+        help="store the weights compressed: int8 (per output channel), int4 (blocks of 32; "
+        "int4-asym with zero points, int4-g64 blocks of 64, int4-pc per channel), palette4 "
+        "(4-bit palettes per 16 output channels; palette4-pt one per weight), sparse50, "
+        "mixed (a form per weight to --target-bpw, needs --calibration); int2..int8 / "
+        "palette1..palette8 / sparse<percent>. Below 8 bits, embeddings and the output head "
+        "stay int8",
     )
     parser.add_argument(
         "--block-size",
@@ -336,6 +349,23 @@ def add_compression_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="with --compress: weights per scale along the input axis (int), or output "
         "channels per palette (palette)",
+    )
+
+
+def add_calibration_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--calibration FILE`` and ``--target-bpw`` (causal LMs: text read with the model's
+    tokenizer)."""
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="with --compress: a text file the compressed weights are fitted against (GPTQ, "
+        "activation-aware scales, weighted palettes; 32 x 256 tokens at most)",
+    )
+    parser.add_argument(
+        "--target-bpw",
+        type=float,
+        metavar="BITS",
+        help="with --compress mixed: bits per weight over every weight (default 4.5)",
     )
 
 

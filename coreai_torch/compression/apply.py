@@ -24,11 +24,13 @@ the same passes (for models quantized with torchao).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tempfile
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,16 +41,19 @@ import torch
 from coreai_torch import dtypes
 from coreai_torch import progress as progress_events
 from coreai_torch._mlir import ir
+from coreai_torch.compression.calibration import LARGE_OUTPUT_ERROR, Calibration, FittedWeight
 from coreai_torch.compression.checks import check_finite, check_scale_range
 from coreai_torch.compression.config import (
     CompressionConfig,
     LinearQuantization,
+    Mixed,
     Palettization,
     Pruning,
 )
 from coreai_torch.compression.fitting import Workers, palettize, prune, quantize_linear
 from coreai_torch.ir import compressed
 from coreai_torch.ir.checks import verify_module
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 from coreai_torch.ir.saving import SPACE_MARGIN, free_space
 from coreai_torch.ir.weights import SpillFile, WeightStore, derived_arrays, resource_name
 from coreai_torch.passes import pipeline
@@ -80,9 +85,20 @@ class CompressedWeight:
     snr_db: float
     #: what reads it: "matmul", "convolution" or "embedding"
     reader: str
+    #: ``‖(W - Ŵ) Xᵀ‖² / ‖W Xᵀ‖²`` on the calibration inputs (None: fitted without them)
+    output_error: float | None = None
+
+    @property
+    def bits_per_weight(self) -> float:
+        """Stored bits per element (codes, scales, zero points, palettes)."""
+        return 8 * self.bytes_after / max(1, math.prod(self.shape))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "shape": list(self.shape)}
+        return {
+            **self.__dict__,
+            "shape": list(self.shape),
+            "bits_per_weight": self.bits_per_weight,
+        }
 
 
 @dataclass
@@ -97,6 +113,20 @@ class CompressionReport:
     seconds: float = 0.0
     #: weights whose SNR is below this many dB are flagged (None: none are)
     min_snr_db: float | None = 10.0
+    #: bits per weight over every float weight of the program (the compressed ones as
+    #: stored, the others at their own precision)
+    bits_per_weight: float | None = None
+    #: the relative output error of the whole model on the calibration samples
+    #: (``Calibration.output_error``; None: no calibration)
+    output_error: float | None = None
+    #: the calibration's target bits per weight (``Mixed``)
+    target_bpw: float | None = None
+
+    @property
+    def large_output_error(self) -> bool:
+        """Whether the measured output error is large enough to check the model's quality
+        before shipping it (above ``LARGE_OUTPUT_ERROR``)."""
+        return self.output_error is not None and self.output_error > LARGE_OUTPUT_ERROR
 
     @property
     def low_snr(self) -> list[CompressedWeight]:
@@ -123,6 +153,9 @@ class CompressionReport:
             "seconds": self.seconds,
             "min_snr_db": self.min_snr_db,
             "low_snr": [w.name for w in self.low_snr],
+            "bits_per_weight": self.bits_per_weight,
+            "output_error": self.output_error,
+            "target_bpw": self.target_bpw,
         }
 
     def summary(self) -> str:
@@ -131,24 +164,43 @@ class CompressionReport:
         return (
             f"{len(self.weights)} weight(s) ({self.config}): "
             f"{_mb(self.bytes_before)} -> {_mb(self.bytes_after)} ({ratio:.3f}x)"
+            + (
+                f", {self.bits_per_weight:.3f} bits per weight overall"
+                if self.bits_per_weight is not None
+                else ""
+            )
             + (f", {len(self.skipped)} left as they were" if self.skipped else "")
         )
 
     def __str__(self) -> str:
         lines = [f"compressed {self.summary()} in {self.seconds:.2f} s"]
+        if self.output_error is not None:
+            lines.append(
+                f"  output error on the calibration samples: {self.output_error:.4f} "
+                f"(relative, {_relative_db(self.output_error)})"
+                + (
+                    f"  LARGE: above {LARGE_OUTPUT_ERROR:g}; measure the model's quality "
+                    "(coreai-torch eval) and use more bits"
+                    if self.large_output_error
+                    else ""
+                )
+            )
         if self.weights:
             width = max(len(w.name) for w in self.weights)
             form = max(len(w.form) for w in self.weights)
+            calibrated = any(w.output_error is not None for w in self.weights)
             lines.append(
                 f"  {'weight':<{width}}  {'shape':<12} {'form':<{form}} {'before':>10} "
-                f"{'after':>10}  {'SNR':>8}"
+                f"{'after':>10}  {'bits':>5}  {'SNR':>8}" + ("  output error" if calibrated else "")
             )
             low = {id(w) for w in self.low_snr}
             for w in self.weights:
                 shape = "x".join(map(str, w.shape))
                 lines.append(
                     f"  {w.name:<{width}}  {shape:<12} {w.form:<{form}} "
-                    f"{_mb(w.bytes_before):>10} {_mb(w.bytes_after):>10}  {w.snr_db:5.1f} dB"
+                    f"{_mb(w.bytes_before):>10} {_mb(w.bytes_after):>10}  "
+                    f"{w.bits_per_weight:5.2f}  {w.snr_db:5.1f} dB"
+                    + (f"  {w.output_error:.2e}" if w.output_error is not None else "")
                     + ("  LOW" if id(w) in low else "")
                 )
         if self.low_snr:
@@ -166,24 +218,37 @@ class CompressionReport:
         return "\n".join(lines)
 
 
+def _relative_db(relative: float) -> str:
+    return "inf dB SNR" if relative <= 0 else f"{-10 * math.log10(relative):.1f} dB SNR"
+
+
 def _mb(n: int) -> str:
     return f"{n / 2**20:.2f} MB" if n >= 2**20 else f"{n / 2**10:.1f} KB"
 
 
-def _selected(config: CompressionConfig, plan: Plan) -> str | None:
-    """Why the configuration leaves a compressible weight alone (None: it compresses it)."""
-    if plan.reader == "embedding" and not config.embeddings:
+def _form(
+    config: CompressionConfig, plan: Plan
+) -> LinearQuantization | Palettization | Pruning | str:
+    """The form ``config`` gives a compressible weight, or why it leaves it alone."""
+    if isinstance(config, Mixed):
+        if config.other is None:
+            return "not fitted by the calibration (Mixed(other=None))"
+        return config.other
+    form: LinearQuantization | Palettization | Pruning | None = config.form_for(
+        plan.reader, plan.head
+    )
+    if form is None:
+        if plan.head and config.output_head is False:
+            return "the output head (output_head=False)"
         return "an embedding table (embeddings=False)"
-    if plan.head and not config.output_head:
-        return "the output head (output_head=False)"
-    return None
+    return form
 
 
 # ---------------------------------------------------------------------------- fitting ---
 
 
 def _fit(
-    config: CompressionConfig,
+    config: LinearQuantization | Palettization | Pruning,
     weight: np.ndarray | _Converted,
     plan: Plan,
     dtype: torch.dtype,
@@ -428,16 +493,31 @@ def compress(
     store: WeightStore | None,
     config: CompressionConfig,
     *,
+    calibration: Calibration | None = None,
     progress: Any = None,
 ) -> CompressionReport:
     """Compress the weights of a converted program (its ``module`` and weight ``store``) that
-    ``config`` selects; returns the report.  Modifies the module in place, then places the
-    decompressions (:data:`coreai_torch.passes.pipeline.PLACEMENT`).  Reports its progress
-    (``"compress"``, bytes of weights done) to ``progress`` like ``optimize()``."""
-    if not isinstance(config, (LinearQuantization, Palettization, Pruning)):
+    ``config`` selects; returns the report.  ``calibration``: codes fitted against
+    calibration data (:func:`coreai_torch.compression.calibrate`), stored for the weights it
+    fitted instead of fitting them again (needed by :class:`Mixed`).  Modifies the module in
+    place, then places the decompressions (:data:`coreai_torch.passes.pipeline.PLACEMENT`).
+    Reports its progress (``"compress"``, bytes of weights done) to ``progress`` like
+    ``optimize()``."""
+    if not isinstance(config, (LinearQuantization, Palettization, Pruning, Mixed)):
         raise TypeError(
-            "compress() takes a coreai_torch.compression.LinearQuantization, Palettization or "
-            f"Pruning, got {type(config).__name__}"
+            "compress() takes a coreai_torch.compression.LinearQuantization, Palettization, "
+            f"Pruning or Mixed, got {type(config).__name__}"
+        )
+    if calibration is not None and not isinstance(calibration, Calibration):
+        raise TypeError(
+            "compress(calibration=...) takes what coreai_torch.compression.calibrate() returns, "
+            f"got {type(calibration).__name__}"
+        )
+    if isinstance(config, Mixed) and calibration is None:
+        raise ValueError(
+            f"compress({config.describe()}) chooses each weight's form from its measured error: "
+            "it needs calibration data (calibration=compression.calibrate(model, samples, "
+            "config))"
         )
     if store is None:
         raise ValueError(
@@ -445,6 +525,9 @@ def compress(
         )
     start = time.perf_counter()
     report = CompressionReport(config.describe(), min_snr_db=config.min_snr_db)
+    if calibration is not None:
+        report.output_error = calibration.output_error
+        report.target_bpw = calibration.target_bpw
     listener = progress_events.resolve(progress)
     with module.context, ir.Location.unknown():
         done = _already_compressed(module, store)
@@ -481,8 +564,18 @@ def compress(
             finished = 0
             for name, resource, constants, dtype in candidates:
                 tensor = store.by_name[resource]
+                fitted = calibration.lookup(name) if calibration is not None else None
                 entry = _compress_one(
-                    store, config, name, tensor, constants, dtype, spilling, workers
+                    store,
+                    config,
+                    name,
+                    tensor,
+                    constants,
+                    dtype,
+                    spilling,
+                    workers,
+                    fitted=fitted,
+                    transposed=resource.endswith(".T"),
                 )
                 if isinstance(entry, str):
                     report.skipped.append((name, entry))
@@ -490,10 +583,74 @@ def compress(
                     report.weights.append(entry)
                 finished += tensor.numel() * tensor.element_size()
                 advance(finished, total)
+        report.bits_per_weight = _bits_per_weight(store, report)
     pipeline.run(pipeline.PLACEMENT, module, pipeline.PassContext(store), when="after compress()")
     verify_module(module, "after compress()")
     report.seconds = time.perf_counter() - start
+    if report.large_output_error:
+        warnings.warn(
+            f"compress({config.describe()}): the compressed model's outputs on the calibration "
+            f"samples are off by {report.output_error:.3f} (relative squared error, "
+            f"{_relative_db(report.output_error or 0.0)}); measure its quality before shipping "
+            "it (coreai-torch eval perplexity) and use more bits",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return report
+
+
+def _bits_per_weight(store: WeightStore, report: CompressionReport) -> float | None:
+    """Bits per element over every float weight of the program: the compressed ones as
+    stored, the others (and weights compressed before) at their own precision."""
+    stored = {w.name: w.bytes_after for w in report.weights}
+    elements = bits = 0
+    for resource, tensor in store.by_name.items():
+        name = display_name(resource)
+        if (resource.endswith(".T") and name in store.by_name) or not tensor.is_floating_point():
+            continue
+        elements += tensor.numel()
+        bits += 8 * stored[name] if name in stored else 8 * tensor.numel() * tensor.element_size()
+    return bits / elements if elements else None
+
+
+def _calibrated_codes(fitted: FittedWeight, plan: Plan, transposed: bool) -> Any:
+    """The fitted codes in the plan's stored layout, or None when the plan reads the weight
+    along other axes than the calibration fitted it (output channels first)."""
+    rank = len(plan.perm)
+    layout = list(range(rank))
+    if transposed:  # the program holds the weight transposed (optimize())
+        if rank != 2:
+            return None
+        layout = [1, 0]
+    axes = [layout[a] for a in plan.perm]
+    if axes.index(0) != plan.channel_axis or plan.batch_axes:
+        return None
+    codes = fitted.codes
+    if isinstance(codes, LinearCodes):
+        return LinearCodes(
+            np.ascontiguousarray(codes.codes.transpose(axes)),
+            codes.bits,
+            np.ascontiguousarray(codes.scale.transpose(axes)),
+            None
+            if codes.zero_point is None
+            else np.ascontiguousarray(codes.zero_point.transpose(axes)),
+            signed=codes.signed,
+        )
+    lut_axes = [*axes, rank, rank + 1]
+    return PaletteCodes(
+        np.ascontiguousarray(codes.indices.transpose(axes)),
+        codes.bits,
+        np.ascontiguousarray(codes.lut.transpose(lut_axes)),
+    )
+
+
+def _snr_db(weight: Any, codes: Any) -> float:
+    w = np.asarray(weight, dtype=np.float32)
+    error = float(np.square(w - codes.dequantized(), dtype=np.float64).sum())
+    signal = float(np.square(w, dtype=np.float64).sum())
+    if error == 0:
+        return math.inf
+    return 10 * math.log10(signal / error) if signal > 0 else -math.inf
 
 
 def _compress_one(
@@ -505,22 +662,33 @@ def _compress_one(
     dtype: torch.dtype,
     spilling: _Spilling,
     workers: Workers,
+    *,
+    fitted: FittedWeight | None = None,
+    transposed: bool = False,
 ) -> CompressedWeight | str:
     """Compress one weight (its constants in every graph), or say why not."""
     plan = read_plan(name, constants, tensor.dim())
     if isinstance(plan, str):
         return plan
-    reason = _selected(config, plan)
-    if reason is not None:
-        return reason
-    fitted = _fit(config, _stored(tensor, plan.perm), plan, dtype, workers)
-    if isinstance(fitted, str):
-        return fitted
-    codes, snr = fitted
+    calibrated = _calibrated_codes(fitted, plan, transposed) if fitted is not None else None
+    form: Any
+    if calibrated is not None:
+        assert fitted is not None
+        form = fitted.config
+        codes = calibrated
+        snr = _snr_db(_stored(tensor, plan.perm), codes)
+    else:
+        form = _form(config, plan)
+        if isinstance(form, str):
+            return form
+        result = _fit(form, _stored(tensor, plan.perm), plan, dtype, workers)
+        if isinstance(result, str):
+            return result
+        codes, snr = result
 
     def decompress(target: WeightStore, codes: Any) -> compressed.Decompression:
         if isinstance(codes, compressed.LinearCodes):
-            scale_dtype = getattr(config, "scale_dtype", None)
+            scale_dtype = getattr(form, "scale_dtype", None)
             return compressed.linear_decompression(target, name, codes, dtype, scale_dtype)
         return compressed.decompression(target, name, codes, dtype)  # palettes, sparse
 
@@ -528,7 +696,9 @@ def _compress_one(
         # keep none of the codes in memory: they wait in the spill file or, without room
         # there, the data is fitted again (the same) while the asset is written
         def refit() -> list[np.ndarray]:
-            again = _fit(config, _stored(tensor, plan.perm), plan, dtype)
+            if calibrated is not None:
+                return derived_arrays(lambda target: decompress(target, calibrated), store)
+            again = _fit(form, _stored(tensor, plan.perm), plan, dtype)
             assert not isinstance(again, str)
             return derived_arrays(lambda target: decompress(target, again[0]), store)
 
@@ -541,11 +711,12 @@ def _compress_one(
     original = store.by_name.get(name, tensor)  # the weight as the model holds it
     return CompressedWeight(
         name,
-        config.describe(),
-        getattr(config, "bits", dtype.itemsize * 8),
+        form.describe(),
+        getattr(form, "bits", dtype.itemsize * 8),
         tuple(original.shape),
         tensor.numel() * tensor.element_size(),
         decompression.stored_bytes,
         snr,
         plan.reader,
+        fitted.output_error if calibrated is not None and fitted is not None else None,
     )

@@ -29,9 +29,12 @@ The compression itself lives in :mod:`coreai_torch.compression.apply`.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -47,8 +50,8 @@ SCALE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 class _Selection:
     weights: WeightFilter = None
     min_elements: int = 4096
-    embeddings: bool = True
-    output_head: bool = True
+    embeddings: bool | LinearQuantization | Palettization = True
+    output_head: bool | LinearQuantization | Palettization = True
     non_finite: str = "error"
     min_snr_db: float | None = 10.0
 
@@ -76,6 +79,34 @@ class _Selection:
                 ) from None
         if self.min_elements < 0:
             raise ValueError(f"min_elements must be >= 0, got {self.min_elements}")
+        for option in ("embeddings", "output_head"):
+            value = getattr(self, option)
+            if not isinstance(value, (bool, LinearQuantization, Palettization)):
+                raise TypeError(
+                    f"{option}= takes True (compressed like the rest), False (left as it is) "
+                    f"or a LinearQuantization / Palettization (its own form), got {value!r}"
+                )
+
+    def _kept(self) -> str:
+        """What the description says of the embedding tables and the output head when they
+        have a form of their own."""
+        if isinstance(self.embeddings, bool) and isinstance(self.output_head, bool):
+            return ""
+        parts = []
+        for what, option in (("embeddings", self.embeddings), ("head", self.output_head)):
+            if option is False:
+                parts.append(f"{what} uncompressed")
+            elif option is not True:
+                parts.append(f"{what} {option.describe()}")
+        return " (" + "; ".join(parts) + ")"
+
+    def form_for(self, reader: str, head: bool) -> Any:
+        """The form of a weight read by ``reader`` (``"embedding"``, ...) that is (or is
+        not) the output head: this configuration, another one, or None (left alone)."""
+        for applies, option in ((head, self.output_head), (reader == "embedding", self.embeddings)):
+            if applies and option is not True:
+                return None if option is False else option
+        return self
 
     def selects(self, name: str) -> bool:
         """Whether the name filter (``weights=``) selects weight ``name``."""
@@ -130,7 +161,7 @@ class LinearQuantization(_Selection):
         scales = (
             f", {str(self.scale_dtype).removeprefix('torch.')} scales" if self.scale_dtype else ""
         )
-        return f"int{self.bits} {blocks}, {kind}{scales}"
+        return f"int{self.bits} {blocks}, {kind}{scales}{self._kept()}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -163,7 +194,7 @@ class Palettization(_Selection):
 
     def describe(self) -> str:
         groups = f"groups of {self.group_size} channels" if self.group_size else "one per weight"
-        return f"{self.bits}-bit palettes, {groups}"
+        return f"{self.bits}-bit palettes, {groups}{self._kept()}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,39 +220,163 @@ class Pruning(_Selection):
         return f"{self.sparsity:.0%} sparse (magnitude)"
 
 
-CompressionConfig = LinearQuantization | Palettization | Pruning
+#: code widths as stored: linear codes of 3 bits take 4, of 5 to 7 take 8; palette indices
+#: of 5 bits take 6, of 7 take 8 (the widths Core AI has)
+LINEAR_STORAGE = {1: 2, 2: 2, 3: 4, 4: 4, 5: 8, 6: 8, 7: 8, 8: 8}
+PALETTE_STORAGE = {1: 1, 2: 2, 3: 3, 4: 4, 5: 6, 6: 6, 7: 8, 8: 8}
 
-#: the forms ``from_spec`` knows, for messages and the CLI's help
-SPECS = (
-    "int2 ... int8, palette1 ... palette8, sparse<percent> (e.g. int4, int8, palette4, sparse50)"
+
+def bits_per_weight(
+    config: LinearQuantization | Palettization | Pruning,
+    shape: tuple[int, ...],
+    dtype: torch.dtype = torch.float16,
+) -> float:
+    """Bits per element of a ``shape`` weight (``[out, in, ...]``) stored in ``config``'s
+    form in a program whose weights are ``dtype``: codes, scales, zero points, palettes."""
+    float_bits = torch.finfo(dtype).bits
+    out = shape[0]
+    per_row = math.prod(shape[1:])
+    if isinstance(config, LinearQuantization):
+        code = LINEAR_STORAGE[config.bits]
+        scale = torch.finfo(config.scale_dtype).bits if config.scale_dtype else float_bits
+        spatial = per_row // shape[1]
+        block = (
+            per_row
+            if config.block_size is None or config.block_size >= shape[1]
+            else config.block_size * spatial
+        )
+        return code + (scale + (0 if config.symmetric else code)) / block
+    if isinstance(config, Palettization):
+        group = out if config.group_size is None else min(config.group_size, out)
+        return PALETTE_STORAGE[config.bits] + (1 << config.bits) * float_bits / (group * per_row)
+    return (1 - config.sparsity) * float_bits + 1
+
+
+#: the forms :class:`Mixed` chooses among by default
+MIXED_FORMS: tuple[LinearQuantization | Palettization, ...] = (
+    LinearQuantization(bits=8),
+    Palettization(bits=6, group_size=16),
+    LinearQuantization(bits=4, block_size=32, symmetric=False),
+    LinearQuantization(bits=4, block_size=32),
+    LinearQuantization(bits=4, block_size=64),
+    LinearQuantization(bits=4, block_size=128),
+    Palettization(bits=4, group_size=16),
+    Palettization(bits=3, group_size=16),
+    Palettization(bits=2, group_size=16),
 )
 
 
-def from_spec(spec: str, block_size: int | None = None) -> CompressionConfig:
+@dataclass(frozen=True, kw_only=True)
+class Mixed(_Selection):
+    """A form per weight, chosen to meet a budget of bits per weight with the least output
+    error on calibration data (``compression.calibrate``; ``target_bpw`` counts every
+    weight of the model, the embedding and the output head included, and those left as
+    they are at their own precision).
+
+    * ``target_bpw``: the budget, in bits per weight;
+    * ``forms``: the forms to choose among (default :data:`MIXED_FORMS`: int8, int4 in
+      blocks of 32 (asymmetric and symmetric), 64 and 128, 6-, 4-, 3- and 2-bit palettes per
+      16 output channels);
+    * ``other``: the form of the selected weights the calibration measures no inputs of
+      (an embedding table not tied to the output head); None leaves them as they are.
+    """
+
+    target_bpw: float = 4.5
+    forms: tuple[LinearQuantization | Palettization, ...] = MIXED_FORMS
+    other: LinearQuantization | Palettization | None = LinearQuantization(bits=8)
+    min_elements: int = 4096
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (
+            isinstance(self.target_bpw, bool)
+            or not isinstance(self.target_bpw, (int, float))
+            or not self.target_bpw > 0
+        ):
+            raise ValueError(f"target_bpw must be a positive number, got {self.target_bpw!r}")
+        if not self.forms or not all(
+            isinstance(f, (LinearQuantization, Palettization)) for f in self.forms
+        ):
+            raise ValueError(
+                "Mixed(forms=...) takes a non-empty tuple of LinearQuantization / Palettization"
+            )
+
+    def describe(self) -> str:
+        return f"mixed, {self.target_bpw:g} bits per weight"
+
+
+CompressionConfig = LinearQuantization | Palettization | Pruning | Mixed
+
+#: the forms ``from_spec`` knows, for messages and the CLI's help
+SPECS = (
+    "int2 ... int8 (int4: blocks of 32; add -asym for zero points, -g<N> for blocks of N, "
+    "-pc for one scale per output channel), palette1 ... palette8 (one palette per 16 output "
+    "channels; -g<N> for N, -pt for one per weight), sparse<percent>, mixed (with a bits per "
+    "weight budget and calibration data); e.g. int4, int4-asym, int8, palette4, mixed"
+)
+
+#: the form of the embedding tables and the output head in the named presets (int8 per
+#: channel: what Apple's recipes keep them at; 4-bit tables cost real models their quality)
+SAFE_FORM = LinearQuantization(bits=8)
+
+
+def from_spec(
+    spec: str, block_size: int | None = None, *, target_bpw: float | None = None
+) -> CompressionConfig:
     """A configuration from a short name, as the CLI's ``--compress`` takes it.
 
-    ``int8``: 8-bit, one scale per output channel (``block_size`` gives blocks instead);
-    ``int4`` (and other ``int<bits>`` below 8): blocks of ``block_size`` (default 32);
-    ``palette<bits>``: one palette per weight, or per ``block_size`` output channels;
-    ``sparse<percent>``: magnitude pruning to that percentage of zeros.
+    ``int8``: 8-bit, one scale per output channel; ``int4`` (and other ``int<bits>`` below
+    8): blocks of 32 inputs; ``-asym`` adds zero points (unsigned codes), ``-g<N>`` sets the
+    block size, ``-pc`` one scale per output channel.  ``palette<bits>``: one palette per 16
+    output channels (``-g<N>``: per N, ``-pt``: one per weight).  ``sparse<percent>``:
+    magnitude pruning to that percentage of zeros.  ``mixed``: a form per weight to a budget
+    of ``target_bpw`` bits per weight (default 4.5; needs calibration data).
+    ``block_size`` overrides the block size (int) or output channels per palette.
+
+    Presets keep the embedding tables and the output head in int8 per channel
+    (:data:`SAFE_FORM`) when they compress the rest to fewer bits.
     """
-    sparse = (
-        re.fullmatch(r"sparse([1-9][0-9]?)", spec.strip().lower())
-        if isinstance(spec, str)
-        else None
-    )
+    text = spec.strip().lower() if isinstance(spec, str) else None
+    if text == "mixed":
+        return Mixed(target_bpw=4.5 if target_bpw is None else target_bpw)
+    sparse = re.fullmatch(r"sparse([1-9][0-9]?)", text) if text is not None else None
     if sparse is not None:
         return Pruning(sparsity=int(sparse[1]) / 100)
     match = (
-        re.fullmatch(r"(int|palette)([1-8])", spec.strip().lower())
-        if isinstance(spec, str)
+        re.fullmatch(r"(int|palette)([1-8])((?:-(?:asym|pc|pt|g[1-9][0-9]*))*)", text)
+        if text is not None
         else None
     )
     if match is None:
         raise ValueError(f"unknown compression {spec!r}; use one of {SPECS}")
     kind, bits = match[1], int(match[2])
+    options = [o for o in match[3].split("-") if o]
+    if len(set(o[0] for o in options)) != len(options) and not all(
+        o in ("asym", "pc", "pt") for o in options
+    ):
+        raise ValueError(f"{spec!r} names a block size twice")
+    group = next((int(o[1:]) for o in options if o.startswith("g")), None)
+    if block_size is not None:
+        group = block_size
     if kind == "palette":
-        return Palettization(bits=bits, group_size=block_size)
-    if bits == 8:
-        return LinearQuantization(bits=8, block_size=block_size)
-    return LinearQuantization(bits=bits, block_size=block_size or 32)
+        if "asym" in options or "pc" in options:
+            raise ValueError(f"{spec!r}: -asym and -pc apply to int<bits>, not to palettes")
+        group_size = None if "pt" in options else (group or 16)
+        return _safe(Palettization(bits=bits, group_size=group_size), bits)
+    if "pt" in options:
+        raise ValueError(f"{spec!r}: -pt applies to palettes (one per weight)")
+    if "pc" in options and group is not None:
+        raise ValueError(f"{spec!r}: -pc (per output channel) and a block size exclude each other")
+    block = None if "pc" in options else group if group is not None else (None if bits == 8 else 32)
+    config = LinearQuantization(bits=bits, block_size=block, symmetric="asym" not in options)
+    return _safe(config, bits)
+
+
+def _safe(
+    config: LinearQuantization | Palettization, bits: int
+) -> LinearQuantization | Palettization:
+    """``config`` with the embedding tables and the output head at :data:`SAFE_FORM` when
+    it has fewer bits."""
+    if bits >= 8:
+        return config
+    return dataclasses.replace(config, embeddings=SAFE_FORM, output_head=SAFE_FORM)

@@ -367,9 +367,11 @@ def _rows_searchsorted(rows: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return found.reshape(queries.shape) - (np.arange(rows.shape[0]) * rows.shape[1])[:, None]
 
 
-def _histogram(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per row: the mean value in each of ``bins`` equal bins and the bin counts (read in
-    chunks of columns, so the temporaries stay small)."""
+def _histogram(
+    values: np.ndarray, bins: int, weights: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the (weighted) mean value in each of ``bins`` equal bins and the bin counts
+    (or weights) (read in chunks of columns, so the temporaries stay small)."""
     groups, count = values.shape
     low = values.min(1, keepdims=True).astype(np.float64)
     width = (values.max(1, keepdims=True).astype(np.float64) - low) / bins
@@ -381,16 +383,24 @@ def _histogram(values: np.ndarray, bins: int) -> tuple[np.ndarray, np.ndarray]:
     for start in range(0, count, step):
         part = values[:, start : start + step]
         which = np.clip(((part - low) / width).astype(np.int64), 0, bins - 1) + offsets
-        counts += np.bincount(which.ravel(), minlength=groups * bins)
-        sums += np.bincount(which.ravel(), part.ravel().astype(np.float64), groups * bins)
+        if weights is None:
+            counts += np.bincount(which.ravel(), minlength=groups * bins)
+            sums += np.bincount(which.ravel(), part.ravel().astype(np.float64), groups * bins)
+        else:
+            mass = weights[:, start : start + step].astype(np.float64)
+            counts += np.bincount(which.ravel(), mass.ravel(), groups * bins)
+            sums += np.bincount(which.ravel(), (part * mass).ravel(), groups * bins)
     counts, sums = counts.reshape(groups, bins), sums.reshape(groups, bins)
     centers = low + (np.arange(bins) + 0.5) * width
     means = np.where(counts > 0, sums / np.maximum(counts, 1), centers)
     return means, counts
 
 
-def kmeans_1d(values: np.ndarray, k: int, iterations: int = 100) -> np.ndarray:
-    """Sorted centroids ``[groups, k]`` of weighted 1-D k-means on each row of ``values``.
+def kmeans_1d(
+    values: np.ndarray, k: int, iterations: int = 100, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """Sorted centroids ``[groups, k]`` of weighted 1-D k-means on each row of ``values``;
+    ``weights`` (``values``' shape, nonnegative): how much each value counts (default 1).
 
     With the points of a row sorted, each cluster is a run of points between two
     boundaries: an iteration finds the runs by binary search and their weighted means from
@@ -398,10 +408,14 @@ def kmeans_1d(values: np.ndarray, k: int, iterations: int = 100) -> np.ndarray:
     """
     groups, count = values.shape
     if count > HISTOGRAM_BINS:  # bin means, in order, weighted by their counts
-        points, weights = _histogram(values, HISTOGRAM_BINS)
-    else:
+        points, weights = _histogram(values, HISTOGRAM_BINS, weights)
+    elif weights is None:
         points = np.sort(np.asarray(values, dtype=np.float64), 1)
         weights = np.ones_like(points)
+    else:
+        order = np.argsort(values, 1)
+        points = np.take_along_axis(np.asarray(values, dtype=np.float64), order, 1)
+        weights = np.take_along_axis(np.asarray(weights, dtype=np.float64), order, 1)
     zero = np.zeros((groups, 1))
     mass_before = np.concatenate([zero, np.cumsum(weights, 1)], 1)
     total_before = np.concatenate([zero, np.cumsum(weights * points, 1)], 1)

@@ -11,6 +11,7 @@ A saved model directory holds, beside the Hugging Face files (``config.json``,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import copy
 import json
@@ -18,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,7 +28,13 @@ from typing import Any, ClassVar, Self
 import numpy as np
 import torch
 import torch.nn as nn
-from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
+from transformers import (
+    GenerationConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
 from coreai_torch.hf.tasks import CLASSES, register_pipeline_names
@@ -146,6 +154,32 @@ class CoreAIModel(PreTrainedModel):
             f"precision={self.coreai_config.get('precision')!r}, "
             f"compression={self.coreai_config.get('compression')!r})"
         )
+
+    # -- async code ---------------------------------------------------------------------------
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        """``model(*args, **kwargs)``, awaited: it runs in a worker thread, so the caller's
+        event loop keeps running.  Calls from several tasks or threads run side by side (each
+        call has its own runtime state)."""
+        return await asyncio.to_thread(self, *args, **kwargs)
+
+    async def agenerate(self, *args: Any, **kwargs: Any) -> Any:
+        """``generate(*args, **kwargs)``, awaited (it runs in a worker thread; pass
+        ``streamer=transformers.AsyncTextIteratorStreamer(...)`` to receive the text as it is
+        produced).  Cancelling the awaiting task stops the generation after the step in flight
+        and frees its cache before ``CancelledError`` is raised."""
+        if not self.can_generate():
+            raise TypeError(f"{type(self).__name__} does not generate; use `await model.acall()`")
+        stop = threading.Event()
+        criteria = list(kwargs.pop("stopping_criteria", None) or [])
+        kwargs["stopping_criteria"] = StoppingCriteriaList([*criteria, _Cancelled(stop)])
+        work = asyncio.ensure_future(asyncio.to_thread(self.generate, *args, **kwargs))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()
+            await asyncio.wait({work})
+            raise
 
     # -- loading and saving -------------------------------------------------------------------
 
@@ -342,7 +376,11 @@ class CoreAIModel(PreTrainedModel):
         inputs: Mapping[str, Any],
         state: Mapping[str, Any] | None = None,
     ) -> dict[str, np.ndarray]:
-        return self.sessions[asset].run(inputs, entrypoint=entrypoint, state=state)
+        """One call of an asset's entry point; ``state`` is the caller's own (a generation's
+        cache row), so concurrent calls never share buffers."""
+        return self.sessions[asset].run(
+            inputs, entrypoint=entrypoint, state=state, keep_state=False
+        )
 
     def _run_each_row(
         self, entrypoint: str, name: str, batch: torch.Tensor, output: str
@@ -534,6 +572,16 @@ def _close_sessions(sessions: dict[str, Any], owned: tempfile.TemporaryDirectory
     sessions.clear()
     if owned is not None:
         owned.cleanup()
+
+
+class _Cancelled(StoppingCriteria):
+    """A stopping criterion: every sequence is done once ``event`` is set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
 
 
 def _device_type(value: str | torch.device | int) -> str:

@@ -39,12 +39,16 @@ def export_causal_lm(
     *,
     all_logits_entry_point: bool = True,
     restore: bool = True,
+    calibration: Any = None,
+    target_bpw: float | None = None,
 ) -> Any:
     """The ``AIProgram`` of a ``transformers`` causal LM: ``prefill``, ``decode`` and (with
     ``all_logits_entry_point``) ``forward``, sharing weights and the KV cache
     (:func:`coreai_torch.llm.export.convert_causal_lm`; a model that
     :func:`~coreai_torch.llm.export.load_causal_lm` streams from its checkpoint is read one
-    weight at a time while the asset is written)."""
+    weight at a time while the asset is written).  ``calibration``: token ids
+    ``[samples, tokens]`` the compressed weights are fitted against; ``target_bpw``: the
+    budget of ``compress="mixed"``."""
     from coreai_torch.llm.export import (
         check_max_context,
         compression_config,
@@ -53,23 +57,40 @@ def export_causal_lm(
     )
 
     policy = precision_policy(precision)
-    compression = compression_config(compress)
+    compression = compression_config(compress, target_bpw, calibration)
     check_max_context(model, max_context)
     return convert_causal_lm(
-        model, max_context, policy, compression, forward=all_logits_entry_point, restore=restore
+        model,
+        max_context,
+        policy,
+        compression,
+        forward=all_logits_entry_point,
+        restore=restore,
+        calibration=calibration,
     )
 
 
-def describe_options(precision: Any, compress: Any) -> dict[str, Any]:
+def describe_options(
+    precision: Any, compress: Any, target_bpw: float | None = None, calibration: Any = None
+) -> dict[str, Any]:
     """``precision`` / ``compression`` as recorded in ``coreai_config.json``."""
     from coreai_torch.llm.export import compression_config, precision_policy
 
     policy = precision_policy(precision)
-    compression = compression_config(compress)
+    compression = compression_config(compress, target_bpw, calibration)
     return {
         "precision": policy.name,
         "compression": compression.describe() if compression is not None else None,
     }
+
+
+def compression_meta(program: Any) -> dict[str, Any]:
+    """The measured size and output error of a compressed program, for ``coreai_config.json``
+    (nothing for an uncompressed one)."""
+    report = getattr(program, "compression_report", None)
+    if report is None:
+        return {}
+    return {"bits_per_weight": report.bits_per_weight, "output_error": report.output_error}
 
 
 def check_generation_mode(model: Any, kwargs: dict[str, Any]) -> None:
@@ -289,10 +310,17 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         precision: Any,
         compress: Any,
         all_logits_entry_point: bool = True,
+        calibration: Any = None,
+        target_bpw: float | None = None,
     ) -> Self:
-        from coreai_torch.llm.export import default_max_context, load_causal_lm
+        from coreai_torch.llm.export import (
+            calibration_input,
+            default_max_context,
+            load_causal_lm,
+        )
 
-        describe = describe_options(precision, compress)  # bad options fail before loading
+        # bad options fail before loading
+        describe = describe_options(precision, compress, target_bpw, calibration)
         checked_config(source, CAUSAL_LM_TYPES, cls.__name__)
         # a directory's weights stay in its checkpoint until the asset is written
         restore = not isinstance(source, Path)
@@ -306,8 +334,10 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             compress,
             all_logits_entry_point=all_logits_entry_point,
             restore=restore,
+            calibration=calibration_input(model, source, calibration),
+            target_bpw=target_bpw,
         )
-        meta = {"max_context": max_context, **describe}
+        meta = {"max_context": max_context, **describe, **compression_meta(program)}
         return cls._from_programs(model, {"model": program}, meta, source)
 
     def forward(

@@ -175,9 +175,16 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         precision: Any,
         compress: Any,
         all_logits_entry_point: bool = True,
+        calibration: Any = None,
+        target_bpw: float | None = None,
     ) -> Self:
         from coreai_torch.llm.export import default_max_context
 
+        if calibration is not None or target_bpw is not None:
+            raise ValueError(
+                f"{cls.__name__} exports without calibration: calibration= and target_bpw= "
+                "apply to text models (CoreAIModelForCausalLM)"
+            )
         describe = describe_options(precision, compress)
         config = checked_config(source, IMAGE_TEXT_TO_TEXT_TYPES, cls.__name__)
         _check_decoder(config, str(source) if isinstance(source, Path) else type(source).__name__)

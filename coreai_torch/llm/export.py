@@ -62,6 +62,12 @@ from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.frontend.specialize import SpecializationError, specialize
+from coreai_torch.llm.calibration import (
+    Calibrationdata,
+    calibrated,
+    calibration_tokens,
+    vocab_size,
+)
 from coreai_torch.precision import Precision, from_spec
 from coreai_torch.rewrites.moe import SparseMoE, rewrite_moe
 from coreai_torch.tensors import lazy
@@ -109,6 +115,8 @@ def export(
     compress: CompressionConfig | str | None = None,
     *,
     all_logits: bool = False,
+    calibration: Calibrationdata | None = None,
+    target_bpw: float | None = None,
 ) -> AIProgram:
     """Convert a Hugging Face causal LM into one Core AI program (``AIProgram``) with the
     entry points ``prefill`` and ``decode`` sharing weights and a KV cache of ``max_context``
@@ -127,15 +135,23 @@ def export(
     :mod:`coreai_torch.compression` configuration or a name (``"int4"``: blocks of 32,
     ``"int8"``: per output channel, ``"palette4"``, ...), compressed before ``optimize()``.
     ``all_logits=True`` returns the logits of every prompt position instead of the last one.
+
+    ``calibration``: data the compressed weights are fitted against (GPTQ, activation-aware
+    scales, weighted palettes; :mod:`coreai_torch.compression.calibration`): the path of a text
+    file (read with the tokenizer of the model's directory) or token ids (lists of ints, or
+    a ``[samples, tokens]`` tensor); at most 32 sequences of 256 tokens are used.
+    ``compress="mixed"`` chooses a form per weight to ``target_bpw`` bits per weight (every
+    weight counted) and needs ``calibration``.
     """
     policy = precision_policy(precision)
-    compression = compression_config(compress)
+    compression = compression_config(compress, target_bpw, calibration)
     listener = progress_events.resolve(None)
     with progress_events.phase(listener, "load", 1, "steps"):
         model = load_causal_lm(model_or_dir)
     if max_context is None:
         max_context = default_max_context(model.config)
     check_max_context(model, max_context)
+    tokens = calibration_input(model, model_or_dir, calibration)
     return convert_causal_lm(
         model,
         max_context,
@@ -143,7 +159,18 @@ def export(
         compression,
         all_logits=all_logits,
         restore=isinstance(model_or_dir, nn.Module),
+        calibration=tokens,
     )
+
+
+def calibration_input(
+    model: nn.Module, model_or_dir: Any, calibration: Calibrationdata | None
+) -> torch.Tensor | None:
+    """The calibration token ids ``calibration=`` stands for (None: no calibration)."""
+    if calibration is None:
+        return None
+    directory = None if isinstance(model_or_dir, nn.Module) else Path(model_or_dir)
+    return calibration_tokens(calibration, vocab_size(model), tokenizer_dir=directory)
 
 
 def convert_causal_lm(
@@ -155,6 +182,7 @@ def convert_causal_lm(
     all_logits: bool = False,
     forward: bool = False,
     restore: bool = True,
+    calibration: torch.Tensor | None = None,
 ) -> AIProgram:
     """The optimized program of a loaded causal LM (a model instance, or one whose weights
     :func:`load_causal_lm` left in its checkpoint): ``prefill`` and ``decode`` as
@@ -198,8 +226,11 @@ def convert_causal_lm(
             entrypoint_name=name,
         )
     program = converter.to_coreai()
+    fitted = None
+    if compression is not None and calibration is not None:
+        fitted = calibrated(model, calibration, compression, policy.compute)
     if compression is not None:  # before optimize(): no transposed float copies of weights
-        program.compress(compression)
+        program.compress(compression, calibration=fitted)
     return program.optimize()
 
 
@@ -217,12 +248,40 @@ def precision_policy(precision: torch.dtype | str | Precision | None) -> Precisi
         raise ValueError(f"llm.export(precision={precision!r}): {error}") from None
 
 
-def compression_config(compress: CompressionConfig | str | None) -> CompressionConfig | None:
-    """The compression configuration ``compress=`` asks for (None: no compression)."""
+def compression_config(
+    compress: CompressionConfig | str | None,
+    target_bpw: float | None = None,
+    calibration: Any = None,
+) -> CompressionConfig | None:
+    """The compression configuration ``compress=`` (and ``target_bpw=``) ask for (None: no
+    compression); ``compress="mixed"`` needs ``calibration``."""
+    config = _compression_config(compress, target_bpw)
+    if isinstance(config, compression.Mixed) and calibration is None:
+        raise ValueError(
+            f"compress={compress!r} chooses each weight's form from its error on calibration "
+            "data: pass calibration= (a text file, or token ids)"
+        )
+    if target_bpw is not None and not isinstance(config, compression.Mixed):
+        raise ValueError(
+            "target_bpw= is the budget of compress='mixed' (a form per weight); "
+            f"compress={compress!r} has a fixed size"
+        )
+    if calibration is not None and config is None:
+        raise ValueError("calibration= fits compressed weights: pass compress= too")
+    return config
 
+
+def _compression_config(
+    compress: CompressionConfig | str | None, target_bpw: float | None
+) -> CompressionConfig | None:
     if compress is None or isinstance(
         compress,
-        (compression.LinearQuantization, compression.Palettization, compression.Pruning),
+        (
+            compression.LinearQuantization,
+            compression.Palettization,
+            compression.Pruning,
+            compression.Mixed,
+        ),
     ):
         return compress
     if not isinstance(compress, str):
@@ -233,7 +292,7 @@ def compression_config(compress: CompressionConfig | str | None) -> CompressionC
             f"got {compress!r}"
         )
     try:
-        return compression.from_spec(compress)
+        return compression.from_spec(compress, target_bpw=target_bpw)
     except ValueError as error:
         raise ValueError(f"llm.export(compress={compress!r}): {error}") from None
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -69,8 +71,11 @@ class Generator:
         except Exception:
             self.session.close()
             raise
-        #: what the last :meth:`generate` call did
+        #: what the generation started last did (with concurrent generations: the last one
+        #: started)
         self.stats = GenerationStats()
+        self._active = 0
+        self._count_lock = threading.Lock()
 
     def _check_program(self) -> None:
         names = list(getattr(self.session.model, "function_names", None) or [])
@@ -109,6 +114,11 @@ class Generator:
     def close(self) -> None:
         self.session.close()
 
+    @property
+    def active_generations(self) -> int:
+        """Generations in progress, each holding its own KV-cache state (0 when idle)."""
+        return self._active
+
     def generate(
         self,
         prompt: str | Sequence[int],
@@ -133,8 +143,69 @@ class Generator:
         (``[vocab]`` float32) before its token is chosen.  :attr:`stats` reports the speeds.
 
         Bad arguments (an empty prompt, a context longer than the program's ``max_context``,
-        ...) raise before anything runs.
+        ...) raise before anything runs.  Each call has its own KV cache, so calls from several
+        threads (or interleaved iterators) run side by side and each returns what it would
+        alone; :meth:`astream` is the same generation for async code.
         """
+        decoding = self._start(
+            prompt,
+            max_new_tokens,
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+            eos_token_id,
+            seed,
+            on_logits,
+        )
+        return self._iterate(decoding)
+
+    def astream(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int = 32,
+        do_sample: bool = False,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | Sequence[int] | None = None,
+        seed: int | None = None,
+        *,
+        on_logits: Callable[[np.ndarray], None] | None = None,
+    ) -> AsyncGenerator[int, None]:
+        """:meth:`generate` for async code: ``async for token in generator.astream(prompt)``.
+
+        The runtime works on its own thread while the caller's event loop keeps running.
+        Stopping the iteration early (``break``, ``aclose()``, a cancelled task -- a client
+        that disconnects) ends the generation after the step in flight and frees its state.
+        Arguments are checked when this is called, before anything runs.
+        """
+        decoding = self._start(
+            prompt,
+            max_new_tokens,
+            do_sample,
+            temperature,
+            top_k,
+            top_p,
+            eos_token_id,
+            seed,
+            on_logits,
+        )
+        return self._aiterate(decoding)
+
+    def _start(
+        self,
+        prompt: str | Sequence[int],
+        max_new_tokens: int,
+        do_sample: bool,
+        temperature: float,
+        top_k: int | None,
+        top_p: float | None,
+        eos_token_id: int | Sequence[int] | None,
+        seed: int | None,
+        on_logits: Callable[[np.ndarray], None] | None,
+    ) -> _Decoding:
+        """Check the arguments; the generation they describe (nothing run yet)."""
         ids = self._prompt_ids(prompt)
         _check_sampling(max_new_tokens, temperature, top_k, top_p)
         needed = len(ids) + max_new_tokens - 1
@@ -160,49 +231,62 @@ class Generator:
             _check_token_ids([token], self.vocab_size, f"the token generated at step {step}")
             return token
 
-        return self._run(ids, max_new_tokens, pick, stop)
+        return _Decoding(ids, max_new_tokens, pick, stop)
 
-    def _run(
-        self,
-        ids: list[int],
-        max_new_tokens: int,
-        pick: Callable[[np.ndarray, int], int],
-        stop: set[int],
-    ) -> Iterator[int]:
-        states = self._fresh_states()
-        stats = self.stats = GenerationStats(prompt_tokens=len(ids))
-        start = time.perf_counter()
-        logits = self._call("prefill", ids, 0, states)
-        stats.prefill_seconds = time.perf_counter() - start
-        token = pick(logits, 0)
-        stats.generated_tokens = 1
-        yield token
-        position = len(ids)
-        for step in range(1, max_new_tokens):
-            if token in stop:
-                return
-            start = time.perf_counter()
-            logits = self._call("decode", [token], position, states)
-            stats.decode_seconds += time.perf_counter() - start
-            stats.decode_steps += 1
-            token = pick(logits, step)
-            stats.generated_tokens += 1
-            position += 1
-            yield token
+    def _iterate(self, decoding: _Decoding) -> Iterator[int]:
+        with self._holding_state() as states:
+            self.stats = decoding.stats
+            while (step := decoding.next_step()) is not None:
+                start = time.perf_counter()
+                outputs = self.session.run(
+                    self._step_inputs(step),
+                    entrypoint=step.entrypoint,
+                    state=states,
+                    keep_state=False,
+                )
+                yield decoding.take(self._step_logits(outputs), time.perf_counter() - start)
 
-    def _call(
-        self, entrypoint: str, ids: list[int], start: int, states: dict[str, Any]
-    ) -> np.ndarray:
-        inputs = {
-            INPUT_NAMES[0]: np.asarray([ids], np.int64),
-            INPUT_NAMES[1]: np.asarray([start], np.int64),
+    async def _aiterate(self, decoding: _Decoding) -> AsyncGenerator[int, None]:
+        with self._holding_state() as states:
+            self.stats = decoding.stats
+            while (step := decoding.next_step()) is not None:
+                start = time.perf_counter()
+                outputs = await self.session.arun(
+                    self._step_inputs(step),
+                    entrypoint=step.entrypoint,
+                    state=states,
+                    keep_state=False,
+                )
+                yield decoding.take(self._step_logits(outputs), time.perf_counter() - start)
+
+    @contextlib.contextmanager
+    def _holding_state(self) -> Iterator[dict[str, Any]]:
+        """A zeroed KV cache for one generation, counted in :attr:`active_generations` until
+        the generation ends (released by the garbage collector once nothing refers to it)."""
+        states = self.session.zero_states("decode")
+        with self._count_lock:
+            self._active += 1
+        try:
+            yield states
+        finally:
+            with self._count_lock:
+                self._active -= 1
+
+    # -- the program's calling convention: one step -------------------------------------------
+
+    @staticmethod
+    def _step_inputs(step: _Step) -> dict[str, np.ndarray]:
+        """The inputs of one call of ``prefill`` / ``decode`` (a batch of one)."""
+        return {
+            INPUT_NAMES[0]: np.asarray([step.ids], np.int64),
+            INPUT_NAMES[1]: np.asarray([step.start], np.int64),
         }
-        out = self.session.run(inputs, entrypoint=entrypoint, state=states)
-        logits: np.ndarray = out[OUTPUT_NAME][0, -1]
-        return logits
 
-    def _fresh_states(self) -> dict[str, Any]:
-        return self.session.zero_states("decode")
+    @staticmethod
+    def _step_logits(outputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The next token's logits (``[vocab]``) of one step's outputs."""
+        logits: np.ndarray = outputs[OUTPUT_NAME][0, -1]
+        return logits
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -218,6 +302,56 @@ class Generator:
             raise ValueError("the prompt is empty (0 tokens); give at least one token")
         _check_token_ids(ids, self.vocab_size, "the prompt")
         return ids
+
+
+@dataclass
+class _Step:
+    """One call of the program: ``entrypoint`` fed ``ids`` at cache position ``start``."""
+
+    entrypoint: str
+    ids: list[int]
+    start: int
+
+
+class _Decoding:
+    """Where one generation is: the next step to run, the tokens chosen, the stop rules and
+    the stats (the loop over steps is the caller's, sync or async)."""
+
+    def __init__(
+        self,
+        ids: list[int],
+        max_new_tokens: int,
+        pick: Callable[[np.ndarray, int], int],
+        stop: set[int],
+    ) -> None:
+        self.ids = ids
+        self.max_new_tokens = max_new_tokens
+        self.pick = pick
+        self.stop = stop
+        self.stats = GenerationStats(prompt_tokens=len(ids))
+        self.token: int | None = None
+        self.produced = 0
+
+    def next_step(self) -> _Step | None:
+        """The next call to make, or None when the generation is over."""
+        if self.token is None:
+            return _Step("prefill", self.ids, 0)
+        if self.produced >= self.max_new_tokens or self.token in self.stop:
+            return None
+        return _Step("decode", [self.token], len(self.ids) + self.produced - 1)
+
+    def take(self, logits: np.ndarray, seconds: float) -> int:
+        """Choose the token of a step's ``logits`` (the step took ``seconds``)."""
+        stats = self.stats
+        if self.token is None:
+            stats.prefill_seconds = seconds
+        else:
+            stats.decode_seconds += seconds
+            stats.decode_steps += 1
+        self.token = self.pick(logits, self.produced)
+        self.produced += 1
+        stats.generated_tokens = self.produced
+        return self.token
 
 
 # -------------------------------------------------------------------------------- helpers ---

@@ -10,6 +10,7 @@ compression options are slow.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +226,71 @@ def test_fp16_int4_export_generates(tmp_path: Path) -> None:
     coreai.save_pretrained(tmp_path / "out")
     again = CoreAIModelForCausalLM.from_pretrained(tmp_path / "out")
     assert again.generate(**inputs, max_new_tokens=16, do_sample=False).tolist() == out.tolist()
+
+
+# ------------------------------------------------------------- async code and threads ---
+
+
+def _greedy(model: Any, inputs: dict[str, torch.Tensor]) -> list[int]:
+    return model.generate(**inputs, max_new_tokens=8, do_sample=False)[0].tolist()
+
+
+def test_generate_in_a_running_loop_from_threads_and_awaited(llama: dict[str, Any]) -> None:
+    """Inside a running event loop (a notebook), from four threads at once and awaited with
+    ``agenerate``, one model returns what it returns alone (each call its own cache)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    model, tok = llama["coreai"], llama["tokenizer"]
+    inputs = [encode(tok, prompt) for prompt in PROMPTS]
+    expected = [_greedy(model, x) for x in inputs]
+
+    async def cell() -> list[int]:
+        return _greedy(model, inputs[0])
+
+    assert asyncio.run(cell()) == expected[0]
+    with ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(lambda i: _greedy(model, inputs[i % 3]), range(8))) == [
+            expected[i % 3] for i in range(8)
+        ]
+
+    async def awaited() -> list[list[int]]:
+        calls = [model.agenerate(**x, max_new_tokens=8, do_sample=False) for x in inputs]
+        return [out[0].tolist() for out in await asyncio.gather(*calls)]
+
+    assert asyncio.run(awaited()) == expected
+    logits = model(**inputs[1]).logits
+    awaited_logits = asyncio.run(model.acall(**inputs[1])).logits
+    assert torch.equal(logits, awaited_logits)
+
+
+def test_cancelled_agenerate_stops_the_generation(llama: dict[str, Any]) -> None:
+    import asyncio
+
+    from transformers import StoppingCriteria
+
+    model, tok = llama["coreai"], llama["tokenizer"]
+    steps: list[int] = []
+
+    class Count(StoppingCriteria):
+        def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+            steps.append(input_ids.shape[1])
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(
+            model.agenerate(
+                **encode(tok, PROMPTS[0]), max_new_tokens=40, stopping_criteria=[Count()]
+            )
+        )
+        while len(steps) < 2:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert 2 <= len(steps) < 40  # stopped early ...
+    done = len(steps)
+    time.sleep(0.2)
+    assert len(steps) == done  # ... and the generating thread had ended when it raised

@@ -70,17 +70,17 @@ def test_integer_arrays_and_the_vocabulary_edges_are_accepted(generator: Any) ->
 
 
 def test_logits_with_nan_are_an_error_not_token_zero(generator: Any, monkeypatch: Any) -> None:
-    real = generator._call
-    calls = []
+    real = generator._step_logits
+    steps = []
 
-    def call(entrypoint: str, ids: list[int], start: int, states: dict) -> np.ndarray:
-        logits = real(entrypoint, ids, start, states).copy()
-        calls.append(entrypoint)
-        if entrypoint == "decode":
+    def logits_of(outputs: dict) -> np.ndarray:
+        logits = real(outputs).copy()
+        steps.append(len(steps))
+        if len(steps) > 1:  # the decode steps, after the prefill
             logits[3] = np.nan
         return logits
 
-    monkeypatch.setattr(generator, "_call", call)
+    monkeypatch.setattr(generator, "_step_logits", logits_of)
     tokens = generator.generate([1, 2, 3], max_new_tokens=4)
     next(tokens)  # the prefill's token is fine
     with pytest.raises(

@@ -110,18 +110,36 @@ def test_cli_export_fp16_int4_stores_the_weights_in_4_bits(exported: dict[str, A
     assert exported["code"] == 0
     printed = json.loads(exported["out"].getvalue())
     assert printed["precision"] == "fp16"
-    assert printed["compression"] == "int4 blocks of 32, symmetric"
+    assert printed["compression"] == compression.from_spec("int4").describe()
     model = exported["model"]
     names = compressed_weights(str(ca.AIModelAsset.load(exported["asset"]).program))
     selected = {n for n, _ in model.named_parameters() if COMPRESSED.search(n)}
     assert len(selected) == 16 and selected <= names, f"not compressed: {selected - names}"
-    # int4 codes with a float16 scale per block of 32 (4.5 bits); every other weight float16
+    # int4 codes with a float16 scale per block of 32 (4.5 bits), the embedding and the head
+    # int8 with a float16 scale per row (the preset's safe form); every other weight float16
     bound = ASSET_OVERHEAD + sum(
-        p.numel() * (4.5 / 8 if n in selected else 2) for n, p in model.named_parameters()
+        p.numel() * (_preset_bits(n, p) / 8 if n in selected else 2)
+        for n, p in model.named_parameters()
     )
     size = asset_bytes(exported["asset"])
     assert size <= bound, f"asset {size} B > {bound:.0f} B"
     assert printed["asset_bytes"] == size
+
+
+def _preset_bits(name: str, weight: torch.Tensor) -> float:
+    """Bits per weight of the int4 preset: the embedding and the head in int8 per row."""
+    form = compression.from_spec("int4")
+    if "embed_tokens" in name or "lm_head" in name:
+        form = compression.SAFE_FORM
+    return compression.bits_per_weight(form, tuple(weight.shape), torch.float16)
+
+
+def _preset_form(name: str) -> compression.LinearQuantization:
+    """The form the int4 preset gives a weight, with float16 scales (a float16 program)."""
+    form = compression.from_spec("int4")
+    if "embed_tokens" in name or "lm_head" in name:
+        form = compression.SAFE_FORM
+    return dataclasses.replace(form, scale_dtype=torch.float16)
 
 
 def test_fp16_int4_generation_matches_the_same_model_in_fp16_with_int4_weights(
@@ -131,8 +149,9 @@ def test_fp16_int4_generation_matches_the_same_model_in_fp16_with_int4_weights(
 
     model, tokenizer = exported["model"], exported["tokenizer"]
     names = compressed_weights(str(ca.AIModelAsset.load(exported["asset"]).program))
-    config = dataclasses.replace(compression.from_spec("int4"), scale_dtype=torch.float16)
-    reference = fake_quantized(model, names, lambda name, w: fake_linear(w, config), torch.float16)
+    reference = fake_quantized(
+        model, names, lambda name, w: fake_linear(w, _preset_form(name)), torch.float16
+    )
     with llm.Generator(exported["asset"]) as generator:
         # the KV cache in float16: half the state bytes of the float32 program
         cache = generator.session.descriptor("decode").state_descriptor("layers.0.k_cache")

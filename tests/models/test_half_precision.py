@@ -25,7 +25,7 @@ import torch.nn as nn
 from coreai_torch import TorchConverter, rewrite_moe
 from coreai_torch.composite_ops import GatherMatmul, default_specs
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.runtime import Session, _ndarray
+from coreai_torch.runtime import Session, to_ndarray
 from coreai_torch.verify import eager_outputs, run_entrypoint
 from tests.helpers import check_half
 from tests.models.common import Call, record_errors, redraw_weights
@@ -369,7 +369,7 @@ def test_llm_prefill_and_decode_with_a_half_kv_cache(
     initial = program.signatures["prefill"].initial_states
     assert {v.dtype for v in initial.values()} == {dtype}
     # one set of state buffers for both entry points, updated in place by every call
-    states = {name: _ndarray(value.clone()) for name, value in initial.items()}
+    states = {name: to_ndarray(value.clone()) for name, value in initial.items()}
     reference = _model()
     tol = tolerance("llm_decode", dtype)
     ids, positions = model.example_inputs(PREFILL)

@@ -1,15 +1,18 @@
-"""Run Core AI programs on the Core AI runtime from synchronous code.
+"""Run Core AI programs on the Core AI runtime, from synchronous or asynchronous code.
 
     with Session(program) as session:            # saves the asset once, loads it
         out = session.run({"x": x})               # {output_name: np.ndarray}
         out = session.run({"x": x}, state={"kv": kv})   # states persist across calls
+        out = await session.arun({"x": x})        # the same call, awaited (any event loop)
 
-The runtime's API is asynchronous; a session drives it on a private event loop.  Before each
-call the session checks the feeds the runtime would abort on (wrong dtype or rank, empty
-tensors, and -- for programs from ``to_coreai()`` -- sizes outside the ranges the program was
-exported for or that would make a consumed value empty, see :mod:`coreai_torch.frontend.sizes`);
-a failed ``.item()`` range check inside the program becomes a ``ValueError`` naming the
-``.item()`` line.
+The runtime's API is asynchronous; its coroutines run on the package's runtime loop, in a
+thread of its own (:mod:`coreai_torch.runtime.loop`), so ``run`` works from any thread and
+inside a running event loop (a notebook, an async server), and ``arun`` never blocks the
+caller's loop.  Before each call the session checks the feeds the runtime would abort on
+(wrong dtype or rank, empty tensors, and -- for programs from ``to_coreai()`` -- sizes outside
+the ranges the program was exported for or that would make a consumed value empty, see
+:mod:`coreai_torch.frontend.sizes`); a failed ``.item()`` range check inside the program
+becomes a ``ValueError`` naming the ``.item()`` line.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import functools
 import os
 import platform
 import tempfile
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,9 +33,12 @@ import torch
 from coreai_torch._mlir import ca
 from coreai_torch.errors import InvalidAssetError, UnsupportedPlatformError
 from coreai_torch.ir.assets import check_asset, check_hash, compile_isolated, isolation_available
+from coreai_torch.runtime import loop
+from coreai_torch.runtime.chatter import quiet_runtime
 
 
-def _ndarray(value: Any) -> Any:
+def to_ndarray(value: Any) -> Any:
+    """A runtime ``NDArray`` of a tensor, a numpy array or a nested list (a copy)."""
     from coreai.runtime import NDArray
 
     if isinstance(value, NDArray):
@@ -128,6 +135,14 @@ class Session:
     the hash (about a second per GB).  On Linux the program is compiled for the runtime in a child
     process, so a malformed program raises :class:`~coreai_torch.errors.InvalidAssetError`
     instead of aborting this process.
+
+    **Threads and tasks.**  One session may be shared by any number of threads and tasks.  Calls
+    run concurrently on the runtime, except calls on the session's stored states (``state=``
+    given with ``keep_state=True``, the default, or no ``state=`` on an entry point with
+    states): those share buffers and run one at a time, in the order they arrive.  A call with
+    its own buffers (``state=..., keep_state=False``) never waits for another: that is how
+    concurrent requests each keep their own sequence (:meth:`zero_states` makes a set).
+    Open the session before sharing it, and close it once the calls are done.
     """
 
     def __init__(
@@ -143,10 +158,12 @@ class Session:
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         #: the program compiled for the runtime (Linux), while the session is open
         self._compiled: tempfile.TemporaryDirectory[str] | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._exec_cm: Any = None
         self.model: Any = None
         self._functions: dict[str, Any] = {}
+        self._loading = threading.Lock()
+        #: serializes the calls on the stored states (created on the runtime loop)
+        self._stored_states_lock: asyncio.Lock | None = None
         #: entry point -> symbolic sizes its inputs determine (programs from to_coreai() only)
         self._sizes: dict[str, Any] = {
             name: signature.sizes
@@ -165,7 +182,20 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    async def __aenter__(self) -> Session:
+        """``async with Session(...)``: opens in a worker thread (loading takes seconds)."""
+        await asyncio.to_thread(self.open)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.to_thread(self.close)
+
+    @property
+    def is_open(self) -> bool:
+        return self.model is not None
+
     def open(self) -> None:
+        """Check, compile and load the program (blocks the calling thread meanwhile)."""
         asset_path: Path | None = None
         hash_verified = False
         hash_check = None
@@ -187,29 +217,26 @@ class Session:
             self._tmp = tempfile.TemporaryDirectory(prefix="coreai_torch_")
             asset = self._program.save_asset(Path(self._tmp.name) / "program.aimodel")
         try:
-            self._loop = asyncio.new_event_loop()
             if isolation_available():
-                self.model = self._loop.run_until_complete(
-                    self._load_isolated(asset, asset_path, hash_verified, hash_check)
-                )
+                compiled = self._compile_isolated(asset, asset_path, hash_verified, hash_check)
+                self.model = loop.run(_load_model(compiled))
             else:
                 self._exec_cm = asset.executable()
-                self.model = self._loop.run_until_complete(self._exec_cm.__aenter__())
+                self.model = loop.run(self._exec_cm.__aenter__())
         except BaseException:
             self.close()
             raise
 
-    async def _load_isolated(
+    def _compile_isolated(
         self,
         asset: Any,
         asset_path: Path | None,
         hashed: bool,
         hash_check: Callable[[], Any] | None,
-    ) -> Any:
-        """What ``asset.executable()`` does off macOS (compile to ODIX, load that), with the
-        compilation in a child process (:func:`coreai_torch.ir.assets.compile_isolated`)."""
-        from coreai.runtime import AIModel
-
+    ) -> Path:
+        """What ``asset.executable()`` does off macOS before loading (compile to ODIX), in a
+        child process (:func:`coreai_torch.ir.assets.compile_isolated`); the compiled
+        directory."""
         self._compiled = tempfile.TemporaryDirectory(suffix=".aimodelx")
         out = Path(self._compiled.name)
         what = f"'{asset_path}'" if asset_path is not None else "the program"
@@ -220,47 +247,64 @@ class Session:
             hash_verified=hashed,
             meanwhile=hash_check,
         )
-        return await AIModel.load(path=out)
+        return out
 
     def close(self) -> None:
-        if self._loop is not None:
-            try:
-                if self._exec_cm is not None:
-                    self._loop.run_until_complete(self._exec_cm.__aexit__(None, None, None))
-            finally:
-                self._exec_cm = None
-                self._loop.close()
-                self._loop = None
-        self.model = None
-        self._functions.clear()
-        if self._compiled is not None:
-            self._compiled.cleanup()
-            self._compiled = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        """Release the runtime's model and the session's files (calls must be done)."""
+        exec_cm, self._exec_cm = self._exec_cm, None
+        try:
+            if exec_cm is not None:
+                loop.run(exec_cm.__aexit__(None, None, None))
+        finally:
+            self.model = None
+            self._functions.clear()
+            self._stored_states_lock = None
+            if self._compiled is not None:
+                self._compiled.cleanup()
+                self._compiled = None
+            if self._tmp is not None:
+                self._tmp.cleanup()
+                self._tmp = None
 
     # -- calls --------------------------------------------------------------------------------
 
     def function(self, entrypoint: str = "main") -> Any:
-        if entrypoint not in self._functions:
-            names = list(getattr(self.model, "function_names", None) or [])
-            if names and entrypoint not in names:
-                raise KeyError(
-                    f"the program has no entry point '{entrypoint}'; its entry points are {names}"
-                )
-            try:
-                self._functions[entrypoint] = self.model.load_function(entrypoint)
-            except RuntimeError as error:
-                if "metal4_kernel" not in str(error):
-                    raise
-                raise UnsupportedPlatformError(
-                    f"entry point '{entrypoint}' calls custom Metal kernels "
-                    "(coreai.metal4_kernel), which only run on Apple GPUs; the Core AI runtime "
-                    f"on {platform.system()} cannot execute them. The program is valid: save it "
-                    "with save_asset() and run it on an Apple device."
-                ) from error
+        """The runtime function of ``entrypoint``, loaded on first use."""
+        function = self._functions.get(entrypoint)
+        if function is not None:
+            return function
+        with self._loading:
+            if entrypoint not in self._functions:
+                self._functions[entrypoint] = self._load_function(entrypoint)
         return self._functions[entrypoint]
+
+    def _load_function(self, entrypoint: str) -> Any:
+        model = self._open_model()
+        names = list(getattr(model, "function_names", None) or [])
+        if names and entrypoint not in names:
+            raise KeyError(
+                f"the program has no entry point '{entrypoint}'; its entry points are {names}"
+            )
+        try:
+            with quiet_runtime():
+                return model.load_function(entrypoint)
+        except RuntimeError as error:
+            if "metal4_kernel" not in str(error):
+                raise
+            raise UnsupportedPlatformError(
+                f"entry point '{entrypoint}' calls custom Metal kernels "
+                "(coreai.metal4_kernel), which only run on Apple GPUs; the Core AI runtime "
+                f"on {platform.system()} cannot execute them. The program is valid: save it "
+                "with save_asset() and run it on an Apple device."
+            ) from error
+
+    def _open_model(self) -> Any:
+        model = self.model
+        if model is None:
+            raise RuntimeError(
+                "the session is closed; use it inside a `with` block (or call open() first)"
+            )
+        return model
 
     def descriptor(self, entrypoint: str = "main") -> Any:
         return self.function(entrypoint).desc
@@ -271,26 +315,79 @@ class Session:
         *,
         entrypoint: str = "main",
         state: Mapping[str, Any] | None = None,
+        keep_state: bool = True,
     ) -> dict[str, np.ndarray]:
         """Call ``entrypoint`` once; returns ``{output_name: numpy array}``.
 
-        ``state`` values (numpy arrays or tensors) initialise the entry point's states; they
-        are kept (and updated in place by the runtime) for later calls until new ones are
-        given.  Read them back with :meth:`state_values`.
+        ``state`` values (numpy arrays, tensors or runtime ``NDArray``s) are the entry point's
+        states for this call, updated in place by the runtime.  With ``keep_state`` they are
+        also stored for later calls without ``state=`` (read them back with
+        :meth:`state_values`); with ``keep_state=False`` the session keeps nothing, and the
+        call never waits for another (see the class's note on threads).
         """
-        if self._loop is None:
-            raise RuntimeError("the session is closed; use it inside a `with` block")
+        call = self._prepare(inputs, entrypoint, state, keep_state)
+        return self._finish(entrypoint, lambda: loop.run(call))
+
+    async def arun(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        entrypoint: str = "main",
+        state: Mapping[str, Any] | None = None,
+        keep_state: bool = True,
+    ) -> dict[str, np.ndarray]:
+        """:meth:`run`, awaited: the caller's event loop keeps running while the runtime works.
+        Cancelling the awaiting task cancels the call (a call already running on the runtime
+        completes in the background, its buffers held until then)."""
+        if entrypoint not in self._functions:  # the first load of a function takes a while
+            await asyncio.to_thread(self.function, entrypoint)
+        call = self._prepare(inputs, entrypoint, state, keep_state)
+        outputs = await loop.arun(call)
+        return self._finish(entrypoint, lambda: outputs)
+
+    def _prepare(
+        self,
+        inputs: Mapping[str, Any],
+        entrypoint: str,
+        state: Mapping[str, Any] | None,
+        keep_state: bool,
+    ) -> Any:
+        """The coroutine of one call (to run on the runtime loop), its feeds checked."""
         fn = self.function(entrypoint)
+        states = self.states.get(entrypoint, {})
         if state is not None:
-            self.states[entrypoint] = {k: _ndarray(v) for k, v in state.items()}
-        feeds = {k: _ndarray(v) for k, v in inputs.items()}
-        _check_feeds(fn.desc, feeds, self.states.get(entrypoint, {}), entrypoint)
+            states = {k: to_ndarray(v) for k, v in state.items()}
+            if keep_state:
+                self.states[entrypoint] = states
+        feeds = {k: to_ndarray(v) for k, v in inputs.items()}
+        _check_feeds(fn.desc, feeds, states, entrypoint)
         if entrypoint in self._sizes:
             self._sizes[entrypoint].check(feeds, entrypoint)
-        current = self.states.get(entrypoint)
-        coro = fn(feeds, state=current) if current else fn(feeds)
+        return self._call(fn, feeds, states, serialized=bool(states) and keep_state)
+
+    async def _call(
+        self,
+        fn: Any,
+        feeds: dict[str, Any],
+        states: dict[str, Any],
+        *,
+        serialized: bool,
+    ) -> dict[str, Any]:
+        """On the runtime loop: one runtime call, after the previous call on the stored states
+        when it uses them."""
+        call = fn(feeds, state=states) if states else fn(feeds)
+        if not serialized:
+            return await loop.shielded(call)
+        if self._stored_states_lock is None:
+            self._stored_states_lock = asyncio.Lock()
+        async with self._stored_states_lock:
+            return await loop.shielded(call)
+
+    def _finish(
+        self, entrypoint: str, outputs: Callable[[], dict[str, Any]]
+    ) -> dict[str, np.ndarray]:
         try:
-            out = self._loop.run_until_complete(coro)
+            out = outputs()
         except RuntimeError as error:  # e.g. a failed .item() range check (frontend.sizes)
             sizes = self._sizes.get(entrypoint)
             explained = sizes.explain(error, entrypoint) if sizes else None
@@ -318,6 +415,12 @@ class Session:
     def state_values(self, entrypoint: str = "main") -> dict[str, np.ndarray]:
         """The current state buffers of ``entrypoint`` as numpy arrays (copies)."""
         return {k: to_numpy(v) for k, v in self.states.get(entrypoint, {}).items()}
+
+
+async def _load_model(compiled: Path) -> Any:
+    from coreai.runtime import AIModel
+
+    return await AIModel.load(path=compiled)
 
 
 def run_program(

@@ -1,0 +1,1081 @@
+"""Calibration: fit a model's compressed weights against the activations of sample inputs,
+block by block, before the model is converted.
+
+    calibration = compression.calibrate(model, samples, compression.from_spec("int4"))
+    program.compress(compression.from_spec("int4"), calibration=calibration)
+
+The model runs in PyTorch one block at a time (the blocks of its largest ``nn.ModuleList``,
+the decoder layers of a transformer; a model without one is a single block): the samples'
+activations at the first block's input are carried from one block to the next; each block's
+weights are read (a model streamed from its checkpoint, :mod:`coreai_torch.tensors.lazy`, reads
+them now and drops them afterwards), the inputs of its ``nn.Linear`` / ``nn.Conv2d`` layers
+are accumulated into each layer's Hessian ``XᵀX``, the layers are fitted
+(:mod:`coreai_torch.compression.calibrated`: GPTQ with activation-aware scales, or weighted
+palettes), and the block's output computed *with the fitted weights* is the next block's
+input, so every block corrects the error of those before it.  Memory: one block's weights,
+its Hessians and two streams of activations (the compressed model's for all samples, the
+float model's for a few, to measure the output error at the end).  The layers after the
+blocks (a final norm and the output head) are fitted last on the compressed stream; the
+output head is never evaluated over the whole vocabulary at once.
+
+:class:`~coreai_torch.compression.config.Mixed` (``target_bpw=``) first measures every
+weight's output error under each candidate form (one pass over the float model), chooses a
+form per weight to meet the budget with the least total error (:func:`allocate`), then fits
+the chosen forms as above.
+
+``program.compress(config, calibration=...)`` stores the fitted codes instead of fitting the
+weights again (:mod:`coreai_torch.compression.apply`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from coreai_torch import progress as progress_events
+from coreai_torch.compression import calibrated as fits
+from coreai_torch.compression.config import (
+    CompressionConfig,
+    LinearQuantization,
+    Mixed,
+    Palettization,
+    Pruning,
+    bits_per_weight,
+)
+from coreai_torch.compression.fitting import Workers
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
+from coreai_torch.tensors import lazy
+
+#: the float-model samples carried along to measure the output error at the end
+MEASURED_SAMPLES = 4
+#: layers with more inputs per output channel than this (a Hessian of 2 GB in float64) are
+#: compressed without calibration (a convolution of 1024 channels and 64 taps has 65,536)
+MAX_HESSIAN_INPUTS = 16384
+#: rows of the output head evaluated at once when the output error is measured
+HEAD_ROWS = 1024
+#: how :func:`calibrate` fits: GPTQ (with activation-aware scales or weighted palettes),
+#: activation-aware scales / weighted palettes alone, or round-to-nearest (the data-free
+#: codes, with their output error measured)
+METHODS = ("gptq", "awq", "rtn")
+#: relative output error (``‖Δy‖² / ‖y‖²``) of the whole model above which the calibration
+#: and the compression report warn
+LARGE_OUTPUT_ERROR = 0.1
+
+
+class CalibrationError(ValueError):
+    """Calibration data that does not fit the model (wrong shape, token ids outside the
+    vocabulary, too few samples), or a budget the forms cannot meet."""
+
+
+@dataclass
+class FittedWeight:
+    """One weight fitted against its calibration inputs."""
+
+    name: str
+    #: the form chosen for it
+    config: LinearQuantization | Palettization
+    #: the codes in the weight's own layout (``[out, in, ...]``)
+    codes: LinearCodes | PaletteCodes
+    #: ``‖(W - Ŵ) Xᵀ‖² / ‖W Xᵀ‖²`` on the calibration inputs
+    output_error: float
+    #: bits per weight of the form (codes, scales, zero points, palettes)
+    bits: float
+    #: the weight's number of elements
+    elements: int
+    #: the names the model also knows this weight by (a head tied to the embeddings)
+    aliases: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "form": self.config.describe(),
+            "output_error": self.output_error,
+            "bits_per_weight": self.bits,
+            "elements": self.elements,
+        }
+
+
+@dataclass
+class Calibration:
+    """What :func:`calibrate` fitted: per weight, the chosen form and its codes; the
+    samples it saw; the measured output error of the whole compressed model."""
+
+    config: str
+    weights: dict[str, FittedWeight] = field(default_factory=dict)
+    samples: int = 0
+    tokens: int = 0
+    #: ``‖y_compressed - y_float‖² / ‖y_float‖²`` of the model's output on the measured
+    #: samples (None: not measured)
+    output_error: float | None = None
+    #: the target of a :class:`~coreai_torch.compression.config.Mixed` configuration
+    target_bpw: float | None = None
+    #: the bits per weight of the chosen forms over every weight of the model, the ones not
+    #: compressed (norms, biases) at their own precision
+    planned_bpw: float | None = None
+    #: weights the calibration could not fit and why (they are compressed without it)
+    unfitted: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def lookup(self, name: str) -> FittedWeight | None:
+        """The fitted weight a program's weight ``name`` stands for: the same name, or the
+        one name that ends ``name``'s path (``model.model.x.weight`` is ``model.x.weight``
+        of the model inside a wrapper)."""
+        found = self._names().get(name)
+        if found is not None:
+            return found
+        matches = {
+            id(w): w
+            for key, w in self._names().items()
+            if name.endswith("." + key) or key.endswith("." + name)
+        }
+        return next(iter(matches.values())) if len(matches) == 1 else None
+
+    def _names(self) -> dict[str, FittedWeight]:
+        names = {}
+        for w in self.weights.values():
+            for key in (w.name, *w.aliases):
+                names[key] = w
+        return names
+
+    @property
+    def large_output_error(self) -> bool:
+        return self.output_error is not None and self.output_error > LARGE_OUTPUT_ERROR
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "samples": self.samples,
+            "tokens": self.tokens,
+            "output_error": self.output_error,
+            "target_bpw": self.target_bpw,
+            "planned_bpw": self.planned_bpw,
+            "weights": [w.to_dict() for w in self.weights.values()],
+            "unfitted": [{"name": n, "reason": r} for n, r in self.unfitted],
+            "seconds": self.seconds,
+        }
+
+    def __str__(self) -> str:
+        lines = [
+            f"calibrated {len(self.weights)} weight(s) ({self.config}) on {self.samples} "
+            f"sample(s)"
+            + (f", {self.tokens} tokens" if self.tokens else "")
+            + f" in {self.seconds:.1f} s"
+        ]
+        if self.planned_bpw is not None:
+            lines.append(
+                f"  bits per weight: {self.planned_bpw:.3f}"
+                + (f" (target {self.target_bpw:g})" if self.target_bpw is not None else "")
+            )
+        if self.output_error is not None:
+            lines.append(
+                f"  output error on the calibration samples: {self.output_error:.4f} "
+                f"({_db(self.output_error)})" + ("  LARGE" if self.large_output_error else "")
+            )
+        for name, reason in self.unfitted:
+            lines.append(f"  not calibrated: {name}: {reason}")
+        return "\n".join(lines)
+
+
+def _db(relative: float) -> str:
+    """A relative error as an SNR in dB."""
+    if relative <= 0:
+        return "inf dB SNR"
+    return f"{-10 * math.log10(relative):.1f} dB SNR"
+
+
+# ----------------------------------------------------------------------------- samples ---
+
+
+def as_batches(samples: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The model calls the samples stand for: a tensor (the first argument of one call), a
+    tuple of arguments, a dict of keyword arguments, or a list of these (one call each)."""
+    if isinstance(samples, (torch.Tensor, tuple, dict)):
+        samples = [samples]
+    if not isinstance(samples, (list, Sequence)) or not samples:
+        raise CalibrationError(
+            "calibration samples must be a tensor, a tuple of forward() arguments, a dict of "
+            "keyword arguments, or a non-empty list of these"
+        )
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    for sample in samples:
+        if isinstance(sample, torch.Tensor):
+            calls.append(((sample,), {}))
+        elif isinstance(sample, tuple):
+            calls.append((sample, {}))
+        elif isinstance(sample, dict):
+            calls.append(((), dict(sample)))
+        else:
+            raise CalibrationError(
+                f"a calibration sample is a {type(sample).__name__}; use tensors, tuples of "
+                "forward() arguments or dicts of keyword arguments"
+            )
+    return calls
+
+
+def token_batches(
+    sequences: Sequence[Sequence[int]] | torch.Tensor, vocab_size: int, *, length: int | None
+) -> torch.Tensor:
+    """Token-id sequences as one ``[samples, length]`` int64 batch, checked against the
+    vocabulary: lists of ids are cut into pieces of ``length`` (default: the shortest
+    sequence's length)."""
+    if isinstance(sequences, torch.Tensor):
+        if sequences.dim() != 2 or sequences.dtype not in (torch.int64, torch.int32):
+            raise CalibrationError(
+                f"calibration token ids must be an integer [samples, tokens] tensor, got "
+                f"{tuple(sequences.shape)} {sequences.dtype}"
+            )
+        batch = sequences.to(torch.int64)
+    else:
+        rows = [list(s) for s in sequences]
+        if not rows or any(not r for r in rows):
+            raise CalibrationError("calibration token ids: give at least one non-empty sequence")
+        for r, row in enumerate(rows):
+            bad = [t for t in row if not isinstance(t, (int, np.integer))]
+            if bad:
+                raise CalibrationError(
+                    f"calibration sequence {r} holds {type(bad[0]).__name__} values; token ids "
+                    "are integers"
+                )
+        size = length or min(len(r) for r in rows)
+        pieces = [r[i : i + size] for r in rows for i in range(0, len(r) - size + 1, size)]
+        if not pieces:
+            raise CalibrationError(
+                f"no calibration sequence holds {size} tokens (the longest has "
+                f"{max(len(r) for r in rows)})"
+            )
+        batch = torch.tensor(pieces, dtype=torch.int64)
+    if batch.numel() == 0:
+        raise CalibrationError("the calibration token ids are empty")
+    low, high = int(batch.min()), int(batch.max())
+    if low < 0 or high >= vocab_size:
+        outside = low if low < 0 else high
+        raise CalibrationError(
+            f"calibration token id {outside} is outside the model's vocabulary (0 .. "
+            f"{vocab_size - 1}): were the ids made with this model's tokenizer?"
+        )
+    return batch
+
+
+# ---------------------------------------------------------------------------- the model ---
+
+
+def find_blocks(model: nn.Module) -> nn.ModuleList | None:
+    """The ``nn.ModuleList`` holding most of the model's parameters (a transformer's layers),
+    if it has one holding at least half of them."""
+    total = sum(p.numel() for p in model.parameters())
+    best, size = None, 0
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > 1:
+            n = sum(p.numel() for p in module.parameters())
+            if n > size:
+                best, size = module, n
+    return best if best is not None and size * 2 >= total else None
+
+
+def fittable(module: nn.Module) -> bool:
+    """Layers fitted with their inputs: ``nn.Linear`` and ungrouped ``nn.Conv2d``."""
+    if isinstance(module, nn.Linear):
+        return True
+    return isinstance(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
+
+
+def _buffers(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {
+        name: (b.float() if b.is_floating_point() else b)
+        for name, b in module.named_buffers(remove_duplicate=False)
+    }
+
+
+def _call(module: nn.Module, params: dict[str, torch.Tensor], args: Any, kwargs: Any) -> Any:
+    """``module(*args, **kwargs)`` with ``params`` in place of its parameters (and its
+    floating buffers in float32)."""
+    with torch.no_grad():
+        return torch.func.functional_call(
+            module, {**_buffers(module), **params}, args, kwargs, strict=False
+        )
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward pass early."""
+
+
+def _first_tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)) and value and isinstance(value[0], torch.Tensor):
+        return value[0]
+    out = getattr(value, "last_hidden_state", None)
+    if isinstance(out, torch.Tensor):
+        return out
+    raise CalibrationError(
+        f"a block of the model returned {type(value).__name__}; calibration follows blocks "
+        "that return a tensor or a tuple starting with one"
+    )
+
+
+@contextlib.contextmanager
+def _recording(
+    modules: dict[str, nn.Module], sink: Callable[[str, nn.Module, torch.Tensor], None]
+) -> Iterator[None]:
+    """Call ``sink(name, module, input)`` whenever one of ``modules`` runs."""
+    handles = [
+        m.register_forward_pre_hook(lambda mod, args, name=name: sink(name, mod, args[0]))
+        for name, m in modules.items()
+    ]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def layer_inputs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The rows ``[samples, K]`` a layer's weight (``[out, K]`` flattened) multiplies."""
+    if isinstance(module, nn.Conv2d):
+        cols = F.unfold(
+            x.float(), module.kernel_size, module.dilation, _conv_padding(module), module.stride
+        )
+        return cols.transpose(1, 2).reshape(-1, cols.shape[1])
+    return x.reshape(-1, x.shape[-1]).float()
+
+
+def _conv_padding(conv: nn.Conv2d) -> tuple[int, ...]:
+    """The explicit padding of ``conv`` (``padding="valid"`` / ``"same"`` spelled out)."""
+    if not isinstance(conv.padding, str):
+        return conv.padding
+    if conv.padding == "valid":
+        return (0, 0)
+    total = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size, strict=True)]
+    if any(t % 2 for t in total):
+        raise CalibrationError(
+            f"a Conv2d with padding='same' and an even kernel {conv.kernel_size} pads one side "
+            "more than the other, which calibration does not reproduce"
+        )
+    return tuple(t // 2 for t in total)
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    """The ``weight`` of a fittable layer (a linear, convolution or embedding layer)."""
+    return cast(torch.Tensor, module.weight)
+
+
+# ------------------------------------------------------------------------------ fitting ---
+
+
+def _reduced_block(module: nn.Module, form: LinearQuantization) -> int | None:
+    """Columns of the flattened weight sharing a scale (None: per output channel)."""
+    weight = _weight(module)
+    k = weight[0].numel()
+    if form.block_size is None or form.block_size >= weight.shape[1]:
+        return k
+    return form.block_size * (k // weight.shape[1])
+
+
+def fit_weight(
+    module: nn.Module,
+    weight: torch.Tensor,
+    h: fits.Hessian,
+    form: LinearQuantization | Palettization,
+    scale_dtype: torch.dtype,
+    *,
+    method: str = "gptq",
+) -> tuple[LinearCodes | PaletteCodes, torch.Tensor] | str:
+    """The codes of ``weight`` (the module's, float32, ``[out, in, ...]``) in ``form`` and
+    the fitted weight (float32, the module's shape), or why ``form`` does not apply.
+    ``method`` (:data:`METHODS`): ``"gptq"``, ``"awq"`` (activation-aware scales or
+    weighted palettes, each weight rounded to the nearest) or ``"rtn"`` (what ``compress()``
+    stores without calibration)."""
+    gptq = method == "gptq"
+    importance = None if method == "rtn" else h.diagonal
+    shape = weight.shape
+    w = weight.reshape(shape[0], -1)
+    n, k = w.shape
+    if isinstance(form, LinearQuantization):
+        block = _reduced_block(module, form)
+        assert block is not None
+        if k % block:
+            return f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
+        dtype = form.scale_dtype or scale_dtype
+        if gptq:
+            codes, s, zp = fits.gptq_linear(
+                w, h, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype
+            )
+        else:
+            s, zp = fits.linear_scales(
+                w,
+                form.bits,
+                block,
+                symmetric=form.symmetric,
+                scale_dtype=dtype,
+                importance=importance,
+            )
+            blocks = w.reshape(n, k // block, block)
+            codes = fits.quantize_values(
+                blocks, s[..., None], None if zp is None else zp[..., None], form.bits
+            )[0].reshape(n, k)
+        scale = s.repeat_interleave(block, 1)
+        offset = 0 if zp is None else zp.repeat_interleave(block, 1)
+        fitted = (codes - offset) * scale
+        groups = [n, k // block] + [1] * (len(shape) - 2)
+        if len(shape) > 2:  # a convolution: blocks of input channels
+            groups[1] = shape[1] // (block // (k // shape[1]))
+        result = LinearCodes(
+            codes.reshape(shape).numpy().astype(np.int8 if form.symmetric else np.uint8),
+            form.bits,
+            s.reshape(groups).numpy(),
+            None if zp is None else zp.reshape(groups).numpy().astype(np.int32),
+            signed=form.symmetric,
+        )
+        return result, fitted.reshape(shape)
+    group = form.group_size if form.group_size is not None and form.group_size < n else n
+    if n % group:
+        return f"its {n} output channels are not a multiple of group_size={group}"
+    if gptq:
+        indices, palettes = fits.gptq_palettes(w, h, form.bits, group, iterations=form.iterations)
+    else:
+        weights = torch.ones(k) if importance is None else importance
+        palettes = fits.weighted_palettes(w, form.bits, group, weights, form.iterations)
+        indices = fits.nearest_entries(w.reshape(n // group, group * k), palettes).reshape(n, k)
+    fitted = palettes.repeat_interleave(group, 0).gather(1, indices)
+    lut = palettes.to(scale_dtype).float()
+    lut_array = lut.reshape(n // group, *[1] * (len(shape) - 1), 1 << form.bits, 1).numpy()
+    palette_codes = PaletteCodes(
+        indices.reshape(shape).numpy().astype(np.uint8), form.bits, lut_array
+    )
+    return palette_codes, fitted.reshape(shape)
+
+
+def _candidates(config: CompressionConfig) -> list[LinearQuantization | Palettization]:
+    if isinstance(config, Mixed):
+        return list(config.forms)
+    if isinstance(config, Pruning):
+        raise CalibrationError(
+            "calibration fits linear quantization and palettes; Pruning is data-free"
+        )
+    return [config]
+
+
+def _form_for(
+    config: CompressionConfig, name: str, module: nn.Module, head: bool
+) -> CompressionConfig | None:
+    """The form ``config`` gives the weight (None: left alone), as ``compress()`` chooses."""
+    if isinstance(config, Mixed):
+        return config if config.selects(name) else None
+    if not config.selects(name) or _weight(module).numel() < config.min_elements:
+        return None
+    if head:
+        override = config.output_head
+        if override is False:
+            return None
+        return config if override is True else override
+    return config
+
+
+# ---------------------------------------------------------------------------- calibrate ---
+
+
+@dataclass
+class _Layer:
+    """A fittable layer: its module, qualified weight name, aliases, whether it is the
+    output head (its outputs are the model's)."""
+
+    name: str
+    module: nn.Module
+    aliases: tuple[str, ...]
+    head: bool
+
+
+def _layers(model: nn.Module) -> dict[int, _Layer]:
+    """Every fittable layer of the model by ``id(module)``, named by its weight."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    head_module = None
+    getter = getattr(model, "get_output_embeddings", None)
+    if callable(getter):
+        with contextlib.suppress(Exception):
+            head_module = getter()
+    found = {}
+    for module in model.modules():
+        if fittable(module) and id(module) not in found:
+            all_names = names.get(id(module.weight), [])
+            if all_names:
+                found[id(module)] = _Layer(
+                    all_names[0], module, tuple(all_names[1:]), module is head_module
+                )
+    return found
+
+
+def calibrate(
+    model: nn.Module,
+    samples: Any,
+    config: CompressionConfig,
+    *,
+    scale_dtype: torch.dtype | None = None,
+    method: str = "gptq",
+    progress: Any = None,
+) -> Calibration:
+    """Fit the weights of ``model`` that ``config`` selects against the activations of
+    ``samples`` (see the module documentation).  ``samples``: what the model is called with,
+    a tensor (its first argument), a tuple of arguments, a dict of keyword arguments, or a
+    list of these.  ``scale_dtype``: the precision of the program's scales and palettes
+    (the program's weight type; default the model's).  ``method``: ``"gptq"`` (default),
+    ``"awq"`` (activation-aware scales / weighted palettes, no error compensation) or
+    ``"rtn"`` (the codes ``compress()`` fits without data, with their output error measured
+    on the samples).  The model is not modified."""
+    if method not in METHODS:
+        raise ValueError(f"calibrate(method=...) takes one of {', '.join(METHODS)}, got {method!r}")
+    if not isinstance(config, (LinearQuantization, Palettization, Mixed, Pruning)):
+        raise TypeError(
+            "calibrate() takes a coreai_torch.compression LinearQuantization, Palettization or "
+            f"Mixed configuration, got {type(config).__name__}"
+        )
+    _candidates(config)
+    start = time.perf_counter()
+    calls = as_batches(samples)
+    dtype = scale_dtype or _model_dtype(model)
+    result = Calibration(config.describe() + ("" if method == "gptq" else f", {method}"))
+    result.samples = sum(_count(args, kwargs) for args, kwargs in calls)
+    result.tokens = sum(_tokens(args, kwargs) for args, kwargs in calls)
+    layers = _layers(model)
+    listener = progress_events.resolve(progress)
+    forms: dict[str, LinearQuantization | Palettization] = {}
+    if isinstance(config, Mixed):
+        with Workers():
+            errors = _sensitivity(model, calls, layers, config, dtype, listener)
+        forms = allocate(model, layers, errors, config, dtype)
+        result.target_bpw = config.target_bpw
+    else:
+        for layer in layers.values():
+            form = _form_for(config, layer.name, layer.module, layer.head)
+            if isinstance(form, (LinearQuantization, Palettization)):
+                forms[layer.name] = form
+
+    def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> torch.Tensor | None:
+        form = forms.get(layer.name)
+        if form is None:
+            return None
+        if h is None:
+            inputs = weight[0].numel()
+            result.unfitted.append(
+                (
+                    layer.name,
+                    f"its {inputs} inputs per output channel exceed MAX_HESSIAN_INPUTS="
+                    f"{MAX_HESSIAN_INPUTS} (a {inputs}x{inputs} Hessian): compressed without "
+                    "calibration",
+                )
+            )
+            return None
+        out = fit_weight(layer.module, weight, h, form, dtype, method=method)
+        if isinstance(out, str):
+            result.unfitted.append((layer.name, out))
+            return None
+        codes, fitted = out
+        n = weight.shape[0]
+        result.weights[layer.name] = FittedWeight(
+            layer.name,
+            form,
+            codes,
+            fits.output_error(weight.reshape(n, -1), fitted.reshape(n, -1), h),
+            bits_per_weight(form, tuple(weight.shape), dtype),
+            weight.numel(),
+            layer.aliases,
+        )
+        return fitted
+
+    # torch's kernels on one thread: the small kernels of the fits, split over threads,
+    # wait at every call for a thread another process holds (1000x slower on a busy machine)
+    with Workers():
+        result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
+    result.planned_bpw = planned_bpw(model, result, dtype, config)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def _first(args: Any, kwargs: Any) -> torch.Tensor | None:
+    return next((a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)), None)
+
+
+def _count(args: Any, kwargs: Any) -> int:
+    first = _first(args, kwargs)
+    return int(first.shape[0]) if first is not None and first.dim() > 0 else 1
+
+
+def _tokens(args: Any, kwargs: Any) -> int:
+    first = _first(args, kwargs)
+    if first is None or first.is_floating_point() or first.dim() != 2:
+        return 0
+    return int(first.numel())
+
+
+# ------------------------------------------------------------------------ the block walk ---
+
+#: ``fit(layer, float32 weight, Hessian) -> fitted weight`` (None: keep the weight); the
+#: Hessian is None for a layer with more than :data:`MAX_HESSIAN_INPUTS` inputs
+Fit = Callable[[_Layer, torch.Tensor, "fits.Hessian | None"], "torch.Tensor | None"]
+
+
+class _Replay(nn.Module):
+    """A block that returns the carried activations of the current call."""
+
+    def __init__(self, outputs: list[Any], state: dict[str, int], advance: bool) -> None:
+        super().__init__()
+        self.outputs, self.state, self.advance = outputs, state, advance
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        out = self.outputs[self.state["call"]]
+        if self.advance:
+            self.state["call"] += 1
+        return out
+
+
+@contextlib.contextmanager
+def _replayed(blocks: nn.ModuleList, outputs: list[Any]) -> Iterator[None]:
+    """Inside: every block returns the carried ``outputs`` (one per call, in order)."""
+    saved = list(blocks)
+    state = {"call": 0}
+    for i in range(len(saved)):
+        blocks[i] = _Replay(outputs, state, advance=i == len(saved) - 1)
+    try:
+        yield
+    finally:
+        for i, block in enumerate(saved):
+            blocks[i] = block
+
+
+class _Inputs:
+    """The inputs of the fittable layers of one stage, accumulated into Hessians (and, for
+    the output head, kept: its outputs are measured a piece at a time)."""
+
+    def __init__(self, modules: dict[str, nn.Module], layers: dict[int, _Layer]) -> None:
+        self.modules, self.layers = modules, layers
+        self.hessians: dict[str, fits.Hessian] = {}
+        #: layers with more inputs than :data:`MAX_HESSIAN_INPUTS` (no Hessian)
+        self.too_large: set[str] = set()
+        self.head_inputs: list[torch.Tensor] = []
+        self.stop_at_head = False
+
+    def __call__(self, name: str, module: nn.Module, x: torch.Tensor) -> None:
+        if _weight(module)[0].numel() > MAX_HESSIAN_INPUTS:
+            self.too_large.add(name)
+        else:
+            rows = layer_inputs(module, x)
+            self.hessians.setdefault(name, fits.Hessian(rows.shape[1])).add(rows)
+        if self.layers[id(module)].head and self.stop_at_head:
+            rows = layer_inputs(module, x)
+            self.head_inputs.append(rows)
+            raise _Stop
+
+
+def _parameters(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The module's parameters in float32 (read now), each tied parameter under one name,
+    and the name each parameter's names stand for."""
+    values, names, first = {}, {}, {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) not in first:
+            first[id(p)] = name
+            values[name] = _float(lazy.materialize(p))
+        names[name] = first[id(p)]
+    return values, names
+
+
+def _fit_stage(
+    modules: dict[str, nn.Module],
+    inputs: _Inputs,
+    params: dict[str, torch.Tensor],
+    names: dict[str, str],
+    layers: dict[int, _Layer],
+    fit: Fit,
+) -> None:
+    """Fit the stage's layers in place of their weights in ``params``."""
+    for local, module in modules.items():
+        h = inputs.hessians.get(local)
+        if h is None and local not in inputs.too_large:
+            continue  # not run by the samples
+        key = names[f"{local}.weight" if local else "weight"]
+        fitted = fit(layers[id(module)], params[key], h)
+        if fitted is not None:
+            params[key] = fitted
+
+
+def _walk(
+    model: nn.Module,
+    calls: list[tuple[Any, Any]],
+    layers: dict[int, _Layer],
+    fit: Fit,
+    listener: Any,
+    phase: str,
+    *,
+    measure: bool,
+    on_block: Callable[[float | None], None] | None = None,
+) -> float | None:
+    """Run the model stage by stage on ``calls``, calling ``fit`` on every fittable layer
+    with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
+    used from then on (the activations carried to the next block are the fitted model's).
+    With ``measure``, the float model's outputs of the first samples are carried too and
+    the relative output error of the fitted model is returned.  ``on_block(energy)`` is
+    told, before each stage's layers are fitted, the energy ``Σ‖x‖²`` of the activations
+    entering the block (None outside the blocks)."""
+    blocks = find_blocks(model)
+    inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
+    inside_params = {id(p) for p in blocks.parameters()} if blocks is not None else set()
+    params, names = {}, {}
+    first: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in inside_params:
+            continue
+        if id(p) not in first:
+            first[id(p)] = name
+            params[name] = _float(lazy.materialize(p))
+        names[name] = first[id(p)]
+    reference = dict(params)
+    outer_modules = {
+        n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside
+    }
+    if blocks is None:  # one stage: every layer fitted on the float inputs
+        inputs = _Inputs(outer_modules, layers)
+        with _recording(outer_modules, inputs):
+            for args, kwargs in calls:
+                _call(model, params, args, kwargs)
+        _fit_stage(outer_modules, inputs, params, names, layers, fit)
+        if not measure:
+            return None
+        measured = calls[:MEASURED_SAMPLES]
+        f = [_first_tensor(_call(model, reference, a, k)) for a, k in measured]
+        c = [_first_tensor(_call(model, params, a, k)) for a, k in measured]
+        return _relative(f, c)
+
+    def block_inputs(values: dict[str, torch.Tensor], which: list[Any]) -> list[Any]:
+        captured: list[tuple[Any, Any]] = []
+
+        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+            captured.append((_float_args(args), kwargs))
+            raise _Stop
+
+        handle = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+        try:
+            for args, kwargs in which:
+                with contextlib.suppress(_Stop):
+                    _call(model, values, args, kwargs)
+        finally:
+            handle.remove()
+        return captured
+
+    # the layers before the blocks, fitted on the float inputs
+    first_inputs = _Inputs(outer_modules, layers)
+    with _recording(outer_modules, first_inputs):
+        block_inputs(params, calls)
+    before = {n: m for n, m in outer_modules.items() if n in first_inputs.hessians}
+    _fit_stage(before, first_inputs, params, names, layers, fit)
+    stream = block_inputs(params, calls)
+    floats = block_inputs(reference, calls[:MEASURED_SAMPLES]) if measure else []
+    total = len(blocks) + 1
+    with progress_events.phase(listener, phase, total, "blocks") as advance:
+        for index, block in enumerate(blocks):
+            weights, local_names = _parameters(block)
+            original = dict(weights)
+            modules = {n: m for n, m in block.named_modules() if id(m) in layers}
+            inputs = _Inputs(modules, layers)
+            with _recording(modules, inputs):
+                for args, kwargs in stream:
+                    _call(block, original, args, kwargs)
+            if on_block is not None:
+                on_block(sum(float((a[0].double() ** 2).sum()) for a, _ in stream))
+            _fit_stage(modules, inputs, weights, local_names, layers, fit)
+            if on_block is not None:
+                on_block(None)
+            stream = [
+                ((_first_tensor(_call(block, weights, args, kwargs)), *args[1:]), kwargs)
+                for args, kwargs in stream
+            ]
+            floats = [
+                ((_first_tensor(_call(block, original, args, kwargs)), *args[1:]), kwargs)
+                for args, kwargs in floats
+            ]
+            del weights, original, inputs
+            advance(index + 1, total)
+        # the layers after the blocks (a norm, the output head), on the fitted stream
+        after = {n: m for n, m in outer_modules.items() if n not in before}
+        last = _Inputs(after, layers)
+        last.stop_at_head = True
+        with _recording(after, last), _replayed(blocks, [a[0] for a, _ in stream]):
+            for args, kwargs in calls:
+                with contextlib.suppress(_Stop):
+                    _call(model, params, args, kwargs)
+        _fit_stage(after, last, params, names, layers, fit)
+        advance(total, total)
+    if not measure:
+        return None
+    return _measure(
+        model,
+        blocks,
+        after,
+        layers,
+        calls[:MEASURED_SAMPLES],
+        params,
+        reference,
+        [a[0] for a, _ in stream[:MEASURED_SAMPLES]],
+        [a[0] for a, _ in floats],
+    )
+
+
+def _float(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t.float() if t.is_floating_point() else t
+
+
+def _float_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(
+        a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args
+    )
+
+
+def _measure(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    after: dict[str, nn.Module],
+    layers: dict[int, _Layer],
+    calls: list[tuple[Any, Any]],
+    params: dict[str, torch.Tensor],
+    reference: dict[str, torch.Tensor],
+    fitted_outputs: list[torch.Tensor],
+    float_outputs: list[torch.Tensor],
+) -> float:
+    """``‖y_fitted - y_float‖² / ‖y_float‖²`` of the model's outputs for the measured calls
+    (whose last block outputs are given); an output head is applied a piece of
+    :data:`HEAD_ROWS` output channels at a time."""
+    head = next(((n, m) for n, m in after.items() if layers[id(m)].head), None)
+
+    def run(values: dict[str, torch.Tensor], outputs: list[torch.Tensor]) -> list[Any]:
+        results = []
+        inputs = _Inputs({head[0]: head[1]} if head else {}, layers)
+        inputs.stop_at_head = True
+        with _recording({head[0]: head[1]} if head else {}, inputs), _replayed(blocks, outputs):
+            for args, kwargs in calls:
+                try:
+                    results.append(_first_tensor(_call(model, values, args, kwargs)))
+                except _Stop:
+                    results.append(inputs.head_inputs[-1])
+        return results
+
+    fitted, floats = run(params, fitted_outputs), run(reference, float_outputs)
+    if head is None:
+        return _relative(floats, fitted)
+    key = (
+        next(k for k in params if k == f"{head[0]}.weight")
+        if f"{head[0]}.weight" in params
+        else _canonical(model, f"{head[0]}.weight")
+    )
+    signal = noise = 0.0
+    for xc, xf in zip(fitted, floats, strict=True):
+        for start in range(0, reference[key].shape[0], HEAD_ROWS):
+            yf = xf @ reference[key][start : start + HEAD_ROWS].T
+            yc = xc @ params[key][start : start + HEAD_ROWS].T
+            signal += float((yf.double() ** 2).sum())
+            noise += float(((yc - yf).double() ** 2).sum())
+    return noise / signal if signal > 0 else 0.0
+
+
+def _canonical(model: nn.Module, name: str) -> str:
+    """The first name of the parameter ``name`` (tied parameters have several)."""
+    target = model.get_parameter(name)
+    return next(n for n, p in model.named_parameters(remove_duplicate=False) if p is target)
+
+
+def _relative(reference: list[torch.Tensor], fitted: list[torch.Tensor]) -> float:
+    signal = sum(float((r.double() ** 2).sum()) for r in reference)
+    noise = sum(
+        float(((c.double() - r.double()) ** 2).sum())
+        for r, c in zip(reference, fitted, strict=True)
+    )
+    return noise / signal if signal > 0 else 0.0
+
+
+# ---------------------------------------------------------------------------- mixed bits ---
+
+
+def _sensitivity(
+    model: nn.Module,
+    calls: list[tuple[Any, Any]],
+    layers: dict[int, _Layer],
+    config: Mixed,
+    dtype: torch.dtype,
+    listener: Any,
+) -> dict[str, dict[int, float]]:
+    """Per selected weight, the error of each candidate form (by index in ``config.forms``;
+    forms that do not apply are missing), from rounding with activation-aware scales on the
+    float model's activations, on one scale for every weight: the error a layer inside a
+    block adds, ``‖(W - Ŵ) Xᵀ‖²``, relative to the energy of the activations entering the
+    block (the residual stream it perturbs), and for the layers outside the blocks (the
+    output head) their relative output error (the head's is the logits')."""
+    errors: dict[str, dict[int, float]] = {}
+    block: dict[str, float | None] = {"energy": None}
+
+    def measure(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> None:
+        if h is None or not config.selects(layer.name) or weight.numel() < config.min_elements:
+            return None
+        n = weight.shape[0]
+        found = errors.setdefault(layer.name, {})
+        energy = block["energy"]
+        for i, form in enumerate(config.forms):
+            out = fit_weight(layer.module, weight, h, form, dtype, method="awq")
+            if isinstance(out, str):
+                continue
+            relative = fits.output_error(weight.reshape(n, -1), out[1].reshape(n, -1), h)
+            if energy:  # the error's energy against the residual stream's
+                w = weight.reshape(n, -1).double()
+                signal = float(((w @ h.matrix) * w).sum())
+                relative = relative * signal / energy
+            found[i] = relative
+        return None
+
+    _walk(
+        model,
+        calls,
+        layers,
+        measure,
+        listener,
+        "sensitivity",
+        measure=False,
+        on_block=lambda energy: block.update(energy=energy),
+    )
+    return errors
+
+
+def _unique_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    seen: set[int] = set()
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) not in seen:
+            seen.add(id(p))
+            out.append((name, p))
+    return out
+
+
+def _own_bits(p: torch.Tensor, dtype: torch.dtype) -> int:
+    """Bits per element of a weight left as it is (floats in the program's precision)."""
+    if p.is_floating_point():
+        return torch.finfo(dtype).bits
+    return p.element_size() * 8
+
+
+def allocate(
+    model: nn.Module,
+    layers: dict[int, _Layer],
+    errors: dict[str, dict[int, float]],
+    config: Mixed,
+    dtype: torch.dtype,
+) -> dict[str, LinearQuantization | Palettization]:
+    """The form of each weight: the least total error (the sum of the weights' errors, as
+    :func:`_sensitivity` measures them) whose bits over every weight of the model are at most
+    ``config.target_bpw`` (a Lagrangian search, then the budget left spent on the upgrades
+    that buy the most error per bit).  Raises :class:`CalibrationError` when even the
+    cheapest forms exceed the budget."""
+    by_name = {layer.name: layer for layer in layers.values()}
+    total_elements = 0
+    fixed_bits = 0.0
+    choices: dict[str, list[tuple[float, float, int]]] = {}  # name -> [(bits, error, form)]
+    for name, p in _unique_parameters(model):
+        total_elements += p.numel()
+        layer = by_name.get(name)
+        options = errors.get(name) if layer is not None else None
+        if not options:
+            fixed_bits += p.numel() * _fixed_bits(config, name, p, dtype)
+            continue
+        shape = tuple(p.shape)
+        choices[name] = sorted(
+            (bits_per_weight(config.forms[i], shape, dtype) * p.numel(), e, i)
+            for i, e in options.items()
+        )
+    budget = config.target_bpw * total_elements - fixed_bits
+    cheapest = sum(min(c[0] for c in options) for options in choices.values())
+    if cheapest > budget:
+        least = (cheapest + fixed_bits) / total_elements
+        smallest = min(config.forms, key=lambda f: bits_per_weight(f, (4096, 4096), dtype))
+        raise CalibrationError(
+            f"target_bpw={config.target_bpw:g} is below what the forms allow: "
+            f"{least:.3f} bits per weight with every weight in its cheapest form "
+            f"({smallest.describe()}), the weights left as they are (norms, biases, small "
+            "weights) included; raise target_bpw or add cheaper forms"
+        )
+
+    def pick(lam: float) -> dict[str, tuple[float, float, int]]:
+        return {n: min(opts, key=lambda c: c[1] + lam * c[0]) for n, opts in choices.items()}
+
+    low, high = 0.0, 1.0
+    while sum(c[0] for c in pick(high).values()) > budget:
+        high *= 4
+        if high > 1e30:
+            break
+    for _ in range(100):
+        mid = (low + high) / 2
+        if sum(c[0] for c in pick(mid).values()) > budget:
+            low = mid
+        else:
+            high = mid
+    chosen = pick(high)
+    spent = sum(c[0] for c in chosen.values())
+    while True:  # spend what is left on the best upgrades that fit
+        best = None
+        for n, current in chosen.items():
+            for option in choices[n]:
+                extra = option[0] - current[0]
+                gain = current[1] - option[1]
+                if gain > 0 and 0 < extra <= budget - spent:
+                    ratio = gain / extra
+                    if best is None or ratio > best[0]:
+                        best = (ratio, n, option)
+        if best is None:
+            break
+        _, n, option = best
+        spent += option[0] - chosen[n][0]
+        chosen[n] = option
+    return {n: config.forms[c[2]] for n, c in chosen.items()}
+
+
+def _fixed_bits(config: Mixed, name: str, p: torch.Tensor, dtype: torch.dtype) -> float:
+    """Bits per element of a weight the allocation does not choose for: the ``other``
+    form for selected weights without calibration inputs (embedding lookups), its own
+    precision for the rest."""
+    if (
+        p.is_floating_point()
+        and p.dim() >= 2
+        and p.numel() >= config.min_elements
+        and config.selects(name)
+        and config.other is not None
+    ):
+        return bits_per_weight(config.other, tuple(p.shape), dtype)
+    return _own_bits(p, dtype)
+
+
+def planned_bpw(
+    model: nn.Module, calibration: Calibration, dtype: torch.dtype, config: CompressionConfig
+) -> float:
+    """Bits per weight over every weight of the model with the fitted forms."""
+    total = bits = 0.0
+    for name, p in _unique_parameters(model):
+        total += p.numel()
+        fitted = calibration.lookup(name)
+        if fitted is not None:
+            bits += fitted.bits * p.numel()
+        elif isinstance(config, Mixed):
+            bits += _fixed_bits(config, name, p, dtype) * p.numel()
+        else:
+            bits += _own_bits(p, dtype) * p.numel()
+    return bits / total if total else 0.0

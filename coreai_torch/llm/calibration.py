@@ -1,0 +1,103 @@
+"""Calibration data for the compression of a causal LM: a text file read with the model's
+tokenizer, or token ids, cut into sequences of :data:`SEQUENCE_LENGTH` tokens and checked
+against the vocabulary; and the calibrated fit of the model
+(:func:`coreai_torch.compression.calibrate`, block by block over the decoder layers, on a
+model streamed from its checkpoint too).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+
+from coreai_torch.compression import Calibration, CalibrationError, CompressionConfig, calibrate
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+#: tokens per calibration sequence
+SEQUENCE_LENGTH = 256
+#: sequences used at most (32 x 256 tokens)
+MAX_SEQUENCES = 32
+
+Calibrationdata = str | os.PathLike[str] | Sequence[Sequence[int]] | torch.Tensor
+
+
+def calibration_tokens(
+    calibration: Calibrationdata,
+    vocab_size: int,
+    *,
+    tokenizer_dir: Path | None = None,
+    length: int = SEQUENCE_LENGTH,
+    max_sequences: int = MAX_SEQUENCES,
+) -> torch.Tensor:
+    """The calibration sequences ``[samples, length]`` (int64): a text file tokenized with the
+    tokenizer saved in ``tokenizer_dir`` (the model directory), or token-id sequences (cut
+    into pieces of ``length``; a tensor ``[samples, tokens]`` is taken as it is)."""
+    if isinstance(calibration, (str, os.PathLike)):
+        path = Path(calibration)
+        if not path.is_file():
+            raise FileNotFoundError(f"calibration={str(calibration)!r}: no such text file")
+        if tokenizer_dir is None or not any(
+            (tokenizer_dir / name).is_file()
+            for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+        ):
+            raise CalibrationError(
+                f"calibration={str(path)!r} is text, but there is no tokenizer to read it "
+                "with (export from the model's directory, which holds its tokenizer, or pass "
+                "token ids: a list of lists of ints)"
+            )
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+        ids = tokenizer(path.read_text(encoding="utf-8"), add_special_tokens=False).input_ids
+        if len(ids) < length:
+            raise CalibrationError(
+                f"calibration text {str(path)!r} holds {len(ids)} tokens; give at least "
+                f"{length} (a few thousand calibrate better)"
+            )
+        calibration = [ids]
+    if isinstance(calibration, torch.Tensor):
+        from coreai_torch.compression.calibration import token_batches
+
+        return token_batches(calibration, vocab_size, length=None)[:max_sequences]
+    if not isinstance(calibration, Sequence) or isinstance(calibration, (bytes, str)):
+        raise TypeError(
+            "calibration= takes the path of a text file or token ids (a list of lists of "
+            f"ints, or a [samples, tokens] tensor), got {type(calibration).__name__}"
+        )
+    if calibration and all(isinstance(t, int) for t in calibration):
+        calibration = [calibration]  # type: ignore[list-item]
+    from coreai_torch.compression.calibration import token_batches
+
+    longest = max((len(s) for s in calibration), default=0)
+    size = min(length, longest) if longest else length
+    return token_batches(calibration, vocab_size, length=size)[:max_sequences]
+
+
+def vocab_size(model: PreTrainedModel) -> int:
+    """The number of token ids the model's embedding table has."""
+    embeddings = model.get_input_embeddings()
+    return int(embeddings.weight.shape[0])
+
+
+def calibrated(
+    model: nn.Module, tokens: torch.Tensor, config: CompressionConfig, dtype: torch.dtype
+) -> Calibration:
+    """``config`` fitted on the model's activations for ``tokens`` (one batch), scales and
+    palettes rounded to ``dtype`` (the program's weight type)."""
+    return calibrate(model, {"input_ids": tokens, "use_cache": False}, config, scale_dtype=dtype)
+
+
+def describe(calibration: Any) -> str | None:
+    """What ``calibration=`` was, for ``coreai_config.json``."""
+    if calibration is None:
+        return None
+    if isinstance(calibration, (str, os.PathLike)):
+        return Path(calibration).name
+    return "token ids"

@@ -1,0 +1,465 @@
+"""Calibrated compression: fits that minimise a layer's output error on calibration inputs
+(GPTQ, activation-aware scales, weighted palettes), ``calibrate()`` block by block, the
+bits allocation of ``Mixed``, and their errors.  Small synthetic layers and a small Llama
+(random weights); the real-weight quality checks are in ``tests/test_compress_quality.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+
+from coreai_torch import compression, llm
+from coreai_torch.compression import calibrated as fits
+from coreai_torch.compression.calibration import CalibrationError, allocate, find_blocks
+from coreai_torch.runtime import run_program, to_numpy
+from tests.llm.support import causal_lm
+
+
+def _inputs(samples: int, features: int, seed: int = 0) -> torch.Tensor:
+    """Correlated inputs with a few large channels, as a transformer layer sees them."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(features, features, generator=g) / features**0.5
+    x = torch.randn(samples, features, generator=g) @ (torch.eye(features) + mix)
+    x[:, :4] *= 8.0  # outlier channels
+    return x
+
+
+def _hessian(x: torch.Tensor) -> fits.Hessian:
+    h = fits.Hessian(x.shape[1])
+    h.add(x)
+    return h
+
+
+def _rtn(w: torch.Tensor, bits: int, block: int, symmetric: bool = True) -> torch.Tensor:
+    s, zp = fits.linear_scales(
+        w, bits, block, symmetric=symmetric, scale_dtype=torch.float32, importance=None
+    )
+    n, k = w.shape
+    blocks = w.reshape(n, k // block, block)
+    return fits.quantize_values(blocks, s[..., None], None if zp is None else zp[..., None], bits)[
+        1
+    ].reshape(n, k)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize(("bits", "block"), [(4, 32), (4, 128), (3, 32), (8, 128)])
+def test_gptq_has_less_output_error_than_round_to_nearest(
+    bits: int, block: int, symmetric: bool
+) -> None:
+    w = torch.randn(96, 128, generator=torch.Generator().manual_seed(1)) * 0.05
+    h = _hessian(_inputs(1024, 128))
+    rtn = fits.output_error(w, _rtn(w, bits, block, symmetric), h)
+    codes, s, zp = fits.gptq_linear(
+        w, h, bits, block, symmetric=symmetric, scale_dtype=torch.float32
+    )
+    offset = 0 if zp is None else zp.repeat_interleave(block, 1)
+    gptq = fits.output_error(w, (codes - offset) * s.repeat_interleave(block, 1), h)
+    assert gptq < 0.8 * rtn, (gptq, rtn)
+    high = (1 << (bits - 1)) if symmetric else (1 << bits)
+    assert int(codes.min()) >= (-high if symmetric else 0)
+    assert int(codes.max()) <= high - 1
+    assert torch.equal(codes, codes.round())
+
+
+def test_activation_aware_scales_never_lose_to_round_to_nearest() -> None:
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    h = _hessian(_inputs(512, 256, seed=3))
+    importance = h.diagonal
+    s, _ = fits.linear_scales(
+        w, 4, 32, symmetric=True, scale_dtype=torch.float32, importance=importance
+    )
+    blocks = w.reshape(64, 8, 32)
+    clipped = fits.quantize_values(blocks, s[..., None], None, 4)[1].reshape(64, 256)
+    weighted = lambda q: float(((w - q) ** 2 * importance).sum())  # noqa: E731
+    assert weighted(clipped) <= weighted(_rtn(w, 4, 32))
+
+
+def test_weighted_palettes_with_gptq_beat_plain_palettes() -> None:
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(4)) * 0.1
+    h = _hessian(_inputs(1024, 128, seed=5))
+    from coreai_torch.compression.fitting import kmeans_1d
+
+    plain = torch.from_numpy(kmeans_1d(w.reshape(4, -1).numpy(), 8).astype(np.float32))
+    nearest = fits.nearest_entries(w.reshape(4, -1), plain).reshape(64, 128)
+    plain_error = fits.output_error(w, plain.repeat_interleave(16, 0).gather(1, nearest), h)
+    indices, palettes = fits.gptq_palettes(w, h, 3, 16)
+    fitted = palettes.repeat_interleave(16, 0).gather(1, indices)
+    assert fits.output_error(w, fitted, h) < 0.8 * plain_error
+    assert int(indices.max()) < 8
+
+
+def test_weighted_kmeans_follows_the_weights() -> None:
+    from coreai_torch.compression.fitting import kmeans_1d
+
+    values = np.array([[0.0, 0.1, 1.0, 1.1, 5.0, 5.1]])
+    heavy = np.array([[1.0, 1.0, 1.0, 1.0, 100.0, 1.0]])
+    centroids = kmeans_1d(values, 2, weights=heavy)
+    assert abs(centroids[0, 1] - (5.0 * 100 + 5.1) / 101) < 1e-9
+
+
+# ---------------------------------------------------------------------------- allocation ---
+
+
+class _Two(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.big = nn.Linear(256, 256, bias=False)
+        self.small = nn.Linear(256, 64, bias=False)
+
+
+def _layers(model: nn.Module) -> dict:
+    from coreai_torch.compression.calibration import _layers as layers
+
+    return layers(model)
+
+
+def test_allocation_meets_the_budget_and_gives_bits_where_they_buy_most() -> None:
+    model = _Two()
+    forms = (
+        compression.LinearQuantization(bits=8),
+        compression.LinearQuantization(bits=4, block_size=32),
+    )
+    config = compression.Mixed(target_bpw=5.5, forms=forms)
+    # the small layer is sensitive (its 4-bit error is large), the big one is not
+    errors = {"big.weight": {0: 1e-5, 1: 1e-3}, "small.weight": {0: 1e-5, 1: 1e-1}}
+    chosen = allocate(model, _layers(model), errors, config, torch.float16)
+    assert chosen["small.weight"] == forms[0] and chosen["big.weight"] == forms[1]
+    bits = sum(
+        compression.bits_per_weight(chosen[n], tuple(p.shape), torch.float16) * p.numel()
+        for n, p in model.named_parameters()
+    )
+    assert bits / sum(p.numel() for p in model.parameters()) <= 5.5
+    # with room for everything, everything gets 8 bits
+    roomy = allocate(
+        model, _layers(model), errors, compression.Mixed(target_bpw=9, forms=forms), torch.float16
+    )
+    assert set(roomy.values()) == {forms[0]}
+
+
+def test_a_budget_below_the_cheapest_forms_is_an_error() -> None:
+    model = _Two()
+    config = compression.Mixed(
+        target_bpw=2.0, forms=(compression.LinearQuantization(bits=4, block_size=32),)
+    )
+    errors = {"big.weight": {0: 1e-3}, "small.weight": {0: 1e-3}}
+    with pytest.raises(
+        CalibrationError, match=r"target_bpw=2 is below what the forms allow: 4\.500"
+    ):
+        allocate(model, _layers(model), errors, config, torch.float16)
+
+
+def test_bits_per_weight_counts_codes_scales_zero_points_and_palettes() -> None:
+    lq = compression.LinearQuantization
+    assert compression.bits_per_weight(lq(bits=4, block_size=32), (64, 128)) == 4.5
+    assert compression.bits_per_weight(lq(bits=4, block_size=32, symmetric=False), (64, 128)) == (
+        4 + 20 / 32
+    )
+    assert compression.bits_per_weight(lq(bits=8), (64, 128), torch.float32) == 8 + 32 / 128
+    assert compression.bits_per_weight(lq(bits=3, block_size=32), (64, 128)) == 4.5  # 4-bit codes
+    pal = compression.Palettization(bits=3, group_size=16)
+    assert compression.bits_per_weight(pal, (64, 128)) == 3 + 8 * 16 / (16 * 128)
+    conv = lq(bits=4, block_size=8)
+    assert compression.bits_per_weight(conv, (16, 32, 3, 3)) == 4 + 16 / 72
+
+
+# ------------------------------------------------------------------------------ presets ---
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("int4", "int4 blocks of 32, symmetric"),
+        ("int4-asym", "int4 blocks of 32, asymmetric"),
+        ("int4-g64", "int4 blocks of 64, symmetric"),
+        ("int4-asym-g128", "int4 blocks of 128, asymmetric"),
+        ("int4-pc", "int4 per channel, symmetric"),
+        ("int8", "int8 per channel, symmetric"),
+        ("int8-g32", "int8 blocks of 32, symmetric"),
+        ("palette4", "4-bit palettes, groups of 16 channels"),
+        ("palette4-pt", "4-bit palettes, one per weight"),
+        ("palette3-g8", "3-bit palettes, groups of 8 channels"),
+        ("mixed", "mixed, 4.5 bits per weight"),
+    ],
+)
+def test_every_form_has_a_name(spec: str, expected: str) -> None:
+    assert compression.from_spec(spec).describe().startswith(expected)
+
+
+def test_presets_below_8_bits_keep_embeddings_and_head_in_int8() -> None:
+    for spec in ("int4", "palette4", "int4-asym"):
+        config = compression.from_spec(spec)
+        assert config.embeddings == compression.SAFE_FORM
+        assert config.output_head == compression.SAFE_FORM
+    assert compression.from_spec("int8").embeddings is True
+
+
+@pytest.mark.parametrize("spec", ["int4-pt", "palette4-asym", "int4-pc-g32", "mixed4", "int4-"])
+def test_unknown_names_are_errors(spec: str) -> None:
+    with pytest.raises(ValueError, match=spec.split("-")[0][:3]):
+        compression.from_spec(spec)
+
+
+# --------------------------------------------------------------------------- calibrate() ---
+
+
+def test_blocks_are_the_largest_module_list() -> None:
+    model = causal_lm("smollm")
+    assert find_blocks(model) is model.model.layers
+    assert find_blocks(nn.Sequential(nn.Linear(4, 4))) is None
+
+
+def _fake_quantized(model: nn.Module, calibration: compression.Calibration) -> nn.Module:
+    import copy
+
+    twin = copy.deepcopy(model)
+    params = dict(twin.named_parameters(remove_duplicate=False))
+    for w in calibration.weights.values():
+        params[w.name].data.copy_(
+            torch.from_numpy(w.codes.dequantized()).reshape(params[w.name].shape)
+        )
+    return twin
+
+
+@pytest.mark.parametrize("spec", ["int4", "int4-asym", "palette3"])
+def test_calibrated_llm_export_runs_the_fitted_weights(spec: str) -> None:
+    """The program stores exactly the calibrated codes: its logits are those of the PyTorch
+    model with the fitted weights."""
+    model = causal_lm("smollm")
+    ids = torch.randint(
+        0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0)
+    )
+    config = compression.from_spec(spec)
+    config = type(config)(**{**config.__dict__, "min_elements": 0})
+    calibration = compression.calibrate(model, {"input_ids": ids, "use_cache": False}, config)
+    assert calibration.weights and calibration.output_error is not None
+    program = llm.export(model, max_context=16, compress=config, calibration=ids.tolist())
+    twin = _fake_quantized(model, calibration)
+    prompt = ids[:1, :8]
+    out = run_program(
+        program,
+        {"input_ids": prompt.numpy(), "start_position": np.zeros(1, np.int64)},
+        entrypoint="prefill",
+        state={k: to_numpy(v) for k, v in program.signatures["prefill"].initial_states.items()},
+    )["logits"]
+    with torch.no_grad():
+        expected = twin(prompt).logits[:, -1:]
+    np.testing.assert_allclose(out, expected.numpy(), atol=2e-4, rtol=1e-3)
+
+
+def test_mixed_export_meets_its_budget_and_reports_each_choice() -> None:
+    model = causal_lm("smollm")
+    ids = torch.randint(
+        0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(1)
+    )
+    config = compression.Mixed(target_bpw=6.0, min_elements=0)
+    calibration = compression.calibrate(
+        model, {"input_ids": ids, "use_cache": False}, config, scale_dtype=torch.float16
+    )
+    assert calibration.planned_bpw is not None and calibration.planned_bpw <= 6.0
+    program = llm.export(
+        model, max_context=16, precision="fp16", compress=config, calibration=ids.tolist()
+    )
+    assert program.compression_report is not None
+    assert program.compression_report.bits_per_weight <= 6.0 + 1e-6
+    # the same fitted codes stored in a program compressed after optimize()
+    program2 = llm.export(model, max_context=16, precision="fp16")
+    report = program2.compress(config, calibration=calibration)
+    assert report.bits_per_weight is not None and report.bits_per_weight <= 6.0 + 1e-6
+    assert all(w.output_error is not None for w in report.weights)
+    assert len({w.form for w in report.weights}) >= 2
+    assert "output error on the calibration samples" in str(report)
+
+
+def test_bad_calibration_data_is_named() -> None:
+    model = causal_lm("smollm")
+    vocab = model.config.vocab_size
+    with pytest.raises(
+        CalibrationError, match=rf"token id {vocab} is outside the model's vocabulary"
+    ):
+        llm.export(model, max_context=16, compress="int4", calibration=[[1, 2, vocab, 3]])
+    with pytest.raises(CalibrationError, match="integer \\[samples, tokens\\] tensor"):
+        llm.export(model, max_context=16, compress="int4", calibration=torch.zeros(2, 3, 4))
+    with pytest.raises(CalibrationError, match="there is no tokenizer"):
+        llm.export(model, max_context=16, compress="int4", calibration=__file__)
+    with pytest.raises(ValueError, match=r"needs? calibration|pass calibration="):
+        llm.export(model, max_context=16, compress="mixed")
+    with pytest.raises(ValueError, match="target_bpw= is the budget of compress='mixed'"):
+        llm.export(model, max_context=16, compress="int4", target_bpw=4.5)
+    with pytest.raises(CalibrationError, match="below what the forms allow"):
+        llm.export(
+            model, max_context=16, compress="mixed", target_bpw=1.0, calibration=[list(range(32))]
+        )
+
+
+def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
+    model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
+    x = torch.randn(64, 48)
+    config = compression.LinearQuantization(bits=4, block_size=32, min_elements=0)
+    calibration = compression.calibrate(model, x, config)
+    assert [name for name, _ in calibration.unfitted] == ["0.weight"]
+    assert "input size 48 is not a multiple of block_size=32" in calibration.unfitted[0][1]
+    assert "2.weight" in calibration.weights
+    assert "not calibrated: 0.weight" in str(calibration)
+
+
+# ------------------------------------------------- the acceptance call, on a small model ---
+
+
+def test_from_pretrained_mixed_with_a_calibration_text_and_its_perplexity(tmp_path) -> None:
+    """``CoreAIModelForCausalLM.from_pretrained(dir, export=True, precision="fp16",
+    compress="mixed", target_bpw=..., calibration="calib.txt")`` on a streamed checkpoint,
+    then ``coreai-torch eval perplexity`` against the PyTorch model."""
+
+    from coreai_torch.cli.main import main
+    from coreai_torch.hf import CoreAIModelForCausalLM
+    from coreai_torch.llm.evaluate import perplexity
+    from tests.llm.support import CORPUS, save_model_dir
+
+    _, tokenizer, model_dir = save_model_dir(tmp_path)
+    text = " ".join(CORPUS * 40)
+    calib = tmp_path / "calib.txt"
+    calib.write_text(text)
+    model = CoreAIModelForCausalLM.from_pretrained(
+        model_dir,
+        export=True,
+        precision="fp16",
+        compress="mixed",
+        target_bpw=7.0,
+        calibration=str(calib),
+        max_context=64,
+    )
+    assert model.coreai_config["compression"] == "mixed, 7 bits per weight"
+    assert model.coreai_config["bits_per_weight"] <= 7.0
+    out = tmp_path / "out"
+    model.save_pretrained(out)
+    result = perplexity(out, calib, reference=model_dir, window=32, tokenizer=tokenizer)
+    assert result.tokens > 100 and result.reference is not None
+    assert abs(result.relative) < 0.5  # random weights: only that both sides agree broadly
+    tokenizer.save_pretrained(out)
+    assert (
+        main(
+            [
+                "--json",
+                "eval",
+                "perplexity",
+                str(out),
+                "--text",
+                str(calib),
+                "--reference",
+                str(model_dir),
+                "--window",
+                "32",
+            ]
+        )
+        == 0
+    )
+
+
+def test_eval_perplexity_names_a_missing_text(tmp_path, capsys) -> None:
+    from coreai_torch.cli.main import main
+
+    assert main(["eval", "perplexity", str(tmp_path), "--text", str(tmp_path / "none.txt")]) == 2
+    assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        compression.LinearQuantization(bits=4, block_size=32, min_elements=0),
+        compression.LinearQuantization(bits=4, block_size=32, symmetric=False, min_elements=0),
+        compression.LinearQuantization(bits=8, min_elements=0),
+        compression.Palettization(bits=3, group_size=16, min_elements=0),
+    ],
+)
+def test_rtn_calibration_stores_the_data_free_codes_and_measures_them(config) -> None:
+    """``calibrate(method="rtn")`` fits what ``compress()`` fits without data (the program's
+    outputs are the same), and measures its output error; GPTQ's is smaller."""
+    from coreai_torch import TorchConverter, get_decomp_table
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).eval()
+    x = _inputs(256, 64, seed=7)
+    ep = torch.export.export(model, (x[:8],)).run_decompositions(get_decomp_table())
+
+    def run(calibration) -> np.ndarray:
+        program = TorchConverter().add_exported_program(ep).to_coreai()
+        program.compress(config, calibration=calibration)
+        return next(iter(run_program(program, {"input": x[:8].numpy()}).values()))
+
+    rtn = compression.calibrate(model, x, config, method="rtn")
+    np.testing.assert_allclose(run(rtn), run(None), rtol=1e-5, atol=1e-5)
+    gptq = compression.calibrate(model, x, config)
+    assert rtn.output_error is not None and gptq.output_error is not None
+    assert gptq.output_error < rtn.output_error
+    expected = model(x[:8]).detach()
+    with torch.no_grad():
+        fitted = _fake_quantized(model, gptq)(x[:8])
+    np.testing.assert_allclose(run(gptq), fitted.numpy(), rtol=1e-4, atol=1e-4)
+    assert float(((fitted - expected) ** 2).sum()) > 0
+
+
+def test_eval_cosine_of_an_embedding_model(tmp_path) -> None:
+    """``coreai-torch eval cosine`` compares a Core AI feature-extraction model's sentence
+    embeddings with the PyTorch model's."""
+    from coreai_torch.cli.main import main
+    from coreai_torch.hf.feature_extraction import CoreAIModelForFeatureExtraction
+    from coreai_torch.llm.evaluate import cosine
+    from tests.hf.test_feature_extraction import SENTENCES, save
+
+    model, _, directory = save("bert", tmp_path)
+    exported = CoreAIModelForFeatureExtraction.from_pretrained(directory, export=True)
+    exported.save_pretrained(tmp_path / "coreai")
+    exported.close()
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(SENTENCES))
+    result = cosine(tmp_path / "coreai", texts, reference=model)
+    assert len(result.values) == len(SENTENCES) and result.minimum > 0.999
+    argv = ["eval", "cosine", str(tmp_path / "coreai"), "--text", str(texts)]
+    assert main(["--json", *argv, "--reference", str(directory)]) == 0
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        compression.LinearQuantization(bits=4, block_size=8, min_elements=0),
+        compression.Palettization(bits=3, group_size=8, min_elements=0),
+    ],
+)
+def test_calibrated_convolutions(config) -> None:
+    """Convolution kernels are fitted on their unfolded inputs (a block spans
+    ``block_size × kh × kw``); the program computes the fitted model."""
+    from coreai_torch import TorchConverter, get_decomp_table
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 16, 3, stride=2)
+    ).eval()
+    x = torch.randn(8, 16, 12, 12)
+    x[:, :2] *= 6
+    ep = torch.export.export(model, (x[:2],)).run_decompositions(get_decomp_table())
+    gptq = compression.calibrate(model, x, config)
+    rtn = compression.calibrate(model, x, config, method="rtn")
+    assert set(gptq.weights) == {"0.weight", "2.weight"}
+    assert gptq.output_error < rtn.output_error
+    program = TorchConverter().add_exported_program(ep).to_coreai()
+    report = program.compress(config, calibration=gptq)
+    assert {w.reader for w in report.weights} == {"convolution"}
+    out = next(iter(run_program(program, {"input": x[:2].numpy()}).values()))
+    with torch.no_grad():
+        expected = _fake_quantized(model, gptq)(x[:2])
+    np.testing.assert_allclose(out, expected.numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_a_layer_with_too_many_inputs_for_a_hessian_is_named(monkeypatch) -> None:
+    from coreai_torch.compression import calibration as calibrate_module
+
+    monkeypatch.setattr(calibrate_module, "MAX_HESSIAN_INPUTS", 50)
+    model = nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 16))
+    config = compression.LinearQuantization(bits=4, block_size=16, min_elements=0)
+    calibration = compression.calibrate(model, torch.randn(32, 64), config)
+    assert list(calibration.weights) == ["2.weight"]
+    ((name, reason),) = calibration.unfitted
+    assert name == "0.weight" and "64 inputs per output channel exceed" in reason
