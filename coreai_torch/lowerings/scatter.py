@@ -19,11 +19,14 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
+    known_sizes,
     normalize_dim,
     rank_of,
     refine,
     reshape,
     shape_of,
+    static_shape_of,
+    static_sizes,
     transpose,
     unsqueeze,
 )
@@ -71,7 +74,7 @@ def scatter_along(
     if region == xshape:
         return out
     rank = len(xshape)
-    return cai.slice_update(x, i32([0] * rank), i32(region), i32([1] * rank), out)
+    return cai.slice_update(x, i32([0] * rank), i32(static_sizes(region)), i32([1] * rank), out)
 
 
 def _prepare(
@@ -147,16 +150,16 @@ def reduce_into(
 ) -> ir.Value:
     """``scatter_reduce`` semantics (sum/prod/mean/amax/amin, with or without ``x``)."""
     dtype = dtype_of(x)
-    ishape = shape_of(idx)
     base = x
     if not include_self:  # scattered positions start from the reduction's identity
-        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), ishape)
+        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), static_shape_of(idx))
         base = scatter_along(x, axis, idx, fill)
     if reduce != "mean":
         return scatter_along(base, axis, idx, updates, _REDUCE_MODES[reduce])
     total = scatter_along(base, axis, idx, updates, "add")
     count_dtype = dtype if dtype.is_floating_point else torch.int32
-    ones = broadcast_to(constant(1, count_dtype), shape_of(x))
+    ishape = static_shape_of(idx)
+    ones = broadcast_to(constant(1, count_dtype), static_shape_of(x))
     if not include_self:
         ones = scatter_along(ones, axis, idx, broadcast_to(constant(0, count_dtype), ishape))
     counts = scatter_along(ones, axis, idx, broadcast_to(constant(1, count_dtype), ishape), "add")
@@ -217,14 +220,14 @@ def _mask_put(
     mask = cast(indices[pos], torch.bool)
     mrank = rank_of(mask)
     rest = shape[pos + mrank :]
-    mask = reshape(mask, [1] * pos + shape_of(mask) + [1] * len(rest))
+    mask = reshape(mask, [1] * pos + static_shape(cx, mask, "mask") + [1] * len(rest))
     mask = broadcast_to(mask, shape)
     dtype = dtype_of(self)
     vshape = static_shape(cx, values, "values")
     v = cast(values, dtype)
     if len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
         v = reshape(v, vshape[len(vshape) - len(rest) :] if len(vshape) > len(rest) else vshape)
-        new = broadcast_to(reshape(v, [1] * (len(shape) - rank_of(v)) + shape_of(v)), shape)
+        new = broadcast_to(reshape(v, [1] * (len(shape) - rank_of(v)) + static_shape_of(v)), shape)
     elif pos == 0 and mrank == len(shape) - len(rest):
         new = masked_values(mask, broadcast_to(v, [vshape[0], *rest]), shape)
     else:
@@ -245,16 +248,18 @@ def masked_values(mask: ir.Value, source: ir.Value, shape: Sequence[int | None])
         cai.broadcasting_sub(running, constant(1, torch.int32)), constant(0, torch.int32)
     )
     picked = cai.gather_nd(_flatten(source), unsqueeze(position, [1]))
-    if None in shape:
+    sizes = known_sizes(shape)
+    if sizes is None:
         return refine(cai.reshape(picked, cai.get_shape(mask)), shape)
-    return reshape(picked, list(shape))
+    return reshape(picked, sizes)
 
 
 def _flatten(value: ir.Value) -> ir.Value:
     """``value`` as a 1-D tensor (its length dynamic when a dim is)."""
-    if None in shape_of(value):
+    sizes = known_sizes(shape_of(value))
+    if sizes is None:
         return cai.reshape(value, i32([-1]))
-    return reshape(value, [int(np.prod(shape_of(value)))])
+    return reshape(value, [int(np.prod(sizes))])
 
 
 @lowering("aten::index_put.default", "aten::_unsafe_index_put.default")
@@ -294,10 +299,11 @@ def index_put(
         return transpose(out, inverse(perm))
     # Accumulate: flatten the indexed dims into one axis and scatter-add along it.
     indexed = [shape[p] for p in positions]
+    static_b = static_sizes(bshape)  # dynamic index shapes are refused above
     flat_index = None
     stride = 1
     for p, size in reversed(list(zip(positions, indexed, strict=True))):
-        ix = broadcast_to(cast(indices[p], torch.int32), bshape)
+        ix = broadcast_to(cast(indices[p], torch.int32), static_b)
         negative = cai.broadcasting_greater(constant(0, torch.int32), ix)
         ix = cai.broadcasting_where(
             negative, cai.broadcasting_add(ix, constant(size, torch.int32)), ix
@@ -305,7 +311,7 @@ def index_put(
         term = ix if stride == 1 else cai.broadcasting_mul(ix, constant(stride, torch.int32))
         flat_index = term if flat_index is None else cai.broadcasting_add(flat_index, term)
         stride *= size
-    count = int(np.prod(bshape))
+    count = int(np.prod(static_b))
     flat_index = broadcast_to(reshape(flat_index, [count] + [1] * len(rest)), [count, *rest])
     flat = reshape(xt, [stride, *rest])
     mode = "max" if dtype_of(self) == torch.bool else "add"  # bool "sum" is a logical or
@@ -397,13 +403,14 @@ def masked_scatter(
 ) -> ir.Value:
     """Masked positions take consecutive elements of ``source`` (row-major order)."""
     shape = list(cx.out_shape)
-    if None in shape:  # broadcast on the runtime to the shape self and mask broadcast to
+    sizes = known_sizes(shape)
+    if sizes is None:  # broadcast on the runtime to the shape self and mask broadcast to
         target = cai.broadcast_shapes(cai.get_shape(self), cai.get_shape(mask))
         m = refine(cai.broadcast_to(cast(mask, torch.bool), target), shape)
         self = refine(cai.broadcast_to(self, target), shape)
     else:
-        m = broadcast_to(cast(mask, torch.bool), shape)
-        self = broadcast_to(self, shape)
+        m = broadcast_to(cast(mask, torch.bool), sizes)
+        self = broadcast_to(self, sizes)
     picked = masked_values(m, cast(source, dtype_of(self)), shape)
     return cai.broadcasting_where(m, picked, self)
 
@@ -434,7 +441,7 @@ def as_strided_scatter(
     ``src`` (written through a constant index table)."""
     shape = static_shape(cx, self)
     try:
-        table = strided_table(cx.node.args[0].meta["val"], size, stride, storage_offset)
+        table = strided_table(cx.input_example(0), size, stride, storage_offset)
     except ValueError as error:
         raise cx.unsupported(f"as_strided_scatter: {error}") from None
     total = int(np.prod(shape))
