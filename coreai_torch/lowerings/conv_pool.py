@@ -20,6 +20,8 @@ from coreai_torch.ir.values import (
     reshape,
     shape_of,
     squeeze,
+    static_dim,
+    static_shape_of,
     u32,
     unsqueeze,
 )
@@ -51,7 +53,7 @@ def _pad_spatial(x: ir.Value, pads: Sequence[tuple[int, int]], value: float | in
 def _bias(out: ir.Value, bias: ir.Value | None, spatial: int) -> ir.Value:
     if bias is None:
         return out
-    return cai.broadcasting_add(out, reshape(bias, [shape_of(bias)[0]] + [1] * spatial))
+    return cai.broadcasting_add(out, reshape(bias, [static_dim(bias, 0)] + [1] * spatial))
 
 
 # --------------------------------------------------------------------------- convolution ----
@@ -201,7 +203,7 @@ def max_with_indices(
 ) -> tuple[ir.Value, ir.Value]:
     """Maximum and PyTorch-style flat spatial index of each window of a constant table."""
     k = len(sizes)
-    shape = shape_of(x)
+    shape = static_shape_of(x)
     lead = shape[: len(shape) - k]
     windows = flatten_window_gather(x, k, table, lowest(dtype_of(x)))  # (*lead, P, W)
     values = cai.reduce_max(windows, i32([-1]))

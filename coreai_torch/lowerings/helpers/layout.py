@@ -26,6 +26,7 @@ from coreai_torch.ir.values import (
     dtype_of,
     i32,
     is_symbolic,
+    known_sizes,
     normalize_dim,
     rank_of,
     refine,
@@ -33,6 +34,7 @@ from coreai_torch.ir.values import (
     shape_of,
     shape_vector,
     squeeze,
+    static_shape_of,
     transpose,
     unsqueeze,
 )
@@ -41,18 +43,18 @@ from coreai_torch.lowerings.registry import LoweringContext
 
 def static_out_shape(cx: LoweringContext) -> list[int]:
     """The node's output shape, which this rule needs to be static."""
-    shape = cx.out_shape
-    if None in shape:
+    shape = known_sizes(cx.out_shape)
+    if shape is None:
         raise cx.unsupported("dynamic output shapes are not supported by this op yet")
-    return [int(d) for d in shape]
+    return shape
 
 
 def static_shape(cx: LoweringContext, value: ir.Value, what: str = "input") -> list[int]:
     """The static shape of an operand (``cx.unsupported`` for dynamic dims)."""
-    shape = shape_of(value)
-    if None in shape:
+    shape = known_sizes(shape_of(value))
+    if shape is None:
         raise cx.unsupported(f"the {what} has dynamic dimensions, which this op does not support")
-    return [int(d) for d in shape]
+    return shape
 
 
 def slice_axis(
@@ -148,7 +150,7 @@ def flatten_window_gather(x: ir.Value, spatial: int, table: np.ndarray, fill: fl
     ``x`` is ``(*lead, *sizes)``; ``table`` holds flat spatial indices (``-1`` = padding,
     read as ``fill``) of shape ``(positions, window)``.  Returns ``(*lead, positions, window)``.
     """
-    shape = shape_of(x)
+    shape = static_shape_of(x)
     lead, sizes = shape[: len(shape) - spatial], shape[len(shape) - spatial :]
     flat_size = int(np.prod(sizes))
     flat = reshape(x, [*lead, flat_size])
@@ -293,8 +295,9 @@ def broadcast_sizes(
 ) -> list[Size]:
     """The broadcast shape of the index tensors as sizes: ints, and 0-d si32 values computed
     on the runtime from the index tensors' shapes for dynamic dims."""
-    if None not in bshape:
-        return [int(d) for d in bshape]
+    static = known_sizes(bshape)
+    if static is not None:
+        return list(static)
     target = None
     for p in positions:
         shape = cai.get_shape(indices[p])
