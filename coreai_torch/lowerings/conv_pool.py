@@ -25,6 +25,7 @@ from coreai_torch.ir.values import (
     u32,
     unsqueeze,
 )
+from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
 from coreai_torch.lowerings.helpers.layout import (
     contract_axis,
     flatten_window_gather,
@@ -384,14 +385,15 @@ def adaptive_avg_pool(
         total = fn(x, u32(kernel), u32(kernel), cai.constant(u32([1] * k)))
         y = cai.broadcasting_divide(total, constant(float(np.prod(kernel)), dtype))
     else:  # separable: one averaging matrix per dim
-        y = x
+        y = cast(x, accumulation_dtype(cx, dtype))  # 16-bit: float32 inside, rounded once
         for a, (n, o) in enumerate(zip(sizes, out, strict=True)):
             if n == o:
                 continue
             weights = np.zeros((o, n))
             for i, window in enumerate(adaptive_windows(n, o)):
                 weights[i, window] = 1.0 / len(window)
-            y = contract_axis(y, 2 + a, weights)
+            y = contract_axis(y, 2 + a, weights, compute=dtype_of(y))
+        y = cast(y, dtype)
     return squeeze(y, [0]) if unbatched else y
 
 

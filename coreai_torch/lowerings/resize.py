@@ -28,6 +28,7 @@ from coreai_torch.ir.values import (
     static_shape_of,
     transpose,
 )
+from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
 from coreai_torch.lowerings.helpers.layout import (
     contract_axis,
     static_out_shape,
@@ -157,10 +158,12 @@ def _upsample(
         if y is not None:
             return y
     rank = len(in_shape)
+    dtype = dtype_of(x)
+    x = cast(x, accumulation_dtype(cx, dtype))  # 16-bit inputs: float32 inside, rounded once
     for a, w in enumerate(maps):
         if w.shape[0] != w.shape[1] or not np.array_equal(w, np.eye(w.shape[0])):
-            x = contract_axis(x, rank - k + a, w)
-    return x
+            x = contract_axis(x, rank - k + a, w, compute=dtype_of(x))
+    return cast(x, dtype)
 
 
 def _scales(

@@ -161,20 +161,24 @@ def flatten_window_gather(x: ir.Value, spatial: int, table: np.ndarray, fill: fl
     return take(flat, len(lead), index)
 
 
-def contract_axis(x: ir.Value, axis: int, weights: np.ndarray) -> ir.Value:
-    """``out[.., i, ..] = sum_j weights[i, j] * x[.., j, ..]`` along ``axis`` (a matmul).
+def contract_axis(x: ir.Value, axis: int, weights: np.ndarray, *, compute: torch.dtype) -> ir.Value:
+    """``out[.., i, ..] = sum_j weights[i, j] * x[.., j, ..]`` along ``axis`` (a matmul),
+    computed in ``compute`` (the rule's ``accumulation_dtype``: float32 for 16-bit ``x``) and
+    rounded once to ``x``'s dtype.
 
     The axis is brought next to last with a transpose rather than a reshape: Core AI's
     pre-compilation rewrite folds a reshape feeding a matmul wrongly when sizes coincide.
     """
     rank = rank_of(x)
-    w = cast(cai.constant(np.ascontiguousarray(weights, dtype=np.float32)), dtype_of(x))
+    dtype = dtype_of(x)
+    x = cast(x, compute)
+    w = cast(cai.constant(np.ascontiguousarray(weights, dtype=np.float32)), compute)
     if axis == rank - 1:
-        return cai.broadcasting_batch_matmul(x, transpose(w, [1, 0]))
+        return cast(cai.broadcasting_batch_matmul(x, transpose(w, [1, 0])), dtype)
     perm = [d for d in range(rank) if d != axis]
     perm.insert(rank - 2, axis)
     out = cai.broadcasting_batch_matmul(w, transpose(x, perm))
-    return transpose(out, inverse(perm))
+    return cast(transpose(out, inverse(perm)), dtype)
 
 
 def inverse(perm: Sequence[int]) -> list[int]:
