@@ -24,6 +24,7 @@ from .bundle import read_directory
 from .components import GUIDANCE_BATCH, family_of
 from .export import require_diffusers
 from .modules import (
+    RuntimeFluxTransformer,
     RuntimeModule,
     RuntimeSD3Transformer,
     RuntimeTextEncoder,
@@ -133,8 +134,6 @@ class CoreAIDiffusionPipeline:
                 f"{path} is already a Core AI diffusion bundle ({COREAI_CONFIG}); load it "
                 "without export=True, or export the original diffusers pipeline directory"
             )
-        if max_sequence_length is None:
-            options["max_sequence_length"] = 256
         owned = tempfile.TemporaryDirectory(prefix="coreai_torch_diffusion_")
         try:
             export_pipeline(path, Path(owned.name) / "bundle", name=path.resolve().name, **options)
@@ -305,13 +304,18 @@ class CoreAIDiffusionPipeline:
                     tuple(component["outputs"]),
                 )
             elif role in ("unet", "transformer"):
-                options = {"residuals": tuple(component["inputs"][3:])} if role == "unet" else {}
-                modules[source] = (RuntimeUNet if role == "unet" else RuntimeSD3Transformer)(
+                runtime: type[RuntimeModule] = RuntimeSD3Transformer
+                options: dict[str, Any] = {}
+                if role == "unet":
+                    runtime, options = RuntimeUNet, {"residuals": tuple(component["inputs"][3:])}
+                elif component["class"] == "FluxTransformer2DModel":
+                    runtime, options = RuntimeFluxTransformer, {"inputs": tuple(component["inputs"])}
+                modules[source] = runtime(
                     asset,
                     self._denoiser_config(config(source)),
                     entrypoints(role),
                     extra=extras,
-                    batch=GUIDANCE_BATCH,
+                    batch=component.get("batch", GUIDANCE_BATCH),
                     verify_hash=verify_hash,
                     **options,
                 )
