@@ -205,7 +205,9 @@ class CoreAIDiffusionPipeline:
         # image= (the initial image) with control_image=
         takes_image = "image" in inspect.signature(type(self.pipe).__call__).parameters
         to_image = image is not None and (not takes_image or "control_image" in kwargs)
-        if not to_image:
+        pipe = self.image_to_image if to_image else self.pipe
+        # image-to-image pipelines with a size (SD3, FLUX, ControlNet) resize the image to it
+        if "height" in inspect.signature(type(pipe).__call__).parameters:
             default = self.resolutions[0]
             height, width = height or default[0], width or default[1]
             if (height, width) not in self.resolutions:
@@ -226,7 +228,6 @@ class CoreAIDiffusionPipeline:
                     f"{length} T5 tokens; call with max_sequence_length={length} or export "
                     f"again with max_sequence_length={given}"
                 )
-        pipe = self.image_to_image if to_image else self.pipe
         if image is not None:
             kwargs["image"] = image
         return pipe(prompt=prompt, negative_prompt=negative_prompt, **kwargs)

@@ -221,6 +221,10 @@ def sd3_pipeline(directory: Path, t5: bool = False) -> Path:
     return out
 
 
+#: the tiny FLUX pipelines are exported (and compared) at 32x32 with 16 T5 tokens
+FLUX_EXPORT: dict[str, Any] = {"height": 32, "width": 32, "max_sequence_length": 16}
+
+
 def flux_pipeline(directory: Path, guidance_embeds: bool = True) -> Path:
     """A FLUX.1-shaped pipeline (a double- and a single-stream transformer block with rotary
     embeddings, CLIP for the pooled prompt, T5 for the tokens, a 16-channel-packed VAE),
