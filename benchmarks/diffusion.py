@@ -9,14 +9,16 @@ parameters bound to the checkpoint, traced for batch 2 at 512x512, converted in 
 optimized, saved), while the process's RSS is sampled every 20 ms; the write floor is the time
 to write and fsync the asset's byte count in the same directory (``benchmarks/large.py``).
 Then the asset is loaded on the runtime and one denoising step (batch 2: guidance) is timed
-after a warm-up call.  Wall-clock and CPU seconds of this process are both reported (the CPU
+after a warm-up call.  The same is done for the UNet exported in float32 (this CPU runtime's
+float16 convolutions are slower than its float32 ones, so both steps are reported).  Wall-clock and CPU seconds of this process are both reported (the CPU
 time is the steadier number on a shared machine).
 
     python -m benchmarks.diffusion [--dir DIR] [--steps 1] [--keep]
     python -m benchmarks.diffusion --tiny      # the tiny pipelines against diffusers (docs)
 
 ``--tiny`` measures what docs/text_to_image.md reports for the test pipelines
-(``tests/diffusers/support.py``): each exported in fp32, fp16 and with mixed-bit palettes, the
+(``tests/diffusers/support.py``: SD 1.x, SDXL, SD3, FLUX.1): each exported in fp32, fp16 (and
+SD 1.x with mixed-bit palettes), the
 PSNR of 4 denoising steps' image against diffusers' on the same weights and seed, and each
 component's largest error against its PyTorch module.
 """
@@ -235,10 +237,12 @@ def measure_tiny(directory: Path) -> list[dict[str, Any]]:
 
     builders = {"SD 1.x": support.sd_pipeline, "SDXL": support.sdxl_pipeline}
     builders["SD3 (no T5)"] = support.sd3_pipeline
+    builders["FLUX.1 (guidance-distilled)"] = support.flux_pipeline
     rows = []
     for label, build in builders.items():
         source = build(directory)
-        expected = support.generate(support.reference(source))
+        sized = support.FLUX_EXPORT if label.startswith("FLUX") else {}
+        expected = support.generate(support.reference(source), **sized)
         variants: dict[str, dict[str, Any]] = {"fp32": {}, "fp16": {"precision": "fp16"}}
         if label == "SD 1.x":
             variants["fp32 + mixed-bit palettes"] = {
@@ -246,7 +250,9 @@ def measure_tiny(directory: Path) -> list[dict[str, Any]]:
             }
         for variant, options in variants.items():
             begin = time.perf_counter()
-            with CoreAIDiffusionPipeline.from_pretrained(source, export=True, **options) as pipe:
+            with CoreAIDiffusionPipeline.from_pretrained(
+                source, export=True, **options, **sized
+            ) as pipe:
                 seconds = time.perf_counter() - begin
                 image = support.generate(pipe)
                 errors = component_errors(pipe, source)
