@@ -52,7 +52,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
         program.save_asset(output)
     max_context = int(next(iter(program.signatures["decode"].initial_states.values())).shape[2])
     size = sum(f.stat().st_size for f in output.rglob("*") if f.is_file())
-    data = {
+    data: dict[str, Any] = {
         "model": str(opts.model_dir),
         "asset": str(output),
         "asset_bytes": size,

@@ -31,10 +31,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL
 
 #: the denoiser's batch: the unconditional and the conditional prompt (classifier-free guidance)
 GUIDANCE_BATCH = 2
@@ -245,7 +248,7 @@ def packed_image_ids(latent_height: int, latent_width: int) -> torch.Tensor:
 class VAEDecoderModule(nn.Module):
     """``z -> image``: the latents (divided by the scaling factor, shifted) decoded."""
 
-    def __init__(self, vae: nn.Module) -> None:
+    def __init__(self, vae: AutoencoderKL) -> None:
         super().__init__()
         self.vae = vae
 
@@ -256,7 +259,7 @@ class VAEDecoderModule(nn.Module):
 class VAEEncoderModule(nn.Module):
     """``image -> latent_params``: the mean and log-variance of the latent distribution."""
 
-    def __init__(self, vae: nn.Module) -> None:
+    def __init__(self, vae: AutoencoderKL) -> None:
         super().__init__()
         self.vae = vae
 

@@ -2,7 +2,7 @@
 from the components' safetensors checkpoints.
 
 Each component (:mod:`coreai_torch.diffusers.components`) is built with its parameters on the
-meta device and bound to its checkpoint (:class:`~coreai_torch.ir.lazy.WeightSource`), traced
+meta device and bound to its checkpoint (:class:`~coreai_torch.tensors.lazy.WeightSource`), traced
 once per exported resolution (one entry point each, weights stored once: ``main`` for the first
 resolution, ``main_<H>x<W>`` for the others), converted (``precision``), compressed
 (``compress``: one configuration for the text encoders and the denoiser, or a
@@ -29,10 +29,10 @@ import torch.nn as nn
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.ir import lazy
-from coreai_torch.ir.lazy import WeightSource
 from coreai_torch.llm.export import compression_config, precision_policy
 from coreai_torch.precision import Precision
+from coreai_torch.tensors import lazy
+from coreai_torch.tensors.lazy import WeightSource
 
 from .components import (
     Component,
@@ -64,7 +64,7 @@ class PipelineSource:
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.configs["vae"]["block_out_channels"]) - 1)
+        return 1 << (len(self.configs["vae"]["block_out_channels"]) - 1)
 
     def default_resolution(self) -> tuple[int, int]:
         size = self.configs[self.family.denoiser].get("sample_size")
@@ -145,20 +145,22 @@ def _read_config(folder: Path) -> dict[str, Any]:
     file = folder / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{folder}: no config.json (is the pipeline directory complete?)")
-    return json.loads(file.read_text())
+    config: dict[str, Any] = json.loads(file.read_text())
+    return config
 
 
 # ------------------------------------------------------------------------- the modules -----
 
 
-def module_class(library: str, class_name: str) -> type:
+def module_class(library: str, class_name: str) -> type[Any]:
     """The class ``model_index.json`` names for a module."""
     if library not in _LIBRARIES:
         raise UnsupportedModelError(
             f"a pipeline module of library '{library}' ({class_name}) cannot be exported; "
             f"the supported libraries are {', '.join(_LIBRARIES)}"
         )
-    return getattr(importlib.import_module(library), class_name)
+    found: type[Any] = getattr(importlib.import_module(library), class_name)
+    return found
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -210,7 +212,8 @@ def load_module(source: PipelineSource, name: str, *, streamed: bool = True) -> 
     options: dict[str, Any] = {"torch_dtype": torch.float32}
     if library == "transformers":
         options["local_files_only"] = True
-    return cls.from_pretrained(folder, **options).eval()
+    loaded: nn.Module = cls.from_pretrained(folder, **options).eval()
+    return loaded
 
 
 # ------------------------------------------------------------------------------ export -----

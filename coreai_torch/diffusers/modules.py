@@ -13,13 +13,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from coreai_torch.runtime import Session
+
+if TYPE_CHECKING:
+    from diffusers import ControlNetModel
 
 
 class RuntimeModule(nn.Module):
@@ -127,8 +130,10 @@ def batched(
 # --------------------------------------------------------------------------- text encoders --
 
 
-class _HiddenStates(tuple):
+class _HiddenStates(tuple[Any, ...]):
     """The ``hidden_states`` of a text encoder's output: only the exported layer is there."""
+
+    known: dict[int, torch.Tensor]
 
     def __new__(cls, layers: int, known: Mapping[int, torch.Tensor]) -> _HiddenStates:
         self = super().__new__(cls, [None] * layers)
@@ -306,7 +311,7 @@ class RuntimeUNet(RuntimeDenoiser):
 
 def runtime_controlnet(
     runner: RuntimeModule, extra: Mapping[str, Any], batch: int, outputs: tuple[str, ...]
-) -> nn.Module:
+) -> ControlNetModel:
     """A ``ControlNetModel`` (the pipelines check the class) whose forward runs the exported
     ControlNet: ``(sample, timestep, encoder_hidden_states, controlnet_cond,
     conditioning_scale) -> (down-block residuals, mid-block residual)``."""
@@ -333,7 +338,7 @@ def runtime_controlnet(
         def close(self) -> None:
             runner.close()
 
-        def forward(  # type: ignore[override]
+        def forward(
             self,
             sample: torch.Tensor,
             timestep: Any,

@@ -59,7 +59,7 @@ class CoreAIDiffusionPipeline:
         self,
         directory: Path,
         *,
-        owned: tempfile.TemporaryDirectory | None = None,
+        owned: tempfile.TemporaryDirectory[str] | None = None,
         verify_hash: bool = True,
     ) -> None:
         require_diffusers()
@@ -189,7 +189,7 @@ class CoreAIDiffusionPipeline:
     @property
     def resolutions(self) -> list[tuple[int, int]]:
         """The (height, width) sizes the programs were exported for."""
-        return [tuple(r) for r in self.coreai_config["resolutions"]]  # type: ignore[misc]
+        return [(int(h), int(w)) for h, w in self.coreai_config["resolutions"]]
 
     def __call__(
         self, prompt: Any = None, negative_prompt: Any = None, *, image: Any = None, **kwargs: Any
@@ -278,7 +278,8 @@ class CoreAIDiffusionPipeline:
         modules: dict[str, RuntimeModule] = {}
 
         def config(source: str) -> dict[str, Any]:
-            return json.loads((self.directory / source / "config.json").read_text())
+            read: dict[str, Any] = json.loads((self.directory / source / "config.json").read_text())
+            return read
 
         def entrypoints(role: str) -> dict[str, tuple[int, int] | None]:
             return {k: tuple(v) if v else None for k, v in components[role]["entrypoints"].items()}
@@ -371,7 +372,7 @@ class CoreAIDiffusionPipeline:
         return pipe
 
 
-def _close(modules: list[RuntimeModule], owned: tempfile.TemporaryDirectory | None) -> None:
+def _close(modules: list[RuntimeModule], owned: tempfile.TemporaryDirectory[str] | None) -> None:
     for module in modules:
         with contextlib.suppress(Exception):  # closing at garbage collection must not raise
             module.close()

@@ -16,12 +16,12 @@ attention mask) is dropped, so a padded row computes exactly what the unpadded o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
 import torch.nn as nn
-from transformers import GenerationMixin
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from coreai_torch.hf.base import CoreAIModel, checked_config
@@ -304,8 +304,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
     @classmethod
     def _export_model(
         cls,
-        model: nn.Module | None,
-        path: Path | None,
+        source: PreTrainedModel | Path,
         *,
         max_context: int | None,
         precision: Any,
@@ -313,7 +312,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         all_logits_entry_point: bool = True,
         calibration: Any = None,
         target_bpw: float | None = None,
-    ) -> CoreAIModelForCausalLM:
+    ) -> Self:
         from coreai_torch.llm.export import (
             calibration_input,
             default_max_context,
@@ -322,10 +321,10 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
 
         # bad options fail before loading
         describe = describe_options(precision, compress, target_bpw, calibration)
-        checked_config(model if model is not None else path, CAUSAL_LM_TYPES, cls.__name__)
+        checked_config(source, CAUSAL_LM_TYPES, cls.__name__)
         # a directory's weights stay in its checkpoint until the asset is written
-        restore = model is not None
-        model = load_causal_lm(model if model is not None else path)
+        restore = not isinstance(source, Path)
+        model = load_causal_lm(source)
         if max_context is None:
             max_context = default_max_context(model.config)
         program = export_causal_lm(
@@ -335,11 +334,11 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             compress,
             all_logits_entry_point=all_logits_entry_point,
             restore=restore,
-            calibration=calibration_input(model, path or model, calibration),
+            calibration=calibration_input(model, source, calibration),
             target_bpw=target_bpw,
         )
         meta = {"max_context": max_context, **describe, **compression_meta(program)}
-        return cls._from_programs(model, {"model": program}, meta, path)
+        return cls._from_programs(model, {"model": program}, meta, source)
 
     def forward(
         self,

@@ -62,8 +62,6 @@ from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.frontend.specialize import SpecializationError, specialize
-from coreai_torch.ir import lazy
-from coreai_torch.ir.lazy import WeightSource
 from coreai_torch.llm.calibration import (
     Calibrationdata,
     calibrated,
@@ -72,8 +70,12 @@ from coreai_torch.llm.calibration import (
 )
 from coreai_torch.precision import Precision, from_spec
 from coreai_torch.rewrites.moe import SparseMoE, rewrite_moe
+from coreai_torch.tensors import lazy
+from coreai_torch.tensors.lazy import WeightSource
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from coreai_torch.compression import CompressionConfig
     from coreai_torch.precision import Precision
     from coreai_torch.program import AIProgram
@@ -172,7 +174,7 @@ def calibration_input(
 
 
 def convert_causal_lm(
-    model: nn.Module,
+    model: PreTrainedModel,
     max_context: int,
     policy: Precision,
     compression: CompressionConfig | None,
@@ -298,18 +300,19 @@ def _compression_config(
 # ------------------------------------------------------------------------------- the model ---
 
 
-def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Module:
+def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> PreTrainedModel:
     """The model itself, or the one saved in a local directory; its architecture checked
     before any weight is read."""
     if isinstance(model_or_dir, nn.Module):
         name = type(model_or_dir).__name__
         check_architecture(getattr(model_or_dir, "config", None), name)
-        if model_or_dir.get_output_embeddings() is None:
+        model: PreTrainedModel = model_or_dir  # a transformers model, as checked
+        if model.get_output_embeddings() is None:
             raise UnsupportedModelError(
                 f"{name} has no language-model head; llm.export needs a causal LM "
                 "(AutoModelForCausalLM, e.g. LlamaForCausalLM rather than LlamaModel)"
             )
-        return model_or_dir.eval()
+        return model.eval()
     if not isinstance(model_or_dir, (str, os.PathLike)):
         raise TypeError(
             "llm.export expects a transformers causal LM or the path of a directory written by "
@@ -334,7 +337,7 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Modul
     # the weights stay in the checkpoint: read one at a time while the asset is written
     source = WeightSource(path)
     with lazy.empty_parameters():  # in float32, as from_pretrained loads it
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return source.bind(model).eval()
 
 
@@ -365,7 +368,7 @@ def default_max_context(config: Any) -> int:
     return DEFAULT_MAX_CONTEXT
 
 
-def check_max_context(model: nn.Module, max_context: int) -> None:
+def check_max_context(model: PreTrainedModel, max_context: int) -> None:
     """``max_context`` must be an int in [2, the model's max_position_embeddings]."""
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
@@ -384,7 +387,9 @@ class CachedCausalLM(nn.Module):
     ``layers.{i}.k_cache`` / ``layers.{i}.v_cache`` (``transformers``' ``StaticLayer``s of
     ``max_context`` positions), written in place at ``start_position .. + T - 1``."""
 
-    def __init__(self, model: nn.Module, max_context: int, *, all_logits: bool = False) -> None:
+    def __init__(
+        self, model: PreTrainedModel, max_context: int, *, all_logits: bool = False
+    ) -> None:
         super().__init__()
         from transformers.cache_utils import Cache, StaticCache, StaticLayer
 
@@ -425,7 +430,8 @@ class CachedCausalLM(nn.Module):
             use_cache=True,
             logits_to_keep=0 if self.all_logits else 1,
         )
-        return out.logits
+        logits: torch.Tensor = out.logits
+        return logits
 
 
 def cache_dims(config: Any) -> tuple[int, int, int]:
@@ -469,7 +475,7 @@ def token_args(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def decode_step(
-    prefill: torch.export.ExportedProgram, wrapper: nn.Module
+    prefill: torch.export.ExportedProgram, wrapper: CachedCausalLM
 ) -> torch.export.ExportedProgram:
     """The ``decode`` entry point: the ``prefill`` program specialized to one token
     (:func:`~coreai_torch.frontend.specialize.specialize`), or ``wrapper`` traced for one
@@ -481,7 +487,7 @@ def decode_step(
 
 
 def trace_cached(
-    wrapper: nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any
+    wrapper: CachedCausalLM, args: tuple[torch.Tensor, ...], dynamic_shapes: Any
 ) -> torch.export.ExportedProgram:
     """Export (decomposed) a module that writes the KV cache of its ``cache`` attribute in
     place (:class:`CachedCausalLM` and modules like it), traced non-strict as the module
@@ -493,7 +499,7 @@ def trace_cached(
 
 
 @contextlib.contextmanager
-def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], bool]]:
+def _static_moe(model: PreTrainedModel, restore: bool) -> Iterator[Callable[[str], bool]]:
     """Trace with the model's sparse-MoE blocks replaced by static ones (:func:`rewrite_moe`),
     then put the user's blocks back if ``restore``.  Yields ``experts(strategy)``, which sets
     how the experts run in the entry point traced next: ``"dense"`` for the prefill (a dynamic
@@ -521,7 +527,7 @@ def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], boo
 
 
 @contextlib.contextmanager
-def traceable_attention(model: nn.Module) -> Iterator[None]:
+def traceable_attention(model: PreTrainedModel) -> Iterator[None]:
     """Trace with the model's attention if it is ``sdpa`` or ``eager`` (kernels such as
     flash attention have no export path), then put the user's choice back."""
     config = model.config

@@ -6,16 +6,19 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.llm.export import INPUT_NAMES, OUTPUT_NAME
 from coreai_torch.runtime import Session, numpy_dtype
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -169,7 +172,7 @@ class Generator:
         seed: int | None = None,
         *,
         on_logits: Callable[[np.ndarray], None] | None = None,
-    ) -> AsyncIterator[int]:
+    ) -> AsyncGenerator[int, None]:
         """:meth:`generate` for async code: ``async for token in generator.astream(prompt)``.
 
         The runtime works on its own thread while the caller's event loop keeps running.
@@ -243,7 +246,7 @@ class Generator:
                 )
                 yield decoding.take(self._step_logits(outputs), time.perf_counter() - start)
 
-    async def _aiterate(self, decoding: _Decoding) -> AsyncIterator[int]:
+    async def _aiterate(self, decoding: _Decoding) -> AsyncGenerator[int, None]:
         with self._holding_state() as states:
             self.stats = decoding.stats
             while (step := decoding.next_step()) is not None:
@@ -282,7 +285,8 @@ class Generator:
     @staticmethod
     def _step_logits(outputs: dict[str, np.ndarray]) -> np.ndarray:
         """The next token's logits (``[vocab]``) of one step's outputs."""
-        return outputs[OUTPUT_NAME][0, -1]
+        logits: np.ndarray = outputs[OUTPUT_NAME][0, -1]
+        return logits
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -377,7 +381,8 @@ def sample(
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - np.max(x))
-    return e / e.sum()
+    probabilities: np.ndarray = e / e.sum()
+    return probabilities
 
 
 def _check_sampling(
@@ -415,7 +420,7 @@ def _token_list(prompt: Any, what: str = "prompt") -> list[int]:
     return ids
 
 
-def _torch_tensor_type() -> type:
+def _torch_tensor_type() -> type[torch.Tensor]:
     import torch
 
     return torch.Tensor
@@ -446,8 +451,8 @@ def _check_logits(logits: np.ndarray, step: int, prompt_tokens: int) -> None:
     raise ValueError(
         f"the program's logits {where} (position {prompt_tokens + step - 1}) hold {count} "
         f"{kind} values of {logits.size}: no token can be chosen. A half-precision program "
-        "may overflow: check it with coreai_torch.verify(..., precision=...) or export in "
-        "float32"
+        "may overflow: check it with coreai_torch.verify.verify(model, args, precision='fp16') "
+        "(or 'bf16') or export in float32"
     )
 
 
@@ -483,4 +488,5 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
     """Text of ``ids`` (``transformers`` tokenizers and ``tokenizers.Tokenizer``)."""
-    return tokenizer.decode(list(ids))
+    text: str = tokenizer.decode(list(ids))
+    return text

@@ -202,7 +202,7 @@ def lower_cond(
             _, rebuilt, _ = _build_if(values_map, pred, types, branches, operands, computed)
             for k, value in zip(computed, rebuilt, strict=True):
                 results[k] = value
-    return results  # type: ignore[return-value]
+    return results
 
 
 def _build_if(

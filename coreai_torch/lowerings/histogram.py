@@ -18,6 +18,7 @@ Bin tensors are taken to be increasing, as PyTorch requires.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
 import torch
@@ -171,7 +172,7 @@ def _flat_weight(weight: ir.Value | None) -> ir.Value | None:
     return reshape(weight, [int(np.prod(shape_of(weight), dtype=np.int64))])
 
 
-Bins = int | ir.Value | Sequence[int] | Sequence[ir.Value]
+Bins: TypeAlias = int | ir.Value | Sequence[int] | Sequence[ir.Value]
 
 
 def _histogram(

@@ -176,14 +176,14 @@ def _register(family: str, k: int, op: str, align: bool) -> None:
     @lowering(vec)
     def upsample_vec(cx: LoweringContext, input: ir.Value, **args: object) -> ir.Value:
         align_corners = args.get("align_corners") if align else None
-        scales = _scales(k, args["scale_factors"], ())  # type: ignore[arg-type]
-        return _upsample(cx, family, input, align_corners, scales)  # type: ignore[arg-type]
+        scales = _scales(k, args["scale_factors"], ())
+        return _upsample(cx, family, input, align_corners, scales)
 
     @lowering(default)
     def upsample_default(cx: LoweringContext, self: ir.Value, **args: object) -> ir.Value:
         align_corners = args.get("align_corners") if align else None
         scales = _scales(k, None, [args.get(n) for n in names[k]])
-        return _upsample(cx, family, self, align_corners, scales)  # type: ignore[arg-type]
+        return _upsample(cx, family, self, align_corners, scales)
 
 
 for _k in (1, 2, 3):

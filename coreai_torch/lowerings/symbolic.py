@@ -249,7 +249,7 @@ def sym_float(a: SymOperand) -> ir.Value:
     return cast(sym_scalar(a), torch.float32)
 
 
-@_sym_rule(torch._sym_sqrt)
+@_sym_rule(torch._sym_sqrt)  # type: ignore[attr-defined]  # not in torch's stubs
 def sym_sqrt(a: SymOperand) -> ir.Value:
     return cai.sqrt(cast(sym_scalar(a), torch.float32))
 
