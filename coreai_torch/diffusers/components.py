@@ -192,7 +192,7 @@ class FluxTransformerModule(nn.Module):
     def __init__(self, transformer: nn.Module) -> None:
         super().__init__()
         self.transformer = transformer
-        self.guidance = bool(transformer.config.get("guidance_embeds"))
+        self.guidance = bool(getattr(transformer.config, "guidance_embeds", False))
         self.rotary = HostRotary()
         transformer.pos_embed = self.rotary
 
