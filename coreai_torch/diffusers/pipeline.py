@@ -24,6 +24,8 @@ from .bundle import read_directory
 from .components import GUIDANCE_BATCH, family_of
 from .export import require_diffusers
 from .modules import (
+    RuntimeDenoiser,
+    RuntimeFluxTransformer,
     RuntimeModule,
     RuntimeSD3Transformer,
     RuntimeTextEncoder,
@@ -133,8 +135,6 @@ class CoreAIDiffusionPipeline:
                 f"{path} is already a Core AI diffusion bundle ({COREAI_CONFIG}); load it "
                 "without export=True, or export the original diffusers pipeline directory"
             )
-        if max_sequence_length is None:
-            options["max_sequence_length"] = 256
         owned = tempfile.TemporaryDirectory(prefix="coreai_torch_diffusion_")
         try:
             export_pipeline(path, Path(owned.name) / "bundle", name=path.resolve().name, **options)
@@ -206,7 +206,9 @@ class CoreAIDiffusionPipeline:
         # image= (the initial image) with control_image=
         takes_image = "image" in inspect.signature(type(self.pipe).__call__).parameters
         to_image = image is not None and (not takes_image or "control_image" in kwargs)
-        if not to_image:
+        pipe = self.image_to_image if to_image else self.pipe
+        # image-to-image pipelines with a size (SD3, FLUX, ControlNet) resize the image to it
+        if "height" in inspect.signature(type(pipe).__call__).parameters:
             default = self.resolutions[0]
             height, width = height or default[0], width or default[1]
             if (height, width) not in self.resolutions:
@@ -227,7 +229,6 @@ class CoreAIDiffusionPipeline:
                     f"{length} T5 tokens; call with max_sequence_length={length} or export "
                     f"again with max_sequence_length={given}"
                 )
-        pipe = self.image_to_image if to_image else self.pipe
         if image is not None:
             kwargs["image"] = image
         return pipe(prompt=prompt, negative_prompt=negative_prompt, **kwargs)
@@ -306,13 +307,19 @@ class CoreAIDiffusionPipeline:
                     tuple(component["outputs"]),
                 )
             elif role in ("unet", "transformer"):
-                options = {"residuals": tuple(component["inputs"][3:])} if role == "unet" else {}
-                modules[source] = (RuntimeUNet if role == "unet" else RuntimeSD3Transformer)(
+                runtime: type[RuntimeDenoiser] = RuntimeSD3Transformer
+                options: dict[str, Any] = {}
+                if role == "unet":
+                    runtime, options = RuntimeUNet, {"residuals": tuple(component["inputs"][3:])}
+                elif component["class"] == "FluxTransformer2DModel":
+                    runtime = RuntimeFluxTransformer
+                    options = {"inputs": tuple(component["inputs"])}
+                modules[source] = runtime(
                     asset,
                     self._denoiser_config(config(source)),
                     entrypoints(role),
                     extra=extras,
-                    batch=GUIDANCE_BATCH,
+                    batch=component.get("batch", GUIDANCE_BATCH),
                     verify_hash=verify_hash,
                     **options,
                 )
