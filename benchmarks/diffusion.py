@@ -10,8 +10,9 @@ optimized, saved), while the process's RSS is sampled every 20 ms; the write flo
 to write and fsync the asset's byte count in the same directory (``benchmarks/large.py``).
 Then the asset is loaded on the runtime and one denoising step (batch 2: guidance) is timed
 after a warm-up call.  The same is done for the UNet exported in float32 (this CPU runtime's
-float16 convolutions are slower than its float32 ones, so both steps are reported).  Wall-clock and CPU seconds of this process are both reported (the CPU
-time is the steadier number on a shared machine).
+float16 convolutions are slower than its float32 ones, so both steps are reported).
+Wall-clock and CPU seconds of this process are both reported (the CPU time is the steadier
+number on a shared machine).
 
     python -m benchmarks.diffusion [--dir DIR] [--steps 1] [--keep]
     python -m benchmarks.diffusion --tiny      # the tiny pipelines against diffusers (docs)

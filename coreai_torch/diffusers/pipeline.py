@@ -24,6 +24,7 @@ from .bundle import read_directory
 from .components import GUIDANCE_BATCH, family_of
 from .export import require_diffusers
 from .modules import (
+    RuntimeDenoiser,
     RuntimeFluxTransformer,
     RuntimeModule,
     RuntimeSD3Transformer,
@@ -306,12 +307,13 @@ class CoreAIDiffusionPipeline:
                     tuple(component["outputs"]),
                 )
             elif role in ("unet", "transformer"):
-                runtime: type[RuntimeModule] = RuntimeSD3Transformer
+                runtime: type[RuntimeDenoiser] = RuntimeSD3Transformer
                 options: dict[str, Any] = {}
                 if role == "unet":
                     runtime, options = RuntimeUNet, {"residuals": tuple(component["inputs"][3:])}
                 elif component["class"] == "FluxTransformer2DModel":
-                    runtime, options = RuntimeFluxTransformer, {"inputs": tuple(component["inputs"])}
+                    runtime = RuntimeFluxTransformer
+                    options = {"inputs": tuple(component["inputs"])}
                 modules[source] = runtime(
                     asset,
                     self._denoiser_config(config(source)),

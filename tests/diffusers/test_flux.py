@@ -122,9 +122,7 @@ def test_flux_image_to_image(flux_pipelines: dict[str, Path], exported: Any) -> 
     from diffusers import FluxImg2ImgPipeline
     from PIL import Image
 
-    image = Image.fromarray(
-        np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
-    )
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8))
     ours = generate(exported("flux"), image=image, strength=0.6)
     pipe = FluxImg2ImgPipeline.from_pretrained(flux_pipelines["flux"])
     pipe.set_progress_bar_config(disable=True)
