@@ -192,7 +192,8 @@ class FluxTransformerModule(nn.Module):
     def __init__(self, transformer: nn.Module) -> None:
         super().__init__()
         self.transformer = transformer
-        self.guidance = bool(getattr(transformer.config, "guidance_embeds", False))
+        config: Any = transformer.config
+        self.guidance = bool(config.get("guidance_embeds"))
         self.rotary = HostRotary()
         transformer.pos_embed = self.rotary
 

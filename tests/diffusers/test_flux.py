@@ -20,7 +20,7 @@ pytestmark = pytest.mark.xdist_group("diffusers")
 FP32_PSNR = 60.0
 FP16_PSNR = 35.0
 #: diffusers' call at the exported size and T5 length
-CALL = {k: v for k, v in FLUX_EXPORT.items()}
+CALL = dict(FLUX_EXPORT)
 
 
 def test_rotary_tables_are_diffusers() -> None:
@@ -139,3 +139,12 @@ def test_flux_bad_calls(exported: Any) -> None:
         pipe(PROMPT, num_inference_steps=1, height=64, width=64)
     with pytest.raises(ValueError, match="takes no joint_attention_kwargs"):
         pipe(PROMPT, num_inference_steps=1, joint_attention_kwargs={"scale": 0.5})
+
+
+@pytest.mark.slow
+def test_flux_true_cfg(flux_pipelines: dict[str, Path], exported: Any) -> None:
+    """A negative prompt with true_cfg_scale runs the batch-1 transformer twice per step."""
+    call = {"negative_prompt": "a blurry photograph", "true_cfg_scale": 2.0}
+    ours = generate(exported("flux"), **call)
+    theirs = generate(reference(flux_pipelines["flux"]), **call, **CALL)
+    assert psnr(ours, theirs) >= FP32_PSNR
