@@ -75,7 +75,7 @@ def write_checkpoint(directory: Path, name: str) -> int:
     safetensors, index); returns its tensor bytes.  One tensor is in memory at a time."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**MODELS[name], max_position_embeddings=8192, torch_dtype="bfloat16")
+    config = LlamaConfig(**MODELS[name], max_position_embeddings=8192, dtype="bfloat16")
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     tensors = [(n, tuple(p.shape)) for n, p in model.named_parameters()]  # ties: once

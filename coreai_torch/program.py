@@ -68,7 +68,7 @@ class AIProgram(ca.AIProgram):
         if store is not None:
             store.share_with(self)
 
-    @property  # type: ignore[override]
+    @property
     def _module(self) -> ca.Module:
         """coreai-core's module holder, as coreai-core's own methods and outside tools read it
         (coreai-opt's passes walk ``program._module._mlir_module``): the pending data of the
@@ -197,14 +197,20 @@ class AIProgram(ca.AIProgram):
         return report
 
     def save_asset(
-        self, path: str | os.PathLike[str], metadata: Any = None, **kwargs: Any
+        self,
+        path: str | os.PathLike[str],
+        metadata: Any = None,
+        minimum_os: Any = None,
+        *,
+        streaming: bool | None = None,
     ) -> ca.AIModelAsset:
         """Save the program as a Core AI asset directory ``path`` (``*.aimodel``).
 
         Writes what coreai-core's ``save_asset`` writes (it also accepts ``str`` paths), at
         about disk speed and without a second copy of the weights (:mod:`coreai_torch.ir.saving`);
         refuses to replace a file or a directory that is not a Core AI asset, and turns
-        file-system failures into errors that name the path.
+        file-system failures into errors that name the path.  ``minimum_os`` as coreai-core's
+        (default ``OSVersion.v27``); ``streaming``: see :func:`coreai_torch.ir.saving.save_program`.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
@@ -235,7 +241,8 @@ class AIProgram(ca.AIProgram):
                     metadata=metadata,
                     weights=self.weights,
                     progress=report if listener is not None else None,
-                    **kwargs,
+                    minimum_os=minimum_os,
+                    streaming=streaming,
                 )
         except OSError as error:
             raise type(error)(
@@ -292,7 +299,8 @@ class AIProgram(ca.AIProgram):
     def to_mlir(self, *, weights: bool = False, debug_info: bool = False) -> str:
         """The program as MLIR text; weight blobs are elided unless ``weights=True``."""
         if weights:
-            return self.mlir_module.operation.get_asm(enable_debug_info=debug_info)
+            text: str = self.mlir_module.operation.get_asm(enable_debug_info=debug_info)
+            return text
         module = self.structural_module
         body = "\n".join(
             op.operation.get_asm(enable_debug_info=debug_info) for op in module.body.operations

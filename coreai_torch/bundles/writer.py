@@ -96,7 +96,7 @@ def write_bundle(
             f"tokenizer= writes a language model's tokenizer/; a {manifest.kind} bundle's "
             "tokenizer files go in files= (e.g. files={'tokenizer': clip_tokenizer_dir})"
         )
-    embeds = manifest.kind in LANGUAGE_KINDS and manifest.language.embedded_tokenizer
+    embeds = manifest.kind in LANGUAGE_KINDS and manifest.language_config().embedded_tokenizer
     if embeds and tokenizer is None and TOKENIZER_DIR not in extra_files:
         raise BundleError(
             f"{where}: language.embedded_tokenizer is true but no tokenizer was given: pass "

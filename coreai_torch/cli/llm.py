@@ -64,7 +64,7 @@ def cmd_export(opts: argparse.Namespace) -> int:
     asset = bundle.asset_path("main")
     size = sum(f.stat().st_size for f in asset.rglob("*") if f.is_file())
     states = sorted({s.name for f in function_signatures(program).values() for s in f.states})
-    data = {
+    data: dict[str, Any] = {
         "model": str(opts.model_dir),
         "bundle": str(output),
         "asset": str(asset),

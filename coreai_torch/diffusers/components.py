@@ -14,6 +14,11 @@ Names and IO follow the diffusion bundles the Swift ``CoreAIDiffusionPipeline`` 
   (SDXL also ``text_embeds``, ``time_ids``) -> ``noise_pred``;
 * ``transformer`` (SD3's MMDiT): ``sample``, ``timestep``, ``encoder_hidden_states``,
   ``pooled_projections`` -> ``noise_pred``;
+* ``transformer`` (FLUX.1, batch 1, packed latents): ``hidden_states``,
+  ``encoder_hidden_states``, ``pooled_projections``, ``timestep`` (divided by 1000, as the
+  pipeline passes it), ``guidance`` (guidance-distilled models), ``rotary_emb_cos``,
+  ``rotary_emb_sin`` (the rotary tables, ``[text + image tokens, head dim]``, computed on the
+  host) -> ``output``, as Apple's FLUX.2 exporter names them;
 * ``vae_decoder``: ``z`` [1, C, h, w] (divided by the scaling factor, shifted) -> ``image``
   in [-1, 1]; ``vae_encoder``: ``image`` [1, 3, H, W] in [-1, 1] -> ``latent_params`` (mean
   and log-variance).
@@ -24,12 +29,15 @@ SD3), so a program computes exactly what diffusers feeds its denoiser.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL
 
 #: the denoiser's batch: the unconditional and the conditional prompt (classifier-free guidance)
 GUIDANCE_BATCH = 2
@@ -160,10 +168,88 @@ class SD3TransformerModule(nn.Module):
         )[0]
 
 
+class HostRotary(nn.Module):
+    """Stands in for a FLUX transformer's rotary position embedding (``pos_embed``), which
+    computes its tables in float64 from the position ids on every call: it returns the tables
+    the traced wrapper was given as inputs instead (:func:`rotary_tables` computes them on the
+    host, as diffusers does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.tables is None:
+            raise RuntimeError("the rotary tables are inputs of the exported FLUX transformer")
+        return self.tables
+
+
+class FluxTransformerModule(nn.Module):
+    """``(hidden_states, encoder_hidden_states, pooled_projections, timestep[, guidance],
+    rotary_emb_cos, rotary_emb_sin) -> output``: a ``FluxTransformer2DModel`` whose rotary
+    embedding is given (its ``pos_embed`` is replaced by :class:`HostRotary`)."""
+
+    def __init__(self, transformer: nn.Module) -> None:
+        super().__init__()
+        self.transformer = transformer
+        config: Any = transformer.config
+        self.guidance = bool(config.get("guidance_embeds"))
+        self.rotary = HostRotary()
+        transformer.pos_embed = self.rotary
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        pooled_projections: torch.Tensor,
+        timestep: torch.Tensor,
+        *rest: torch.Tensor,
+    ) -> torch.Tensor:
+        guidance = rest[0] if self.guidance else None
+        self.rotary.tables = (rest[-2], rest[-1])
+        try:
+            return self.transformer(
+                hidden_states=hidden_states,
+                encoder_hidden_states=encoder_hidden_states,
+                pooled_projections=pooled_projections,
+                timestep=timestep,
+                # the ids only feed pos_embed, whose tables are given
+                img_ids=hidden_states.new_zeros(hidden_states.shape[1], 3),
+                txt_ids=hidden_states.new_zeros(encoder_hidden_states.shape[1], 3),
+                guidance=guidance,
+                return_dict=False,
+            )[0]
+        finally:
+            self.rotary.tables = None
+
+
+def rotary_tables(
+    config: Mapping[str, Any], txt_ids: torch.Tensor, img_ids: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(cos, sin)`` rotary tables of a ``FluxTransformer2DModel`` of ``config`` for the
+    text and image position ids, ``[text + image tokens, head dim]`` float32: diffusers' own
+    ``FluxPosEmbed`` (float64 frequencies), run on the host."""
+    from diffusers.models.transformers.transformer_flux import FluxPosEmbed
+
+    ids = torch.cat([txt_ids.reshape(-1, 3), img_ids.reshape(-1, 3)]).float()
+    cos, sin = FluxPosEmbed(theta=10000, axes_dim=list(config["axes_dims_rope"]))(ids)
+    return cos.float(), sin.float()
+
+
+def packed_image_ids(latent_height: int, latent_width: int) -> torch.Tensor:
+    """The position ids of FLUX's packed latents (2x2 patches), as ``FluxPipeline`` makes
+    them: ``[tokens, 3]`` with the patch row and column in the last two columns."""
+    rows, columns = latent_height // 2, latent_width // 2
+    ids = torch.zeros(rows, columns, 3)
+    ids[..., 1] = torch.arange(rows)[:, None]
+    ids[..., 2] = torch.arange(columns)[None, :]
+    return ids.reshape(rows * columns, 3)
+
+
 class VAEDecoderModule(nn.Module):
     """``z -> image``: the latents (divided by the scaling factor, shifted) decoded."""
 
-    def __init__(self, vae: nn.Module) -> None:
+    def __init__(self, vae: AutoencoderKL) -> None:
         super().__init__()
         self.vae = vae
 
@@ -174,7 +260,7 @@ class VAEDecoderModule(nn.Module):
 class VAEEncoderModule(nn.Module):
     """``image -> latent_params``: the mean and log-variance of the latent distribution."""
 
-    def __init__(self, vae: nn.Module) -> None:
+    def __init__(self, vae: AutoencoderKL) -> None:
         super().__init__()
         self.vae = vae
 
@@ -275,6 +361,21 @@ def _sd3_example(s: Shapes) -> tuple[torch.Tensor, ...]:
     )
 
 
+def _flux_example(s: Shapes) -> tuple[torch.Tensor, ...]:
+    config = s.configs["transformer"]
+    text = s.extras["text_length"]
+    image_ids = packed_image_ids(s.latent_height, s.latent_width)
+    args = [
+        torch.randn(1, image_ids.shape[0], config["in_channels"]),
+        torch.randn(1, text, config["joint_attention_dim"]),
+        torch.randn(1, config["pooled_projection_dim"]),
+        torch.full((1,), 0.999),
+    ]
+    if config.get("guidance_embeds"):
+        args.append(torch.full((1,), 3.5))
+    return (*args, *rotary_tables(config, torch.zeros(text, 3), image_ids))
+
+
 def _decoder_example(s: Shapes) -> tuple[torch.Tensor, ...]:
     channels = s.configs["vae"]["latent_channels"]
     return (torch.randn(1, channels, s.latent_height, s.latent_width),)
@@ -336,6 +437,17 @@ class Family:
     #: diffusers' default steps and guidance for the bundle
     default_steps: int = 50
     default_guidance_scale: float = 7.5
+    #: the denoiser's batch: 2 for classifier-free guidance, 1 for guidance-distilled models
+    denoiser_batch: int = GUIDANCE_BATCH
+    #: latents packed into tokens of ``packing x packing`` patches by the pipeline (FLUX: 2)
+    packing: int = 1
+    #: the denoiser's latent size when its configuration has no ``sample_size``
+    default_sample_size: int = 64
+    #: the T5 encoder's source and its default token count (``max_sequence_length``)
+    t5_source: str = "text_encoder_3"
+    max_sequence_length: int = 256
+    #: the denoiser's text tokens: the CLIP ones, the CLIP then T5 ones, or the T5 ones
+    text_tokens: str = "clip"
 
 
 STABLE_DIFFUSION = Family(
@@ -414,6 +526,7 @@ STABLE_DIFFUSION_3 = Family(
     ),
     default_steps=28,
     default_guidance_scale=7.0,
+    text_tokens="clip+t5",
 )
 
 
@@ -461,7 +574,53 @@ STABLE_DIFFUSION_CONTROLNET = Family(
     ),
 )
 
-FAMILIES = (STABLE_DIFFUSION, STABLE_DIFFUSION_XL, STABLE_DIFFUSION_3, STABLE_DIFFUSION_CONTROLNET)
+#: FLUX.1 (guidance-distilled or not): no bundle type of the Swift pipeline covers it
+FLUX = Family(
+    "flux",
+    ("FluxPipeline", "FluxImg2ImgPipeline"),
+    "FluxImg2ImgPipeline",
+    "transformer",
+    (
+        text_encoder("text_encoder", "text_encoder", "TextEncoder", ("pooled_outputs",)),
+        text_encoder("text_encoder_2", "text_encoder_2", "TextEncoder2", ("last_hidden_state",)),
+        Component(
+            "transformer",
+            "transformer",
+            "Transformer",
+            (
+                "hidden_states",
+                "encoder_hidden_states",
+                "pooled_projections",
+                "timestep",
+                "guidance",
+                "rotary_emb_cos",
+                "rotary_emb_sin",
+            ),
+            ("output",),
+            FluxTransformerModule,
+            _flux_example,
+            per_resolution=True,
+        ),
+        VAE_DECODER,
+        VAE_ENCODER,
+    ),
+    default_steps=28,
+    default_guidance_scale=3.5,
+    denoiser_batch=1,
+    packing=2,
+    default_sample_size=128,
+    t5_source="text_encoder_2",
+    max_sequence_length=512,
+    text_tokens="t5",
+)
+
+FAMILIES = (
+    STABLE_DIFFUSION,
+    STABLE_DIFFUSION_XL,
+    STABLE_DIFFUSION_3,
+    STABLE_DIFFUSION_CONTROLNET,
+    FLUX,
+)
 
 
 def component_io(component: Component, configs: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
@@ -472,6 +631,8 @@ def component_io(component: Component, configs: dict[str, Any]) -> tuple[tuple[s
         inputs = (*inputs, *residual_names(configs[component.source]))
     if component.residuals == "outputs":
         outputs = residual_names(configs[component.source])
+    if "guidance" in inputs and not configs[component.source].get("guidance_embeds"):
+        inputs = tuple(name for name in inputs if name != "guidance")
     return inputs, outputs
 
 

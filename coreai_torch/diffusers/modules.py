@@ -10,15 +10,19 @@ one number per sample) raises a ``ValueError`` naming what to do instead.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from coreai_torch.runtime import Session
+
+if TYPE_CHECKING:
+    from diffusers import ControlNetModel
 
 
 class RuntimeModule(nn.Module):
@@ -126,8 +130,10 @@ def batched(
 # --------------------------------------------------------------------------- text encoders --
 
 
-class _HiddenStates(tuple):
+class _HiddenStates(tuple[Any, ...]):
     """The ``hidden_states`` of a text encoder's output: only the exported layer is there."""
+
+    known: dict[int, torch.Tensor]
 
     def __new__(cls, layers: int, known: Mapping[int, torch.Tensor]) -> _HiddenStates:
         self = super().__new__(cls, [None] * layers)
@@ -174,7 +180,7 @@ class RuntimeTextEncoder(RuntimeModule):
             hidden[layers - 1] = last
         pooled = out.get("pooled_outputs")
         states = _HiddenStates(layers, hidden) if output_hidden_states else None
-        token_level = last if last is not None else out["hidden_embeds"]
+        token_level = last if last is not None else out.get("hidden_embeds")
         if self.projection:  # CLIPTextModelWithProjection: (text_embeds, last_hidden_state, ...)
             items: tuple = (pooled, token_level, states)
             return EncoderOutput(
@@ -305,7 +311,7 @@ class RuntimeUNet(RuntimeDenoiser):
 
 def runtime_controlnet(
     runner: RuntimeModule, extra: Mapping[str, Any], batch: int, outputs: tuple[str, ...]
-) -> nn.Module:
+) -> ControlNetModel:
     """A ``ControlNetModel`` (the pipelines check the class) whose forward runs the exported
     ControlNet: ``(sample, timestep, encoder_hidden_states, controlnet_cond,
     conditioning_scale) -> (down-block residuals, mid-block residual)``."""
@@ -332,7 +338,7 @@ def runtime_controlnet(
         def close(self) -> None:
             runner.close()
 
-        def forward(  # type: ignore[override]
+        def forward(
             self,
             sample: torch.Tensor,
             timestep: Any,
@@ -401,6 +407,64 @@ class RuntimeSD3Transformer(RuntimeDenoiser):
                 "pooled_projections": pooled_projections.float(),
             },
         )["noise_pred"]
+        return _output(noise, return_dict)
+
+
+class RuntimeFluxTransformer(RuntimeDenoiser):
+    """``FluxTransformer2DModel.forward`` on the exported transformer: the rotary tables are
+    computed on the host from the position ids the pipeline passes (diffusers' own
+    ``FluxPosEmbed``), the entry point chosen by the image ids' grid."""
+
+    def __init__(self, *args: Any, extra: Mapping[str, Any], inputs: tuple[str, ...], **kw: Any):
+        super().__init__(*args, extra=extra, **kw)
+        self.inputs = inputs
+
+    def cache_context(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """diffusers' caching hooks: nothing is cached here."""
+        return contextlib.nullcontext()
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        pooled_projections: torch.Tensor | None = None,
+        timestep: Any = None,
+        img_ids: torch.Tensor | None = None,
+        txt_ids: torch.Tensor | None = None,
+        guidance: torch.Tensor | None = None,
+        joint_attention_kwargs: Any = None,
+        return_dict: bool = True,
+        **unsupported: Any,
+    ) -> Any:
+        from .components import rotary_tables
+
+        _refuse({k: v for k, v in unsupported.items() if v is not None}, "FLUX transformer")
+        if joint_attention_kwargs:
+            raise ValueError(
+                "the exported FLUX transformer takes no joint_attention_kwargs (LoRA scales and "
+                "IP-Adapter embeddings are fixed at export)"
+            )
+        assert encoder_hidden_states is not None and pooled_projections is not None
+        assert img_ids is not None and txt_ids is not None
+        image_ids = img_ids.reshape(-1, 3)
+        packing = 2 * self.vae_scale_factor
+        height = (int(image_ids[:, 1].max()) + 1) * packing
+        width = (int(image_ids[:, 2].max()) + 1) * packing
+        entry = self.entrypoint_for(height, width, "FLUX transformer")
+        cos, sin = rotary_tables(self.config, txt_ids, image_ids)
+        batch = hidden_states.shape[0]
+        inputs = {
+            "hidden_states": hidden_states.float(),
+            "encoder_hidden_states": encoder_hidden_states.float(),
+            "pooled_projections": pooled_projections.float(),
+            "timestep": check_timestep(timestep, batch),
+        }
+        if "guidance" in self.inputs:
+            if guidance is None:
+                raise ValueError("the exported FLUX transformer takes a guidance value")
+            inputs["guidance"] = torch.as_tensor(guidance, dtype=torch.float32).expand(batch)
+        shared = {"rotary_emb_cos": cos, "rotary_emb_sin": sin}
+        noise = batched(self, entry, self.batch, inputs, shared)["output"]
         return _output(noise, return_dict)
 
 

@@ -281,13 +281,13 @@ class InputSizes:
             if value is None or value > 0:
                 continue
             ordered = sorted(use.expr.free_symbols, key=str)
-            fed = ", ".join(f"{origin[s].describe()} = {symbols[s]}" for s in ordered)
+            fed_sizes = ", ".join(f"{origin[s].describe()} = {symbols[s]}" for s in ordered)
             legend = ", ".join(f"{s} being {origin[s].describe()}" for s in ordered)
             shape = tuple(
                 d if isinstance(d, int) else self._evaluate(d, symbols) for d in use.shape
             )
             raise ValueError(
-                f"'{entrypoint}': with {fed}, {use.where} would have zero elements (shape "
+                f"'{entrypoint}': with {fed_sizes}, {use.where} would have zero elements (shape "
                 f"{shape}); the Core AI runtime aborts the process when an op consumes an empty "
                 "tensor, so the program was not run. Feed values that keep its size "
                 f"{use.expr} at least 1 ({legend}), or reject such values in the model with "

@@ -20,12 +20,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
 import torch.nn as nn
-from transformers import GenerationMixin
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from coreai_torch.bundles import is_bundle_dir
@@ -318,15 +318,14 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
     @classmethod
     def _export_model(
         cls,
-        model: nn.Module | None,
-        path: Path | None,
+        source: PreTrainedModel | Path,
         *,
         max_context: int | None,
         precision: Any,
         compress: Any,
         calibration: Any = None,
         target_bpw: float | None = None,
-    ) -> CoreAIModelForCausalLM:
+    ) -> Self:
         from coreai_torch.llm.export import (
             calibration_input,
             default_max_context,
@@ -335,10 +334,10 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
 
         # bad options fail before loading
         describe = describe_options(precision, compress, target_bpw, calibration)
-        checked_config(model if model is not None else path, CAUSAL_LM_TYPES, cls.__name__)
+        checked_config(source, CAUSAL_LM_TYPES, cls.__name__)
         # a directory's weights stay in its checkpoint until the asset is written
-        restore = model is not None
-        model = load_causal_lm(model if model is not None else path)
+        restore = not isinstance(source, Path)
+        model = load_causal_lm(source)
         if max_context is None:
             max_context = default_max_context(model.config)
         program = export_causal_lm(
@@ -347,11 +346,11 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             precision,
             compress,
             restore=restore,
-            calibration=calibration_input(model, path or model, calibration),
+            calibration=calibration_input(model, source, calibration),
             target_bpw=target_bpw,
         )
         meta = {"max_context": max_context, **describe, **compression_meta(program)}
-        return cls._from_programs(model, {"model": program}, meta, path)
+        return cls._from_programs(model, {"model": program}, meta, source)
 
     # -- bundles ------------------------------------------------------------------------------
 
@@ -382,7 +381,9 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
                 "coreai_torch.bundles.StaticShapeEngine, or export with engine='dynamic')"
             )
         language = bundle.language
-        saved = read_coreai_config(path, assets=False) if (path / COREAI_CONFIG).is_file() else {}
+        saved = (
+            read_coreai_config(path, check_assets=False) if (path / COREAI_CONFIG).is_file() else {}
+        )
         if saved.get("format_version", 0) > FORMAT_VERSION:
             raise ValueError(
                 f"{path} was written by a newer coreai-torch (format {saved['format_version']}, "
@@ -416,7 +417,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             verify_hash=verify_hash,
         )
 
-    def save_pretrained(  # type: ignore[override]
+    def save_pretrained(
         self,
         save_directory: str | os.PathLike[str],
         *,

@@ -86,7 +86,7 @@ class StateLayer:
 def _state_cache_class() -> type:
     from transformers.cache_utils import Cache, StaticCache
 
-    class StateCache(StaticCache):
+    class StateCache(StaticCache):  # type: ignore[misc]  # transformers is read as untyped
         """A ``transformers`` cache over the two states of ``main`` for one call: layer ``i``
         reads rows ``0 .. offset-1`` of ``key_cache[i]`` / ``value_cache[i]`` and returns them
         with the new tokens' keys and values (``length`` = ``P`` rows).  A ``StaticCache`` for
@@ -156,7 +156,8 @@ class Decoder(nn.Module):
             value_cache[:, :, :, offset:total] = torch.stack(cache.new_values).to(value_cache.dtype)
         finally:
             cache.bind(None, None, 0, 0)
-        return out.logits.to(torch.float16)
+        logits: torch.Tensor = out.logits.to(torch.float16)
+        return logits
 
 
 def example_inputs(

@@ -112,9 +112,10 @@ def _load_reference(reference: Any) -> nn.Module:
 
     if not (path / "config.json").is_file():
         load_causal_lm(path)  # the same error as llm.export
-    return AutoModelForCausalLM.from_pretrained(
-        path, local_files_only=True, torch_dtype=torch.float32
+    model: nn.Module = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=torch.float32
     ).eval()
+    return model
 
 
 def tokenizer_for(model: Any, tokenizer: Any = None) -> Any:
@@ -236,7 +237,7 @@ def cosine(
     torch_model = (
         reference.eval()
         if isinstance(reference, nn.Module)
-        else AutoModel.from_pretrained(reference, local_files_only=True, torch_dtype=torch.float32)
+        else AutoModel.from_pretrained(reference, local_files_only=True, dtype=torch.float32)
     )
     limit = int(coreai.coreai_config.get("max_length") or 512)
     values: list[float] = []

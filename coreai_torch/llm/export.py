@@ -45,8 +45,6 @@ from coreai_torch.composite_ops.moe import GatedExperts
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.ir import lazy
-from coreai_torch.ir.lazy import WeightSource
 from coreai_torch.llm import decoder as main_function
 from coreai_torch.llm.calibration import (
     Calibrationdata,
@@ -56,6 +54,8 @@ from coreai_torch.llm.calibration import (
 )
 from coreai_torch.precision import Precision, from_spec
 from coreai_torch.rewrites.moe import SparseMoE, rewrite_moe
+from coreai_torch.tensors import lazy
+from coreai_torch.tensors.lazy import WeightSource
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -432,26 +432,22 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> PreTrain
     if isinstance(model_or_dir, nn.Module):
         name = type(model_or_dir).__name__
         check_architecture(getattr(model_or_dir, "config", None), name)
-        if model_or_dir.get_output_embeddings() is None:
+        model: PreTrainedModel = model_or_dir  # a transformers model, as checked
+        if model.get_output_embeddings() is None:
             raise UnsupportedModelError(
                 f"{name} has no language-model head; llm.export needs a causal LM "
                 "(AutoModelForCausalLM, e.g. LlamaForCausalLM rather than LlamaModel)"
             )
-        return model_or_dir.eval()
+        return model.eval()
     if not isinstance(model_or_dir, (str, os.PathLike)):
         raise TypeError(
             "llm.export expects a transformers causal LM or the path of a directory written by "
             f"save_pretrained, got {type(model_or_dir).__name__}"
         )
     path = Path(model_or_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{path}: not a model directory (no config.json); llm.export loads local "
-            "directories written by save_pretrained and never downloads models"
-        )
-    from transformers import AutoConfig, AutoModelForCausalLM
+    config = load_config(path)
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
     check_architecture(config, str(path))
     saved = getattr(config, "architectures", None) or []
     if saved and not any(a.endswith("ForCausalLM") for a in saved):
@@ -462,8 +458,21 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> PreTrain
     # the weights stay in the checkpoint: read one at a time while the asset is written
     source = WeightSource(path)
     with lazy.empty_parameters():  # in float32, as from_pretrained loads it
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return source.bind(model).eval()
+
+
+def load_config(model_dir: str | os.PathLike[str]) -> Any:
+    """The Hugging Face config of a local model directory (never downloaded)."""
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: not a model directory (no config.json); llm.export loads local "
+            "directories written by save_pretrained and never downloads models"
+        )
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, local_files_only=True)
 
 
 def check_architecture(config: Any, what: str) -> None:
@@ -508,7 +517,7 @@ def check_max_context(model: PreTrainedModel, max_context: int) -> None:
 
 
 @contextlib.contextmanager
-def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], bool]]:
+def _static_moe(model: PreTrainedModel, restore: bool) -> Iterator[Callable[[str], bool]]:
     """Trace with the model's sparse-MoE blocks replaced by static ones (:func:`rewrite_moe`),
     then put the user's blocks back if ``restore``.  Yields ``experts(strategy)``, which sets
     how the experts run in the entry point traced next: ``"dense"`` for the prefill (a dynamic

@@ -8,16 +8,19 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.llm.decoder import FUNCTION_NAME
-from coreai_torch.runtime import Session, numpy_dtype
+from coreai_torch.runtime import Session, numpy_dtype, to_ndarray, to_numpy
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -222,7 +225,7 @@ class Generator:
         seed: int | None = None,
         *,
         on_logits: Callable[[np.ndarray], None] | None = None,
-    ) -> AsyncIterator[int]:
+    ) -> AsyncGenerator[int, None]:
         """:meth:`generate` for async code: ``async for token in generator.astream(prompt)``.
 
         The runtime works on its own thread while the caller's event loop keeps running.
@@ -302,7 +305,7 @@ class Generator:
                 )
                 yield decoding.take(self._step_logits(outputs), time.perf_counter() - start)
 
-    async def _aiterate(self, decoding: _Decoding) -> AsyncIterator[int]:
+    async def _aiterate(self, decoding: _Decoding) -> AsyncGenerator[int, None]:
         with self._holding_state(decoding) as states:
             self.stats = decoding.stats
             while (step := decoding.next_step()) is not None:
@@ -347,7 +350,8 @@ class Generator:
     def _step_logits(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
         """The next token's logits (``[vocab]``, float32) of one step's outputs (the last row
         of the float16 logits)."""
-        return outputs[self._function.outputs[0].name][0, -1].astype(np.float32)
+        logits: np.ndarray = outputs[self._function.outputs[0].name][0, -1].astype(np.float32)
+        return logits
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -421,10 +425,8 @@ def new_states(function: Any, positions: int) -> dict[str, Any]:
     """Zeroed runtime buffers for the states of ``function`` (a
     :class:`~coreai_torch.bundles.FunctionSignature` of ``main``) with room for ``positions``
     positions (their dimension of run-time size)."""
-    from coreai.runtime import NDArray
-
     return {
-        state.name: NDArray(
+        state.name: to_ndarray(
             np.zeros([positions if d is None else d for d in state.shape], numpy_dtype(state.dtype))
         )
         for state in function.states
@@ -435,10 +437,6 @@ def ensure_room(states: dict[str, Any], function: Any, positions: int) -> None:
     """Grow ``states`` (``name -> NDArray``, replaced in the dict) to hold ``positions``
     positions if they hold fewer: as the app does, the capacity doubles and the rows held are
     copied."""
-    from coreai.runtime import NDArray
-
-    from coreai_torch.runtime import to_numpy
-
     for state in function.states:
         for dim in state.dynamic_dims:  # the sequence dim (second-to-last) of a KV cache
             old = to_numpy(states[state.name])
@@ -452,7 +450,7 @@ def ensure_room(states: dict[str, Any], function: Any, positions: int) -> None:
             shape[dim] = capacity
             grown = np.zeros(shape, old.dtype)
             grown[(slice(None),) * dim + (slice(0, held),)] = old
-            states[state.name] = NDArray(grown)
+            states[state.name] = to_ndarray(grown)
 
 
 # -------------------------------------------------------------------------------- helpers ---
@@ -482,7 +480,8 @@ def sample(
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - np.max(x))
-    return e / e.sum()
+    probabilities: np.ndarray = e / e.sum()
+    return probabilities
 
 
 def _check_sampling(
@@ -520,7 +519,7 @@ def _token_list(prompt: Any, what: str = "prompt") -> list[int]:
     return ids
 
 
-def _torch_tensor_type() -> type:
+def _torch_tensor_type() -> type[torch.Tensor]:
     import torch
 
     return torch.Tensor
@@ -551,8 +550,8 @@ def _check_logits(logits: np.ndarray, step: int, prompt_tokens: int) -> None:
     raise ValueError(
         f"the program's logits {where} (position {prompt_tokens + step - 1}) hold {count} "
         f"{kind} values of {logits.size}: no token can be chosen. A half-precision program "
-        "may overflow: check it with coreai_torch.verify(..., precision=...) or export in "
-        "float32"
+        "may overflow: check it with coreai_torch.verify.verify(model, args, precision='fp16') "
+        "(or 'bf16') or export in float32"
     )
 
 
@@ -594,4 +593,5 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
     """Text of ``ids`` (``transformers`` tokenizers and ``tokenizers.Tokenizer``)."""
-    return tokenizer.decode(list(ids))
+    text: str = tokenizer.decode(list(ids))
+    return text

@@ -77,7 +77,8 @@ class CachedCausalLM(nn.Module):
             use_cache=True,
             logits_to_keep=0 if self.all_logits else 1,
         )
-        return out.logits
+        logits: torch.Tensor = out.logits
+        return logits
 
 
 class _CacheBuffers(nn.Module):

@@ -183,7 +183,8 @@ class StaticDecoder(nn.Module):
                 states.index_copy_(SEQUENCE_DIM, positions, torch.stack(new).to(states.dtype))
         finally:
             cache.bind(None, None, 0, 0)
-        return out.logits.to(torch.float16)
+        logits: torch.Tensor = out.logits.to(torch.float16)
+        return logits
 
 
 def stage(

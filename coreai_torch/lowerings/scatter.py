@@ -26,6 +26,7 @@ from coreai_torch.ir.values import (
     dtype_of,
     i32,
     is_symbolic,
+    known_sizes,
     normalize_dim,
     rank_of,
     refine,
@@ -34,6 +35,8 @@ from coreai_torch.ir.values import (
     shape_of,
     shape_vector,
     size_product,
+    static_shape_of,
+    static_sizes,
     transpose,
     unsqueeze,
 )
@@ -173,16 +176,16 @@ def reduce_into(
 ) -> ir.Value:
     """``scatter_reduce`` semantics (sum/prod/mean/amax/amin, with or without ``x``)."""
     dtype = dtype_of(x)
-    ishape = shape_of(idx)
     base = x
     if not include_self:  # scattered positions start from the reduction's identity
-        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), ishape)
+        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), static_shape_of(idx))
         base = scatter_along(x, axis, idx, fill)
     if reduce != "mean":
         return scatter_along(base, axis, idx, updates, _REDUCE_MODES[reduce])
     total = scatter_along(base, axis, idx, updates, "add")
     count_dtype = dtype if dtype.is_floating_point else torch.int32
-    ones = broadcast_to(constant(1, count_dtype), shape_of(x))
+    ishape = static_shape_of(idx)
+    ones = broadcast_to(constant(1, count_dtype), static_shape_of(x))
     if not include_self:
         ones = scatter_along(ones, axis, idx, broadcast_to(constant(0, count_dtype), ishape))
     counts = scatter_along(ones, axis, idx, broadcast_to(constant(1, count_dtype), ishape), "add")
@@ -252,14 +255,14 @@ def _mask_put(
     v = cast(values, dtype)
     if len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
         v = reshape(v, vshape[len(vshape) - len(rest) :] if len(vshape) > len(rest) else vshape)
-        v = reshape(v, [1] * (len(shape) - rank_of(v)) + shape_of(v))
+        v = reshape(v, [1] * (len(shape) - rank_of(v)) + static_shape_of(v))
         new = broadcast_dynamic(v, _sizes(self), shape)
     elif None in shape:
         raise cx.unsupported(
             "x[mask] = values with one row per masked position, where x has dynamic dimensions"
         )
     elif pos == 0 and mrank == len(shape) - len(rest):
-        new = masked_values(mask, broadcast_to(v, [vshape[0], *rest]), shape)
+        new = masked_values(mask, broadcast_to(v, [vshape[0], *static_sizes(rest)]), shape)
     else:
         raise cx.unsupported("x[..., mask] = values with one row per masked position")
     if accumulate:
@@ -278,16 +281,18 @@ def masked_values(mask: ir.Value, source: ir.Value, shape: Sequence[int | None])
         cai.broadcasting_sub(running, constant(1, torch.int32)), constant(0, torch.int32)
     )
     picked = cai.gather_nd(_flatten(source), unsqueeze(position, [1]))
-    if None in shape:
+    sizes = known_sizes(shape)
+    if sizes is None:
         return refine(cai.reshape(picked, cai.get_shape(mask)), shape)
-    return reshape(picked, list(shape))
+    return reshape(picked, sizes)
 
 
 def _flatten(value: ir.Value) -> ir.Value:
     """``value`` as a 1-D tensor (its length dynamic when a dim is)."""
-    if None in shape_of(value):
+    sizes = known_sizes(shape_of(value))
+    if sizes is None:
         return cai.reshape(value, i32([-1]))
-    return reshape(value, [int(np.prod(shape_of(value)))])
+    return reshape(value, [int(np.prod(sizes))])
 
 
 @lowering("aten::index_put.default", "aten::_unsafe_index_put.default")
@@ -390,10 +395,11 @@ def slice_scatter(
         begin = slice_bound(start, size, 0)
         stop = slice_bound(end, size, size)
         return update_region(self, d, begin, stop, step, cast(src, dtype_of(self)))
-    lo, hi, stride = slice(start, end, step).indices(shape[d])
-    starts, ends, strides = [0] * rank, list(shape), [1] * rank
+    sizes = static_sizes(shape)
+    lo, hi, stride = slice(start, end, step).indices(sizes[d])
+    starts, ends, strides = [0] * rank, list(sizes), [1] * rank
     starts[d], ends[d], strides[d] = lo, max(hi, lo), stride
-    update = broadcast_to(cast(src, dtype_of(self)), _slice_shape(shape, d, lo, hi, stride))
+    update = broadcast_to(cast(src, dtype_of(self)), _slice_shape(sizes, d, lo, hi, stride))
     if shape_of(update) == shape:
         return update
     return cai.slice_update(self, i32(starts), i32(ends), i32(strides), update)
@@ -437,10 +443,11 @@ def select_scatter(
         if isinstance(begin, int):
             return update_region(self, d, begin, begin + 1, 1, update)
         return update_region(self, d, begin, cai.add(begin, bound_vector(1)), 1, update)
-    i = index % shape[d]
-    starts, ends = [0] * rank, list(shape)
+    sizes = static_sizes(shape)
+    i = index % sizes[d]
+    starts, ends = [0] * rank, list(sizes)
     starts[d], ends[d] = i, i + 1
-    update = broadcast_to(update, _slice_shape(shape, d, i, i + 1, 1))
+    update = broadcast_to(update, _slice_shape(sizes, d, i, i + 1, 1))
     return cai.slice_update(self, i32(starts), i32(ends), i32([1] * rank), update)
 
 
@@ -474,13 +481,14 @@ def masked_scatter(
 ) -> ir.Value:
     """Masked positions take consecutive elements of ``source`` (row-major order)."""
     shape = list(cx.out_shape)
-    if None in shape:  # broadcast on the runtime to the shape self and mask broadcast to
+    sizes = known_sizes(shape)
+    if sizes is None:  # broadcast on the runtime to the shape self and mask broadcast to
         target = cai.broadcast_shapes(cai.get_shape(self), cai.get_shape(mask))
         m = refine(cai.broadcast_to(cast(mask, torch.bool), target), shape)
         self = refine(cai.broadcast_to(self, target), shape)
     else:
-        m = broadcast_to(cast(mask, torch.bool), shape)
-        self = broadcast_to(self, shape)
+        m = broadcast_to(cast(mask, torch.bool), sizes)
+        self = broadcast_to(self, sizes)
     picked = masked_values(m, cast(source, dtype_of(self)), shape)
     return cai.broadcasting_where(m, picked, self)
 
@@ -511,7 +519,7 @@ def as_strided_scatter(
     ``src`` (written through a constant index table)."""
     shape = static_shape(cx, self)
     try:
-        table = strided_table(cx.node.args[0].meta["val"], size, stride, storage_offset)
+        table = strided_table(cx.input_example(0), size, stride, storage_offset)
     except ValueError as error:
         raise cx.unsupported(f"as_strided_scatter: {error}") from None
     total = int(np.prod(shape))

@@ -19,6 +19,7 @@ from coreai_torch.ir.values import (
     i32,
     index_value,
     is_symbolic,
+    known_sizes,
     normalize_dim,
     rank_of,
     refine,
@@ -27,6 +28,7 @@ from coreai_torch.ir.values import (
     shape_of,
     slice_dynamic,
     squeeze,
+    static_shape_of,
     transpose,
     unsqueeze,
 )
@@ -186,9 +188,10 @@ def slice_(
     d = normalize_dim(dim, len(shape))
     if step <= 0:
         raise cx.unsupported(f"slice step must be positive, got {step}")
-    if None in shape or is_symbolic([start, end]):
+    sizes = known_sizes(shape)
+    if sizes is None or is_symbolic([start, end]):
         return refine(slice_dynamic(self, d, start, end, step), cx.out_shape)
-    lo, hi, stride = slice(start, end, step).indices(shape[d])
+    lo, hi, stride = slice(start, end, step).indices(sizes[d])
     return slice_axis(self, d, lo, max(hi, lo), stride)
 
 
@@ -204,9 +207,10 @@ def narrow(cx: LoweringContext, self: ir.Value, dim: int, start: int, length: in
 def select(cx: LoweringContext, self: ir.Value, dim: int, index: Size) -> ir.Value:
     shape = shape_of(self)
     d = normalize_dim(dim, len(shape))
-    if None in shape or isinstance(index, ir.Value):
+    sizes = known_sizes(shape)
+    if sizes is None or isinstance(index, ir.Value):
         return select_dynamic(self, d, index, cx.out_shape)
-    i = index % shape[d]
+    i = index % sizes[d]
     return squeeze(slice_axis(self, d, i, i + 1), [d])
 
 
@@ -244,9 +248,12 @@ def _split_dynamic(cx: LoweringContext, x: ir.Value, d: int, args: dict) -> list
         last = k == len(cx.out) - 1
         size = val.shape[d]
         if not isinstance(size, int):
-            if not isinstance(sizes, (list, tuple)) and not last:
+            if last:
+                size = None
+            elif isinstance(sizes, (list, tuple)):
+                size = sizes[k]
+            else:
                 raise cx.unsupported("splitting a dynamic dimension into equal chunks")
-            size = None if last else sizes[k]
         if size == 0:
             results.append(None)
             continue
@@ -300,7 +307,7 @@ def flip(cx: LoweringContext, self: ir.Value, dims: Sequence[int]) -> ir.Value:
 
 
 def _roll_axis(x: ir.Value, shift: int, axis: int) -> ir.Value:
-    size = shape_of(x)[axis]
+    size = static_shape_of(x)[axis]
     shift %= size
     if shift == 0:
         return x
@@ -399,7 +406,7 @@ def as_strided(
     """A strided view of the input's storage, gathered through a constant index table."""
     total = int(np.prod(static_shape(cx, self), dtype=np.int64))
     try:
-        table = strided_table(cx.node.args[0].meta["val"], size, stride, storage_offset)
+        table = strided_table(cx.input_example(0), size, stride, storage_offset)
     except ValueError as error:
         raise cx.unsupported(f"as_strided: {error}") from None
     flat = reshape(self, [total])

@@ -6,7 +6,7 @@ found across token boundaries, never half a UTF-8 character)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from coreai_torch.llm.generate import Generator, encode
@@ -127,7 +127,7 @@ class Engine:
 
     # -- generating ---------------------------------------------------------------------------
 
-    async def stream(self, generation: Generation) -> AsyncIterator[str]:
+    async def stream(self, generation: Generation) -> AsyncGenerator[str, None]:
         """The text of ``generation`` as it is produced, once a slot is free (raises
         :class:`~coreai_torch.serve.queue.QueueFull` at once if the queue is full).  Closing
         the iterator early (a client that disconnects) stops the generation and frees its

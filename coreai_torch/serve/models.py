@@ -57,13 +57,10 @@ def load_generator(
             "(coreai-torch llm export MODEL_DIR -o BUNDLE_DIR)"
         )
     elif (path / "config.json").is_file():
-        from transformers import AutoConfig
-
-        from coreai_torch.llm.export import default_max_context, export
+        from coreai_torch.llm.export import default_max_context, export, load_config
 
         if max_context is None:
-            config = AutoConfig.from_pretrained(path, local_files_only=True)
-            max_context = default_max_context(config)
+            max_context = default_max_context(load_config(path))
         asset = export(path, **exporting | {"max_context": max_context})
         found_tokenizer, context = _tokenizer_dir(path), max_context
         exporting = {}

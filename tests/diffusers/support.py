@@ -221,6 +221,44 @@ def sd3_pipeline(directory: Path, t5: bool = False) -> Path:
     return out
 
 
+#: the tiny FLUX pipelines are exported (and compared) at 32x32 with 16 T5 tokens
+FLUX_EXPORT: dict[str, Any] = {"height": 32, "width": 32, "max_sequence_length": 16}
+
+
+def flux_pipeline(directory: Path, guidance_embeds: bool = True) -> Path:
+    """A FLUX.1-shaped pipeline (a double- and a single-stream transformer block with rotary
+    embeddings, CLIP for the pooled prompt, T5 for the tokens, a 16-channel-packed VAE),
+    random weights; 32x32 images (16x16 latents, 8x8 packed tokens)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=64,
+        pooled_projection_dim=32,
+        guidance_embeds=guidance_embeds,
+        axes_dims_rope=(4, 6, 6),
+    ).eval()
+    pipe = FluxPipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=tiny_vae(shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False),
+        text_encoder=CLIPTextModel(clip_text_config()).eval(),
+        tokenizer=clip_tokenizer(directory / "_tokenizer"),
+        text_encoder_2=_t5_encoder(),
+        tokenizer_2=t5_tokenizer(directory / "_t5"),
+    )
+    out = directory / ("flux" if guidance_embeds else "flux_schnell")
+    pipe.save_pretrained(out)
+    return out
+
+
 def _t5_encoder() -> Any:
     from transformers import T5Config, T5EncoderModel
 

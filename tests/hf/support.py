@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from coreai_torch.ir import lazy
-from coreai_torch.ir.lazy import WeightSource
+from coreai_torch.tensors import lazy
+from coreai_torch.tensors.lazy import WeightSource
 
 
 @contextlib.contextmanager

@@ -10,18 +10,24 @@ tensor before anything is traced.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import struct
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from coreai_torch import bundles, llm
 from coreai_torch.errors import CheckpointError
+from coreai_torch.hf.base import load_for_export
 from coreai_torch.ir.weights import PendingLazy
+from coreai_torch.llm.export import load_causal_lm
 from tests.bundles.support import assert_doctor_clean
 from tests.llm.support import causal_lm, check_engine, tiny_tokenizer
 
@@ -206,3 +212,35 @@ def test_every_function_reads_one_copy_of_each_streamed_weight(
     first = read[decoders[0]]
     assert first and all(read[n] == first for n in decoders)
     assert len(program.weights.pending) >= len(first)
+
+
+@contextlib.contextmanager
+def transformers_log() -> Iterator[list[str]]:
+    """The messages transformers logs inside the block (its ``warning_once`` cache cleared, so
+    that a warning an earlier test already printed shows again)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logging.Logger.warning_once.cache_clear()
+    logger, handler = logging.getLogger("transformers"), Collect()
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_loading_a_checkpoint_uses_no_deprecated_transformers_argument(tmp_path: Path) -> None:
+    """``llm.export`` and the ``coreai_torch.hf`` classes build the model from its config with
+    ``dtype=`` (transformers deprecates ``torch_dtype=`` and says so on every export)."""
+    directory = _checkpoint(tmp_path, "llama")
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    with transformers_log() as messages, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_causal_lm(directory)
+        load_for_export(AutoModelForCausalLM, config, directory)
+    said = messages + [str(w.message) for w in caught]
+    assert not [m for m in said if "deprecated" in m], said
