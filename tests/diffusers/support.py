@@ -259,6 +259,100 @@ def flux_pipeline(directory: Path, guidance_embeds: bool = True) -> Path:
     return out
 
 
+def qwen_tokenizer(directory: Path) -> Any:
+    """A byte-level ``Qwen2TokenizerFast`` (one token per byte, no merges) with a ChatML
+    template, saved in ``directory``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    model = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = decoders.ByteLevel()
+    tokenizer = Qwen2TokenizerFast(
+        tokenizer_object=model,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tokenizer.save_pretrained(directory)
+    return Qwen2TokenizerFast.from_pretrained(directory)
+
+
+#: the tiny FLUX.2 pipeline is exported (and compared) at 32x32 with 32 text tokens
+FLUX2_EXPORT: dict[str, Any] = {"height": 32, "width": 32, "max_sequence_length": 32}
+
+
+def flux2_pipeline(directory: Path) -> Path:
+    """A FLUX.2 [klein]-shaped pipeline (a Qwen3 text encoder read at layers 9, 18 and 27, a
+    double- and a single-stream transformer block with 4-axis rotary embeddings, a VAE with a
+    latent batch norm), random weights, not distilled (classifier-free guidance); 32x32
+    images."""
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2KleinPipeline,
+        Flux2Transformer2DModel,
+    )
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = qwen_tokenizer(directory / "_qwen")
+    text_encoder = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=27,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+        )
+    ).eval()
+    transformer = Flux2Transformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=48,
+        timestep_guidance_channels=32,
+        axes_dims_rope=(4, 4, 4, 4),
+        guidance_embeds=False,
+    ).eval()
+    vae = AutoencoderKLFlux2(
+        block_out_channels=(32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=4,
+        norm_num_groups=32,
+        sample_size=32,
+    ).eval()
+    with torch.no_grad():  # statistics the pipeline must read from the bundle
+        vae.bn.running_mean.normal_(0, 0.1)
+        vae.bn.running_var.uniform_(0.5, 1.5)
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        is_distilled=False,
+    )
+    out = directory / "flux2"
+    pipe.save_pretrained(out)
+    return out
+
+
 def _t5_encoder() -> Any:
     from transformers import T5Config, T5EncoderModel
 
@@ -286,7 +380,7 @@ def psnr(actual: Any, expected: Any) -> float:
 def generate(pipe: Any, steps: int = 4, **kwargs: Any) -> Any:
     """The images of ``pipe`` (ours or diffusers') for :data:`PROMPT`, seed 0."""
     return pipe(
-        PROMPT,
+        prompt=PROMPT,
         num_inference_steps=steps,
         guidance_scale=7.5,
         generator=torch.Generator().manual_seed(0),
