@@ -637,6 +637,40 @@ STABLE_DIFFUSION_CONTROLNET = Family(
     ),
 )
 
+
+def flux_transformer(pooled: bool) -> Component:
+    """A FLUX transformer: FLUX.1's takes the pooled CLIP projection, FLUX.2's does not (the
+    ``guidance`` input only when the model has a guidance embedding, see
+    :func:`component_io`)."""
+    return Component(
+        "transformer",
+        "transformer",
+        "Transformer",
+        (
+            "hidden_states",
+            "encoder_hidden_states",
+            *(("pooled_projections",) if pooled else ()),
+            "timestep",
+            "guidance",
+            "rotary_emb_cos",
+            "rotary_emb_sin",
+        ),
+        ("output",),
+        FluxTransformerModule,
+        _flux_example,
+        per_resolution=True,
+    )
+
+
+#: what the FLUX families share: a batch-1 transformer on 2x2-packed latents, 512 text tokens
+_FLUX_SHAPES: dict[str, Any] = dict(
+    denoiser_batch=1,
+    packing=2,
+    default_sample_size=128,
+    max_sequence_length=512,
+    text_tokens="padded",
+)
+
 #: FLUX.1 (guidance-distilled or not): no bundle type of the Swift pipeline covers it
 FLUX = Family(
     "flux",
@@ -646,35 +680,14 @@ FLUX = Family(
     (
         text_encoder("text_encoder", "text_encoder", "TextEncoder", ("pooled_outputs",)),
         text_encoder("text_encoder_2", "text_encoder_2", "TextEncoder2", ("last_hidden_state",)),
-        Component(
-            "transformer",
-            "transformer",
-            "Transformer",
-            (
-                "hidden_states",
-                "encoder_hidden_states",
-                "pooled_projections",
-                "timestep",
-                "guidance",
-                "rotary_emb_cos",
-                "rotary_emb_sin",
-            ),
-            ("output",),
-            FluxTransformerModule,
-            _flux_example,
-            per_resolution=True,
-        ),
+        flux_transformer(pooled=True),
         VAE_DECODER,
         VAE_ENCODER,
     ),
     default_steps=28,
     default_guidance_scale=3.5,
-    denoiser_batch=1,
-    packing=2,
-    default_sample_size=128,
     padded_source="text_encoder_2",
-    max_sequence_length=512,
-    text_tokens="padded",
+    **_FLUX_SHAPES,
 )
 
 #: the layers of FLUX.2 [klein]'s Qwen3 text encoder the pipeline reads (its default
@@ -698,34 +711,14 @@ FLUX2 = Family(
             _layers_text_example,
             layers=FLUX2_TEXT_LAYERS,
         ),
-        Component(
-            "transformer",
-            "transformer",
-            "Transformer",
-            (
-                "hidden_states",
-                "encoder_hidden_states",
-                "timestep",
-                "guidance",
-                "rotary_emb_cos",
-                "rotary_emb_sin",
-            ),
-            ("output",),
-            FluxTransformerModule,
-            _flux_example,
-            per_resolution=True,
-        ),
+        flux_transformer(pooled=False),
         VAE_DECODER,
         VAE_ENCODER,
     ),
     default_steps=50,
     default_guidance_scale=4.0,
-    denoiser_batch=1,
-    packing=2,
-    default_sample_size=128,
     padded_source="text_encoder",
-    max_sequence_length=512,
-    text_tokens="padded",
+    **_FLUX_SHAPES,
 )
 
 FAMILIES = (

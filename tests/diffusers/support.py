@@ -13,6 +13,12 @@ import torch
 PROMPT = "a photograph of an astronaut riding a horse"
 
 
+def saved(pipe: Any, out: Path) -> Path:
+    """``pipe`` saved with diffusers' ``save_pretrained`` to ``out``."""
+    pipe.save_pretrained(out)
+    return out
+
+
 def clip_tokenizer(directory: Path, max_length: int = 77) -> Any:
     """A byte-level ``CLIPTokenizer`` (one token per byte, no merges) saved in ``directory``."""
     from transformers import CLIPTokenizer
@@ -107,9 +113,7 @@ def sd_pipeline(directory: Path, scheduler: str = "PNDMScheduler") -> Path:
         feature_extractor=None,
         requires_safety_checker=False,
     )
-    out = directory / "sd"
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / "sd")
 
 
 def sdxl_pipeline(directory: Path) -> Path:
@@ -152,9 +156,7 @@ def sdxl_pipeline(directory: Path) -> Path:
             timestep_spacing="leading",
         ),
     )
-    out = directory / "sdxl"
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / "sdxl")
 
 
 def t5_tokenizer(directory: Path) -> Any:
@@ -216,10 +218,19 @@ def sd3_pipeline(directory: Path, t5: bool = False) -> Path:
         text_encoder_3=_t5_encoder() if t5 else None,
         tokenizer_3=t5_tokenizer(directory / "_t5") if t5 else None,
     )
-    out = directory / ("sd3_t5" if t5 else "sd3")
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / ("sd3_t5" if t5 else "sd3"))
 
+
+#: the tiny FLUX transformers' shared sizes: one double- and one single-stream block of two
+#: 16-wide heads over 16 packed latent channels (4 latent channels in 2x2 patches)
+TINY_FLUX_TRANSFORMER: dict[str, Any] = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+)
 
 #: the tiny FLUX pipelines are exported (and compared) at 32x32 with 16 T5 tokens
 FLUX_EXPORT: dict[str, Any] = {"height": 32, "width": 32, "max_sequence_length": 16}
@@ -234,12 +245,7 @@ def flux_pipeline(directory: Path, guidance_embeds: bool = True) -> Path:
 
     torch.manual_seed(0)
     transformer = FluxTransformer2DModel(
-        patch_size=1,
-        in_channels=16,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
+        **TINY_FLUX_TRANSFORMER,
         joint_attention_dim=64,
         pooled_projection_dim=32,
         guidance_embeds=guidance_embeds,
@@ -254,9 +260,7 @@ def flux_pipeline(directory: Path, guidance_embeds: bool = True) -> Path:
         text_encoder_2=_t5_encoder(),
         tokenizer_2=t5_tokenizer(directory / "_t5"),
     )
-    out = directory / ("flux" if guidance_embeds else "flux_schnell")
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / ("flux" if guidance_embeds else "flux_schnell"))
 
 
 def qwen_tokenizer(directory: Path) -> Any:
@@ -318,12 +322,7 @@ def flux2_pipeline(directory: Path) -> Path:
         )
     ).eval()
     transformer = Flux2Transformer2DModel(
-        patch_size=1,
-        in_channels=16,
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=16,
-        num_attention_heads=2,
+        **TINY_FLUX_TRANSFORMER,
         joint_attention_dim=48,
         timestep_guidance_channels=32,
         axes_dims_rope=(4, 4, 4, 4),
@@ -348,9 +347,7 @@ def flux2_pipeline(directory: Path) -> Path:
         transformer=transformer,
         is_distilled=False,
     )
-    out = directory / "flux2"
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / "flux2")
 
 
 def _t5_encoder() -> Any:
@@ -422,6 +419,4 @@ def controlnet_pipeline(directory: Path) -> Path:
         controlnet=controlnet.eval(),
     )
     pipe.register_to_config(requires_safety_checker=False)
-    out = directory / "controlnet"
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / "controlnet")
