@@ -15,13 +15,13 @@ Wall-clock and CPU seconds of this process are both reported (the CPU time is th
 number on a shared machine).
 
     python -m benchmarks.diffusion [--dir DIR] [--steps 1] [--keep]
-    python -m benchmarks.diffusion --tiny      # the tiny pipelines against diffusers (docs)
+    python -m benchmarks.diffusion --tiny [--only FLUX]   # the tiny pipelines vs diffusers (docs)
 
 ``--tiny`` measures what docs/text_to_image.md reports for the test pipelines
-(``tests/diffusers/support.py``: SD 1.x, SDXL, SD3, FLUX.1): each exported in fp32, fp16 (and
-SD 1.x with mixed-bit palettes), the
-PSNR of 4 denoising steps' image against diffusers' on the same weights and seed, and each
-component's largest error against its PyTorch module.
+(``tests/diffusers/support.py``: SD 1.x, SDXL, SD3, FLUX.1, FLUX.2): each exported in fp32
+and fp16 (SD 1.x also with mixed-bit palettes), the PSNR of 4 denoising steps' image against
+diffusers' on the same weights and seed, and each component's largest error against its
+PyTorch module.
 """
 
 from __future__ import annotations
@@ -229,8 +229,9 @@ def measure(directory: Path, steps: int = 1) -> dict[str, Any]:
     return result
 
 
-def measure_tiny(directory: Path) -> list[dict[str, Any]]:
-    """The tiny SD 1.x / SDXL / SD3 pipelines of the tests against diffusers."""
+def measure_tiny(directory: Path, only: str | None = None) -> list[dict[str, Any]]:
+    """The tiny SD 1.x / SDXL / SD3 / FLUX pipelines of the tests against diffusers (those
+    whose label starts with ``only`` when given)."""
     from coreai_torch.diffusers import CoreAIDiffusionPipeline
     from coreai_torch.diffusers.check import component_errors
     from coreai_torch.diffusers.mixed_bits import MixedBitPalettes
@@ -239,10 +240,14 @@ def measure_tiny(directory: Path) -> list[dict[str, Any]]:
     builders = {"SD 1.x": support.sd_pipeline, "SDXL": support.sdxl_pipeline}
     builders["SD3 (no T5)"] = support.sd3_pipeline
     builders["FLUX.1 (guidance-distilled)"] = support.flux_pipeline
+    builders["FLUX.2 [klein]"] = support.flux2_pipeline
+    sizes = {"FLUX.1": support.FLUX_EXPORT, "FLUX.2": support.FLUX2_EXPORT}
     rows = []
     for label, build in builders.items():
+        if only and not label.startswith(only):
+            continue
         source = build(directory)
-        sized = support.FLUX_EXPORT if label.startswith("FLUX") else {}
+        sized = sizes.get(label[:6], {})
         expected = support.generate(support.reference(source), **sized)
         variants: dict[str, dict[str, Any]] = {"fp32": {}, "fp16": {"precision": "fp16"}}
         if label == "SD 1.x":
@@ -325,10 +330,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1, help="timed denoising steps")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint and asset")
     parser.add_argument("--tiny", action="store_true", help="the tiny pipelines vs diffusers")
+    parser.add_argument("--only", help="--tiny: the pipelines whose label starts with this")
     args = parser.parse_args(argv)
     if args.tiny:
         with tempfile.TemporaryDirectory(prefix="coreai_bench_tiny_") as scratch:
-            rows = measure_tiny(Path(scratch))
+            rows = measure_tiny(Path(scratch), args.only)
         print("RESULT " + json.dumps(rows))
         print(tiny_table(rows))
         return 0

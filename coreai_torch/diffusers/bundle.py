@@ -74,6 +74,7 @@ def manifest(
             decoder_shift_factor=float(vae.get("shift_factor") or 0.0),
             default_guidance_scale=float(default_guidance_scale),
             default_steps=int(default_steps),
+            batch_norm_eps=vae.get("batch_norm_eps"),
             guidance_embeds=None if axes is None else bool(denoiser.get("guidance_embeds")),
             rope_axes_dims=None if axes is None else tuple(int(a) for a in axes),
             rope_theta=None if axes is None else float(denoiser.get("rope_theta", 10000)),

@@ -112,10 +112,9 @@ def read_pipeline(path: str | Path) -> PipelineSource:
     pipeline_class = meta.get("_class_name", "?")
     family = family_of(pipeline_class)
     if family is None:
-        why = next((w for prefix, w in _NOT_YET.items() if pipeline_class.startswith(prefix)), "")
         raise UnsupportedModelError(
             f"{root}: the diffusers pipeline class '{pipeline_class}' is not supported by "
-            f"coreai_torch.diffusers{why} (supported: {', '.join(supported_pipelines())}); "
+            f"coreai_torch.diffusers (supported: {', '.join(supported_pipelines())}); "
             "export its modules one by one with TorchConverter"
         )
     modules: dict[str, tuple[str, str]] = {}
@@ -129,16 +128,6 @@ def read_pipeline(path: str | Path) -> PipelineSource:
     for name in {c.source for c in family.components} & set(modules):
         source.configs[name] = _read_config(root / name)
     return source
-
-
-#: why a pipeline family is not exported whole yet (by class-name prefix)
-_NOT_YET = {
-    "Flux2": (
-        ": FLUX.2's text encoder (Mistral 3 or Qwen3) is read at intermediate layers of a "
-        "chat-templated prompt and its AutoencoderKLFlux2's batch-norm statistics are read by "
-        "the pipeline on the host, which the exported components do not provide yet"
-    ),
-}
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
@@ -395,16 +384,16 @@ def text_extras(source: PipelineSource, max_sequence_length: int) -> dict[str, A
             positions = source.configs[name].get("max_position_embeddings") or length
             extras[f"{name}_length"] = int(min(length, positions))
     family = source.family
-    extras[f"{family.t5_source}_length"] = max_sequence_length
+    extras[f"{family.padded_source}_length"] = max_sequence_length
     clip = extras.get("text_encoder_length", 77)
     extras["text_length"] = {
         "clip": clip,
         "clip+t5": clip + max_sequence_length,
-        "t5": max_sequence_length,
+        "padded": max_sequence_length,
     }[family.text_tokens]
     if family.text_tokens != "clip":
         extras["max_sequence_length"] = max_sequence_length
-    if "text_encoder_2" in source.configs and family.t5_source != "text_encoder_2":
+    if "text_encoder_2" in source.configs and family.padded_source != "text_encoder_2":
         extras["pooled_dim"] = source.configs["text_encoder_2"].get("projection_dim")
     unet = source.configs.get("unet", {})
     if unet.get("addition_embed_type") == "text_time":
@@ -474,6 +463,7 @@ def export_pipeline(
                 "outputs": list(outputs),
                 "entrypoints": {k: list(v) if v else None for k, v in done.entrypoints.items()},
                 "precision": done.precision,
+                **({"layers": list(component.layers)} if component.layers else {}),
                 **({"batch": source.family.denoiser_batch} if denoiser else {}),
                 "compression": done.compression,
                 "seconds": round(done.seconds, 3),
@@ -501,6 +491,7 @@ def export_pipeline(
             if (source.path / folder).is_dir() and (folder == "scheduler" or encoder in sources):
                 files[folder] = source.path / folder
         files["model_index.json"] = source.path / "model_index.json"
+        files |= vae_statistics(source, staging)
         scheduler = json.loads((source.path / "scheduler" / "scheduler_config.json").read_text())
         write_directory(
             target,
@@ -522,6 +513,33 @@ def export_pipeline(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return config
+
+
+#: the batch-norm statistics of FLUX.2's VAE that its pipelines read on the host, as the
+#: Swift pipeline reads them (``Flux2Pipeline+Resources.swift``)
+VAE_STATISTICS = {"vae_bn_mean.npy": "bn.running_mean", "vae_bn_var.npy": "bn.running_var"}
+
+
+def vae_statistics(source: PipelineSource, out: Path) -> dict[str, Path]:
+    """``vae_bn_mean.npy`` / ``vae_bn_var.npy`` (float32) written to ``out`` from a VAE
+    checkpoint with a latent batch norm (``AutoencoderKLFlux2``); none for other VAEs."""
+    import numpy as np
+
+    if "batch_norm_eps" not in source.configs.get("vae", {}):
+        return {}
+    folder = source.path / "vae"
+    stored = weight_source(folder).entries
+    missing = [name for name in VAE_STATISTICS.values() if name not in stored]
+    if missing:
+        raise CheckpointError(
+            f"{folder}: the VAE has a latent batch norm (batch_norm_eps) but its checkpoint "
+            f"lacks {', '.join(missing)}"
+        )
+    found: dict[str, Path] = {}
+    for file_name, tensor in VAE_STATISTICS.items():
+        np.save(out / file_name, stored[tensor].evaluate().float().numpy())
+        found[file_name] = out / file_name
+    return found
 
 
 def compresses(compression: Any, component: Component) -> bool:

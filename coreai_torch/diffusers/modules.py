@@ -158,10 +158,21 @@ class RuntimeTextEncoder(RuntimeModule):
     (``[0]``, ``last_hidden_state``, ``hidden_states[-2]``, ``text_embeds`` /
     ``pooler_output``), run one prompt at a time."""
 
-    def __init__(self, *args: Any, outputs: tuple[str, ...], projection: bool, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        outputs: tuple[str, ...],
+        projection: bool,
+        layers: tuple[int, ...] = (),
+        masked: bool = False,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.outputs = outputs
         self.projection = projection  # CLIPTextModelWithProjection: [0] is text_embeds
+        #: the layers whose hidden states the program returns concatenated (FLUX.2's Qwen3)
+        self.layers = layers
+        self.masked = masked  # the program takes the attention mask
 
     def forward(
         self,
@@ -171,9 +182,20 @@ class RuntimeTextEncoder(RuntimeModule):
         return_dict: bool = True,
         **_: Any,
     ) -> Any:
-        rows = [self.run("main", input_ids=row[None].to(torch.int32)) for row in input_ids]
+        feeds = []
+        for index, row in enumerate(input_ids):
+            feed = {"input_ids": row[None].to(torch.int32)}
+            if self.masked:
+                mask = torch.ones_like(row) if attention_mask is None else attention_mask[index]
+                feed["attention_mask"] = mask[None].to(torch.int32)
+            feeds.append(feed)
+        rows = [self.run("main", **feed) for feed in feeds]
         out = {name: torch.cat([r[name] for r in rows]) for name in self.outputs}
         layers = int(self.config.get("num_hidden_layers", 1)) + 1
+        if self.layers:
+            parts = out["hidden_states"].chunk(len(self.layers), dim=-1)
+            read = _HiddenStates(layers, dict(zip(self.layers, parts, strict=True)))
+            return EncoderOutput((None, read), hidden_states=read)
         hidden = {layers - 2: out["hidden_embeds"]} if "hidden_embeds" in out else {}
         last = out.get("last_hidden_state")
         if last is not None:
@@ -411,9 +433,10 @@ class RuntimeSD3Transformer(RuntimeDenoiser):
 
 
 class RuntimeFluxTransformer(RuntimeDenoiser):
-    """``FluxTransformer2DModel.forward`` on the exported transformer: the rotary tables are
-    computed on the host from the position ids the pipeline passes (diffusers' own
-    ``FluxPosEmbed``), the entry point chosen by the image ids' grid."""
+    """``FluxTransformer2DModel.forward`` / ``Flux2Transformer2DModel.forward`` on the
+    exported transformer: the rotary tables are computed on the host from the position ids
+    the pipeline passes (diffusers' own position embedding), the entry point chosen by the
+    image ids' grid."""
 
     def __init__(self, *args: Any, extra: Mapping[str, Any], inputs: tuple[str, ...], **kw: Any):
         super().__init__(*args, extra=extra, **kw)
@@ -444,9 +467,10 @@ class RuntimeFluxTransformer(RuntimeDenoiser):
                 "the exported FLUX transformer takes no joint_attention_kwargs (LoRA scales and "
                 "IP-Adapter embeddings are fixed at export)"
             )
-        assert encoder_hidden_states is not None and pooled_projections is not None
+        assert encoder_hidden_states is not None
         assert img_ids is not None and txt_ids is not None
-        image_ids = img_ids.reshape(-1, 3)
+        image_ids = img_ids[0] if img_ids.dim() == 3 else img_ids
+        txt_ids = txt_ids[0] if txt_ids.dim() == 3 else txt_ids
         packing = 2 * self.vae_scale_factor
         height = (int(image_ids[:, 1].max()) + 1) * packing
         width = (int(image_ids[:, 2].max()) + 1) * packing
@@ -456,9 +480,11 @@ class RuntimeFluxTransformer(RuntimeDenoiser):
         inputs = {
             "hidden_states": hidden_states.float(),
             "encoder_hidden_states": encoder_hidden_states.float(),
-            "pooled_projections": pooled_projections.float(),
             "timestep": check_timestep(timestep, batch),
         }
+        if "pooled_projections" in self.inputs:
+            assert pooled_projections is not None
+            inputs["pooled_projections"] = pooled_projections.float()
         if "guidance" in self.inputs:
             if guidance is None:
                 raise ValueError("the exported FLUX transformer takes a guidance value")
@@ -496,6 +522,7 @@ class RuntimeVAE(RuntimeModule):
         entrypoints: Mapping[str, tuple[int, int] | None],
         *,
         encoder: Any = None,
+        statistics: tuple[torch.Tensor, torch.Tensor] | None = None,
         verify_hash: bool = True,
     ) -> None:
         super().__init__(decoder, config, entrypoints, verify_hash=verify_hash)
@@ -505,6 +532,9 @@ class RuntimeVAE(RuntimeModule):
             else None
         )
         self.factor = 2 ** (len(config["block_out_channels"]) - 1)
+        if statistics is not None:  # AutoencoderKLFlux2's latent batch norm, read by pipelines
+            mean, var = statistics
+            self.bn = SimpleNamespace(running_mean=mean, running_var=var)
 
     def decode(self, z: torch.Tensor, return_dict: bool = True, **_: Any) -> Any:
         height, width = z.shape[-2] * self.factor, z.shape[-1] * self.factor

@@ -20,6 +20,9 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from .bundle import read_directory
 from .components import GUIDANCE_BATCH, family_of
 from .export import require_diffusers
@@ -206,6 +209,11 @@ class CoreAIDiffusionPipeline:
         # image= (the initial image) with control_image=
         takes_image = "image" in inspect.signature(type(self.pipe).__call__).parameters
         to_image = image is not None and (not takes_image or "control_image" in kwargs)
+        if image is not None and not self.family.image_to_image:
+            raise ValueError(
+                f"{self.coreai_config['pipeline_class']} takes image= as reference images, "
+                "which add tokens the exported transformer does not take; call it without image="
+            )
         pipe = self.image_to_image if to_image else self.pipe
         # image-to-image pipelines with a size (SD3, FLUX, ControlNet) resize the image to it
         if "height" in inspect.signature(type(pipe).__call__).parameters:
@@ -231,7 +239,9 @@ class CoreAIDiffusionPipeline:
                 )
         if image is not None:
             kwargs["image"] = image
-        return pipe(prompt=prompt, negative_prompt=negative_prompt, **kwargs)
+        if negative_prompt is not None:
+            kwargs["negative_prompt"] = negative_prompt
+        return pipe(prompt=prompt, **kwargs)
 
     @property
     def image_to_image(self) -> Any:
@@ -295,6 +305,8 @@ class CoreAIDiffusionPipeline:
                     entrypoints(role),
                     outputs=tuple(component["outputs"]),
                     projection="Projection" in component["class"],
+                    layers=tuple(component.get("layers", ())),
+                    masked="attention_mask" in component["inputs"],
                     verify_hash=verify_hash,
                 )
             elif role == "controlnet":
@@ -311,7 +323,7 @@ class CoreAIDiffusionPipeline:
                 options: dict[str, Any] = {}
                 if role == "unet":
                     runtime, options = RuntimeUNet, {"residuals": tuple(component["inputs"][3:])}
-                elif component["class"] == "FluxTransformer2DModel":
+                elif component["class"] in ("FluxTransformer2DModel", "Flux2Transformer2DModel"):
                     runtime = RuntimeFluxTransformer
                     options = {"inputs": tuple(component["inputs"])}
                 modules[source] = runtime(
@@ -329,9 +341,20 @@ class CoreAIDiffusionPipeline:
             config("vae"),
             entrypoints("vae_decoder"),
             encoder=self.directory / encoder["asset"] if encoder else None,
+            statistics=self._vae_statistics(),
             verify_hash=verify_hash,
         )
         return modules
+
+    def _vae_statistics(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """FLUX.2's VAE batch-norm mean and variance, from the bundle's ``.npy`` files."""
+        from .export import VAE_STATISTICS
+
+        files = [self.directory / name for name in VAE_STATISTICS]
+        if not all(file.is_file() for file in files):
+            return None
+        mean, var = (torch.from_numpy(np.load(file)) for file in files)
+        return mean, var
 
     def _denoiser_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The denoiser's configuration with ``sample_size`` the first exported resolution's
@@ -367,6 +390,8 @@ class CoreAIDiffusionPipeline:
                     arguments[name] = loader.from_pretrained(self.directory / name)
             elif name == "requires_safety_checker":
                 arguments[name] = False
+            elif name in index and not isinstance(index[name], list):
+                arguments[name] = index[name]  # a registered setting (FLUX.2's is_distilled)
             elif name in _LEFT_OUT or parameter.default is None:
                 arguments[name] = None
         pipe = cls(**arguments)

@@ -1,6 +1,7 @@
-"""Tiny FLUX.1 pipelines exported whole: the rotary tables computed on the host (as diffusers
-computes them) and fed to the transformer, 4 denoising steps against diffusers' pipeline on the
-same weights and seed, each component against its PyTorch module, the bundle round trip."""
+"""Tiny FLUX.1 and FLUX.2 [klein] pipelines exported whole: the rotary tables computed on the
+host (as diffusers computes them) and fed to the transformer, 4 denoising steps against
+diffusers' pipeline on the same weights and seed, each component against its PyTorch module,
+the bundle round trip."""
 
 from __future__ import annotations
 
@@ -12,15 +13,23 @@ import numpy as np
 import pytest
 import torch
 
-from tests.diffusers.support import FLUX_EXPORT, PROMPT, generate, psnr, reference
+from tests.diffusers.support import (
+    FLUX2_EXPORT,
+    FLUX_EXPORT,
+    PROMPT,
+    generate,
+    psnr,
+    reference,
+)
 
 #: every test here shares the session's exports (one worker under pytest-xdist)
 pytestmark = pytest.mark.xdist_group("diffusers")
 
 FP32_PSNR = 60.0
 FP16_PSNR = 35.0
-#: diffusers' call at the exported size and T5 length
+#: diffusers' call at the exported size and text length
 CALL = dict(FLUX_EXPORT)
+CALLS = {"flux": CALL, "flux_schnell": CALL, "flux2": dict(FLUX2_EXPORT)}
 
 
 def test_rotary_tables_are_diffusers() -> None:
@@ -44,35 +53,34 @@ def test_rotary_tables_are_diffusers() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["flux", "flux_schnell"])
+@pytest.mark.parametrize("kind", ["flux", "flux_schnell", "flux2"])
 def test_flux_text_to_image_fp32(kind: str, flux_pipelines: dict[str, Path], exported: Any) -> None:
     ours = generate(exported(kind))
-    theirs = generate(reference(flux_pipelines[kind]), **CALL)
+    theirs = generate(reference(flux_pipelines[kind]), **CALLS[kind])
     assert ours.shape == theirs.shape == (1, 32, 32, 3)
     assert psnr(ours, theirs) >= FP32_PSNR
 
 
 @pytest.mark.slow
-def test_flux_text_to_image_fp16(flux_pipelines: dict[str, Path], exported: Any) -> None:
-    pipe = exported("flux", "fp16")
+@pytest.mark.parametrize("kind", ["flux", "flux2"])
+def test_flux_text_to_image_fp16(kind: str, flux_pipelines: dict[str, Path], exported: Any) -> None:
+    pipe = exported(kind, "fp16")
     assert pipe.coreai_config["components"]["transformer"]["precision"] == "fp16"
     ours = generate(pipe)
-    theirs = generate(reference(flux_pipelines["flux"]), **CALL)
+    theirs = generate(reference(flux_pipelines[kind]), **CALLS[kind])
     assert psnr(ours, theirs) >= FP16_PSNR
 
 
 @pytest.mark.slow
-def test_flux_components_match_pytorch(flux_pipelines: dict[str, Path], exported: Any) -> None:
+@pytest.mark.parametrize("kind", ["flux", "flux2"])
+def test_flux_components_match_pytorch(
+    kind: str, flux_pipelines: dict[str, Path], exported: Any
+) -> None:
     from coreai_torch.diffusers.check import component_errors
 
-    errors = component_errors(exported("flux"), flux_pipelines["flux"])
-    assert {e.role for e in errors} == {
-        "text_encoder",
-        "text_encoder_2",
-        "transformer",
-        "vae_decoder",
-        "vae_encoder",
-    }
+    errors = component_errors(exported(kind), flux_pipelines[kind])
+    roles = {"text_encoder", "transformer", "vae_decoder", "vae_encoder"}
+    assert {e.role for e in errors} == (roles if kind == "flux2" else {*roles, "text_encoder_2"})
     for error in errors:
         assert error.max_abs_error <= 1e-4 * max(1.0, error.max_abs_reference), str(error)
 
@@ -148,3 +156,40 @@ def test_flux_true_cfg(flux_pipelines: dict[str, Path], exported: Any) -> None:
     ours = generate(exported("flux"), **call)
     theirs = generate(reference(flux_pipelines["flux"]), **call, **CALL)
     assert psnr(ours, theirs) >= FP32_PSNR
+
+
+@pytest.mark.slow
+def test_flux2_bundle(tmp_path: Path, exported: Any) -> None:
+    """FLUX.2's bundle: the Swift pipeline's type, names and VAE statistics files."""
+    from coreai_torch.bundles import Bundle
+    from coreai_torch.diffusers import CoreAIDiffusionPipeline
+
+    pipe = exported("flux2")
+    components = pipe.coreai_config["components"]
+    assert components["text_encoder"]["inputs"] == ["input_ids", "attention_mask"]
+    assert components["text_encoder"]["outputs"] == ["hidden_states"]
+    assert components["text_encoder"]["layers"] == [9, 18, 27]
+    assert components["transformer"]["inputs"] == [
+        "hidden_states",
+        "encoder_hidden_states",
+        "timestep",
+        "rotary_emb_cos",
+        "rotary_emb_sin",
+    ]
+    out = tmp_path / "bundle"
+    pipe.save_pretrained(out)
+    meta = json.loads((out / "metadata.json").read_text())
+    assert meta["diffusion"]["type"] == "flux2"
+    assert meta["diffusion"]["rope_axes_dims"] == [4, 4, 4, 4]
+    assert meta["diffusion"]["batch_norm_eps"] > 0
+    assert meta["assets"]["transformer"] == "Transformer.aimodel"
+    statistics = np.load(out / "vae_bn_var.npy")
+    assert statistics.dtype == np.float32 and statistics.shape == (16,)
+    assert Bundle.load(out).diffusion.type == "flux2"  # the FLUX.2 file names checked
+    with CoreAIDiffusionPipeline.from_pretrained(out) as loaded:
+        torch.testing.assert_close(loaded.vae.bn.running_var, torch.from_numpy(statistics))
+        np.testing.assert_array_equal(generate(loaded), generate(pipe))
+    with pytest.raises(ValueError, match="takes image= as reference images"):
+        pipe(PROMPT, image=np.zeros((32, 32, 3), np.uint8), num_inference_steps=1)
+    with pytest.raises(ValueError, match=r"hidden_states\[2\] was not exported"):
+        pipe(PROMPT, num_inference_steps=1, text_encoder_out_layers=(2,))
