@@ -8,6 +8,7 @@ the way, weights stored transposed made as they are written).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -254,9 +255,26 @@ class AIProgram(ca.AIProgram):
         self._materialize_weights()
         super()._save_bytecode(path, **kwargs)
 
-    def set_static_shape_config(self, *args: Any, **kwargs: Any) -> None:
-        self._materialize_weights()  # runs the pre-compilation rewrite, which folds constants
-        super().set_static_shape_config(*args, **kwargs)
+    def set_static_shape_config(
+        self, entrypoint: str, shapes_config: dict[str, dict[str, tuple[int, ...]]]
+    ) -> None:
+        """coreai-core's ``set_static_shape_config``: ``entrypoint`` replaced by one clone per
+        key of ``shapes_config`` (``<entrypoint>_<key>``, its named inputs and states given
+        the static shapes), made by Core AI's pre-compilation rewrite -- run, as in
+        :meth:`optimize`, after the guards that keep it numerics-preserving.  Call it before
+        :meth:`optimize` (weights ``optimize()`` stores transposed would be made now).  The
+        clones keep the entry point's signature, without its symbolic sizes."""
+        self._materialize_weights()  # the rewrite folds constants
+        context = pipeline.PassContext(self.weights)
+        module = self.structural_module
+        pipeline.run(pipeline.BEFORE_REWRITE, module, context, when="set_static_shape_config()")
+        super().set_static_shape_config(entrypoint, shapes_config)
+        pipeline.run(pipeline.AFTER_REWRITE, module, context, when="set_static_shape_config()")
+        signature = self.signatures.pop(entrypoint, None)
+        if signature is not None:
+            for key in shapes_config:
+                clone = f"{entrypoint}_{key.strip(chr(34))}"
+                self.signatures[clone] = dataclasses.replace(signature, sizes=None)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Self:
         # as coreai-core's, without reading ``_module`` (which would make every weight stored

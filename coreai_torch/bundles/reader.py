@@ -45,6 +45,13 @@ ASSET_SUFFIXES = (".aimodel", ".aimodelc")
 FLUX2_FILES = (("Transformer", "Transformer_512"), ("VAEDecoder", "VAEDecoder_half"))
 
 
+def is_bundle_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a bundle directory: one holding ``metadata.json`` that is not an
+    asset itself (a ``.aimodel`` directory holds a ``metadata.json`` of its own)."""
+    root = Path(path)
+    return root.suffix.lower() not in ASSET_SUFFIXES and (root / MANIFEST_FILE).is_file()
+
+
 def resolve_asset_path(relative: str, directory: str | os.PathLike[str]) -> Path:
     """``ModelBundle.resolveAssetURL``: ``directory / relative`` if it exists, else for a
     ``.aimodel`` name the compiled ``.aimodelc`` beside it if that exists, else the path as

@@ -54,13 +54,18 @@ VIEW_LIKE = frozenset(
         _aten.alias.default,
     }
 )
+#: Consumers verified to run with a dynamically empty operand: a concatenation skips it (a
+#: KV cache's rows before the new tokens, none in a prompt's first call).  Its own result is
+#: checked like any other value.
+EMPTY_OPERANDS_OK = frozenset({_aten.cat.default})
 _ITEM = (_aten._local_scalar_dense.default, _aten.item.default)
 
 
 def flows_only_to_outputs(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s result (possibly empty at run time) only flows to the outputs."""
+    """Whether ``node``'s result (possibly empty at run time) only flows to the outputs (or
+    into concatenations, which skip it)."""
     for user in node.users:
-        if user.op == "output" or user.target in SIZE_READERS:
+        if user.op == "output" or user.target in SIZE_READERS | EMPTY_OPERANDS_OK:
             continue
         if user.target in VIEW_LIKE and flows_only_to_outputs(user):
             continue

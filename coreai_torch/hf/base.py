@@ -36,6 +36,7 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from coreai_torch.bundles import is_bundle_dir
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
 from coreai_torch.hf.tasks import CLASSES, register_pipeline_names
 from coreai_torch.ir.assets import check_asset
@@ -46,8 +47,8 @@ register_pipeline_names()
 
 #: File that marks a directory written by ``save_pretrained`` of a ``CoreAIModelFor…`` class.
 COREAI_CONFIG = "coreai_config.json"
-#: Version of :data:`COREAI_CONFIG`'s layout.
-FORMAT_VERSION = 1
+#: Version of :data:`COREAI_CONFIG`'s layout (2: a causal LM is saved as a bundle).
+FORMAT_VERSION = 2
 
 #: Files copied from the source model directory to an exported one: the tokenizer, feature
 #: extractor, image processor and processor files (never weights).
@@ -224,7 +225,7 @@ class CoreAIModel(PreTrainedModel):
                 **options,
             )
         path = local_dir(model_dir, cls.__name__)
-        exported = (path / COREAI_CONFIG).is_file()
+        exported = (path / COREAI_CONFIG).is_file() or is_bundle_dir(path)
         if export is None:
             export = not exported
         if not export:
@@ -257,6 +258,14 @@ class CoreAIModel(PreTrainedModel):
 
     @classmethod
     def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModel:
+        if is_bundle_dir(path):  # a language-model bundle
+            causal_lm = class_for_task("text-generation")
+            if cls not in (CoreAIModel, causal_lm):
+                raise ValueError(
+                    f"{path} is a bundle (metadata.json) of a language model; load it with "
+                    f"{causal_lm.__name__} (this is {cls.__name__}, task '{cls.task}')"
+                )
+            return causal_lm._load(path, verify_hash=verify_hash)
         meta = read_coreai_config(path)
         if cls is CoreAIModel and meta.get("task") in CLASSES:  # the class the directory names
             return class_for_task(meta["task"])._load(path, verify_hash=verify_hash)
@@ -430,17 +439,18 @@ def local_dir(model_dir: Any, who: str) -> Path:
             f"{model_dir}: no such local directory; {who}.from_pretrained reads local "
             "directories only (written by save_pretrained) and never downloads models"
         )
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() and not is_bundle_dir(path):
         raise FileNotFoundError(
-            f"{path}: not a model directory (no config.json); save the model with "
-            "save_pretrained first"
+            f"{path}: not a model directory (no config.json) nor a bundle (no metadata.json); "
+            "save the model with save_pretrained first"
         )
     return path
 
 
-def read_coreai_config(path: Path) -> dict[str, Any]:
+def read_coreai_config(path: Path, *, check_assets: bool = True) -> dict[str, Any]:
     """The :data:`COREAI_CONFIG` of a saved directory, its layout checked (a clear error
-    naming the file rather than a ``KeyError`` later)."""
+    naming the file rather than a ``KeyError`` later); ``check_assets=False`` for a bundle's,
+    whose manifest names the assets."""
     file = path / COREAI_CONFIG
     try:
         meta = json.loads(file.read_text())
@@ -448,6 +458,8 @@ def read_coreai_config(path: Path) -> dict[str, Any]:
         raise ValueError(
             f"{file} cannot be read as JSON ({error}); export the model again"
         ) from None
+    if not check_assets and isinstance(meta, dict):
+        return meta
     assets = meta.get("assets") if isinstance(meta, dict) else None
     if (
         not isinstance(assets, dict)

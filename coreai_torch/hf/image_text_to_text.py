@@ -36,7 +36,7 @@ from coreai_torch.hf.tasks import IMAGE_TEXT_DECODER_TYPES, IMAGE_TEXT_TO_TEXT_T
 from coreai_torch.tensors import lazy
 
 if TYPE_CHECKING:
-    from coreai_torch.llm.export import CachedCausalLM
+    from coreai_torch.llm.static_cache import CachedCausalLM
 
 
 class ImageFeatures(nn.Module):
@@ -65,8 +65,8 @@ class TokenEmbeddings(nn.Module):
 
 
 def _embeds_lm(model: PreTrainedModel, max_context: int, all_logits: bool) -> CachedCausalLM:
-    """The cached decoder of :func:`coreai_torch.llm.export` fed with embeddings."""
-    from coreai_torch.llm.export import CachedCausalLM
+    """The cached decoder of :mod:`coreai_torch.llm.static_cache` fed with embeddings."""
+    from coreai_torch.llm.static_cache import CachedCausalLM
 
     class CachedEmbedsLM(CachedCausalLM):
         def forward(self, inputs_embeds: torch.Tensor, start_position: torch.Tensor) -> Any:
@@ -88,14 +88,16 @@ def export_vlm(
     from coreai_torch.converter import TorchConverter
     from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.llm.export import (
-        CachedCausalLM,
-        cache_state_names,
         check_max_context,
         compression_config,
         precision_policy,
+        traceable_attention,
+    )
+    from coreai_torch.llm.static_cache import (
+        CachedCausalLM,
+        cache_state_names,
         token_args,
         trace_cached,
-        traceable_attention,
     )
 
     policy = precision_policy(precision)

@@ -153,11 +153,11 @@ def export_whisper(
     from coreai_torch.converter import TorchConverter
     from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.llm.export import (
-        cache_state_names,
         compression_config,
         precision_policy,
         traceable_attention,
     )
+    from coreai_torch.llm.static_cache import cache_state_names
 
     policy = precision_policy(precision)
     compression = compression_config(compress)

@@ -41,6 +41,26 @@ def static_shape_of(value: ir.Value) -> list[int]:
     return shape
 
 
+def static_dim(value: ir.Value, axis: int) -> int:
+    """Dimension ``axis`` of ``value`` (negative counts from the end), which must be static
+    here (the others may be dynamic); a ``ValueError`` for a dynamic one."""
+    size = shape_of(value)[axis]
+    if size is None:
+        raise ValueError(
+            f"dimension {axis} of {value.type} is dynamic where a static one is needed"
+        )
+    return size
+
+
+def static_sizes(shape: Sequence[int | None]) -> list[int]:
+    """``shape`` (from :func:`shape_of`), whose dimensions must all be known here; a
+    ``ValueError`` for a dynamic one."""
+    sizes = known_sizes(shape)
+    if sizes is None:
+        raise ValueError(f"shape {list(shape)} has dynamic dimensions where static ones are needed")
+    return sizes
+
+
 def known_sizes(shape: Sequence[int | None]) -> list[int] | None:
     """``shape`` when every dimension is known, else None."""
     sizes = [d for d in shape if d is not None]

@@ -119,7 +119,8 @@ def _load_reference(reference: Any) -> nn.Module:
 
 
 def tokenizer_for(model: Any, tokenizer: Any = None) -> Any:
-    """The tokenizer given, or the one saved beside the model."""
+    """The tokenizer given, or the one saved with the model (a bundle's ``tokenizer/``, else
+    the files beside it)."""
     if tokenizer is not None:
         return tokenizer
     source = getattr(model, "_source_dir", None)
@@ -129,7 +130,10 @@ def tokenizer_for(model: Any, tokenizer: Any = None) -> Any:
         )
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source, local_files_only=True)
+    from coreai_torch.bundles import is_bundle_dir
+
+    directory = Path(source) / "tokenizer" if is_bundle_dir(source) else source
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
 def perplexity(

@@ -35,7 +35,7 @@ from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
 from coreai_torch.frontend.schema import bind_arguments
 from coreai_torch.ir import compressed
-from coreai_torch.ir.values import cast, reshape, shape_of
+from coreai_torch.ir.values import cast, known_sizes, reshape, shape_of
 from coreai_torch.lowerings.helpers.weights import emit_compressed, weight_tensor
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
@@ -194,8 +194,8 @@ def _affine(
     out: torch.dtype,
 ) -> ir.Value:
     """The run-time form (data computed by the program): float32 arithmetic per block."""
-    shape = shape_of(data)
-    if None in shape:
+    shape = known_sizes(shape_of(data))
+    if shape is None:
         raise cx.unsupported("blockwise dequantization of a value with a dynamic shape")
     split: list[int] = []
     block_shape: list[int] = []
@@ -361,9 +361,9 @@ def _layout(
 
 
 def _code_type(cx: LoweringContext, dtype: torch.dtype | None) -> tuple[torch.dtype, int]:
-    if dtype not in (torch.int8, torch.uint8):
+    if dtype is None or dtype not in (torch.int8, torch.uint8):
         raise cx.unsupported(f"activations are quantized to int8 or uint8, not {dtype}")
-    return dtype, compressed.integer_bounds(dtype)[0]
+    return dtype, compressed.code_range(8, dtype == torch.int8)[0]
 
 
 @lowering("coreai::quantize.default")

@@ -28,7 +28,7 @@ def asset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def generator(asset: Path) -> Any:
-    with llm.Generator(asset) as generator:
+    with llm.Generator(asset, max_context=16) as generator:
         yield generator
 
 
