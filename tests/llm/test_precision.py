@@ -38,7 +38,9 @@ from coreai_torch import bundles, compression, llm
 from coreai_torch.cli import main
 from tests.bundles.support import assert_doctor_clean
 from tests.llm.support import (
+    ARCHITECTURES,
     MAX_CONTEXT,
+    MOE_ARCHITECTURES,
     PROMPTS,
     asset_bytes,
     causal_lm,
@@ -56,6 +58,9 @@ pytestmark = pytest.mark.xdist_group("llm_export_fp16_int4")
 WIDE = dict(hidden_size=128, intermediate_size=256)
 FP16_TOLERANCE = 4e-3
 BF16_TOLERANCE = 3e-2
+#: Gemma (1) in float16: its scaled embeddings and (1 + w) norms drift further over a decode
+#: (Gemma with int4 weights: largest measured 4.0e-3 of max|ref|)
+GEMMA_FP16_TOLERANCE = 6e-3
 #: the asset beyond its weights: the program, metadata (an uncompressed float16 embedding
 #: table would add 23 KB more and exceed it)
 ASSET_OVERHEAD = 64 * 1024
@@ -186,14 +191,20 @@ def check_variant(
     tolerance: float,
     dtype: torch.dtype,
     fake: Any = None,
+    architecture: str = "llama",
 ) -> None:
-    """Export the Llama's bundle with ``precision`` / ``compress``; its greedy generation
-    against the eager model in ``dtype`` with the compressed weights ``fake``-quantized."""
-    model, tokenizer = causal_lm("llama", **WIDE), tiny_tokenizer()
+    """Export the bundle of ``architecture`` (the wide Llama by default) with ``precision`` /
+    ``compress``; its greedy generation against the eager model in ``dtype`` with the
+    compressed weights ``fake``-quantized."""
+    overrides = WIDE if architecture == "llama" else {}
+    model, tokenizer = causal_lm(architecture, **overrides), tiny_tokenizer()
     bundle, program = export_bundle(model, root, precision=precision, compress=compress)
     names = compressed_weights(str(program)) if compress is not None else set()
-    selected = {n for n, _ in model.named_parameters() if COMPRESSED.search(n)}
-    assert selected <= names if compress is not None else not names
+    if architecture == "llama":
+        selected = {n for n, _ in model.named_parameters() if COMPRESSED.search(n)}
+        assert selected <= names if compress is not None else not names
+    else:
+        assert bool(names) == (compress is not None), sorted(names)
     reference = fake_quantized(model, names, fake and fake(program), dtype)
     with llm.Generator(program, max_context=MAX_CONTEXT) as generator:
         itemsize = torch.empty((), dtype=dtype).element_size()
@@ -202,6 +213,45 @@ def check_variant(
         for prompt in PROMPTS:
             check_engine(engine, reference, tokenizer.encode(prompt), tolerance=tolerance)
     assert_doctor_clean(bundle)
+
+
+def _int4_preset(program: Any) -> Any:
+    """The int4 preset's fitted forms, as :func:`fake_quantized` applies them."""
+    return lambda name, w: fake_linear(w, _preset_form(name))
+
+
+#: every architecture in float16; the dense ones with int4 weights too (the mixtures of
+#: experts' stacked expert weights with int4: ``tests/llm/test_moe.py``, Mixtral)
+HALF_VARIANTS: list[Any] = [
+    *((name, None) for name in sorted({*ARCHITECTURES, *MOE_ARCHITECTURES}) if name != "gemma"),
+    pytest.param(
+        "gemma",
+        None,
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="Gemma (1) in float16 drifts from the eager float16 model along a decode "
+            "(1.2e-2 of max|ref| at step 31 of the third prompt, 3x the float16 tolerance; "
+            "Gemma 2 and Gemma with int4 weights stay within it); not diagnosed yet",
+        ),
+    ),
+    *((name, "int4") for name in sorted(ARCHITECTURES)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("architecture", "compress"),
+    HALF_VARIANTS,
+)
+def test_every_architecture_in_half_precision(
+    architecture: str, compress: str | None, tmp_path: Path
+) -> None:
+    """Every architecture ``llm.export`` supports, in float16 (and the dense ones in float16
+    with int4 weights): the bundle run by the reference driver against the eager model in
+    float16 with the same quantized weights (``coreai doctor`` clean)."""
+    fake = _int4_preset if compress else None
+    tolerance = GEMMA_FP16_TOLERANCE if architecture == "gemma" else FP16_TOLERANCE
+    check_variant(tmp_path, "fp16", compress, tolerance, torch.float16, fake, architecture)
 
 
 @pytest.mark.slow
