@@ -118,6 +118,8 @@ class Calibration:
     output_error: float | None = None
     #: the target of a :class:`~coreai_torch.compression.config.Mixed` configuration
     target_bpw: float | None = None
+    #: what the output error was measured on (example inputs when there was no data)
+    measured_on: str = "the calibration samples"
     #: the bits per weight of the chosen forms over every weight of the model, the ones not
     #: compressed (norms, biases) at their own precision
     planned_bpw: float | None = None
@@ -157,6 +159,7 @@ class Calibration:
             "tokens": self.tokens,
             "output_error": self.output_error,
             "target_bpw": self.target_bpw,
+            "measured_on": self.measured_on,
             "planned_bpw": self.planned_bpw,
             "weights": [w.to_dict() for w in self.weights.values()],
             "unfitted": [{"name": n, "reason": r} for n, r in self.unfitted],
@@ -177,7 +180,7 @@ class Calibration:
             )
         if self.output_error is not None:
             lines.append(
-                f"  output error on the calibration samples: {self.output_error:.4f} "
+                f"  output error on {self.measured_on}: {self.output_error:.4f} "
                 f"({_db(self.output_error)})" + ("  LARGE" if self.large_output_error else "")
             )
         for name, reason in self.unfitted:

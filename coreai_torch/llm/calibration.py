@@ -15,7 +15,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from coreai_torch.compression import Calibration, CalibrationError, CompressionConfig, calibrate
+from coreai_torch.compression import (
+    Calibration,
+    CalibrationError,
+    CompressionConfig,
+    Pruning,
+    calibrate,
+)
 
 #: tokens per calibration sequence
 SEQUENCE_LENGTH = 256
@@ -89,6 +95,38 @@ def calibrated(
     """``config`` fitted on the model's activations for ``tokens`` (one batch), scales and
     palettes rounded to ``dtype`` (the program's weight type)."""
     return calibrate(model, {"input_ids": tokens, "use_cache": False}, config, scale_dtype=dtype)
+
+
+#: the example sequences a compression without calibration data is measured on
+#: (``[EXAMPLE_SEQUENCES, EXAMPLE_TOKENS]`` token ids, drawn with a fixed seed)
+EXAMPLE_SEQUENCES = 2
+EXAMPLE_TOKENS = 64
+
+
+def example_tokens(vocab: int, max_context: int) -> torch.Tensor:
+    """Token ids ``[EXAMPLE_SEQUENCES, min(EXAMPLE_TOKENS, max_context)]`` drawn uniformly
+    from the vocabulary with a fixed seed: inputs to measure a data-free compression on."""
+    generator = torch.Generator().manual_seed(0)
+    length = max(1, min(EXAMPLE_TOKENS, max_context))
+    return torch.randint(0, vocab, (EXAMPLE_SEQUENCES, length), generator=generator)
+
+
+def measured(
+    model: nn.Module, config: CompressionConfig, dtype: torch.dtype, max_context: int
+) -> Calibration | None:
+    """The whole model's output error under the data-free codes of ``config`` (what
+    ``compress()`` fits without data), measured on :func:`example_tokens` so that a
+    compression that destroys the model says so; no codes are kept (``compress()`` fits its
+    own).  None for the forms calibration does not fit (pruning)."""
+    if isinstance(config, Pruning):
+        return None
+    tokens = example_tokens(vocab_size(model), max_context)
+    fitted = calibrate(
+        model, {"input_ids": tokens, "use_cache": False}, config, scale_dtype=dtype, method="rtn"
+    )
+    fitted.measured_on = f"{tokens.shape[0]} example inputs of random token ids (no calibration)"
+    fitted.weights = {}
+    return fitted
 
 
 def describe(calibration: Any) -> str | None:

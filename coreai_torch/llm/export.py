@@ -68,6 +68,7 @@ from coreai_torch.llm.calibration import (
     Calibrationdata,
     calibrated,
     calibration_tokens,
+    measured,
     vocab_size,
 )
 from coreai_torch.precision import Precision, from_spec
@@ -227,6 +228,8 @@ def convert_causal_lm(
     fitted = None
     if compression is not None and calibration is not None:
         fitted = calibrated(model, calibration, compression, policy.compute)
+    elif compression is not None:  # data-free: its output error measured on examples
+        fitted = measured(model, compression, policy.compute, max_context)
     if compression is not None:  # before optimize(): no transposed float copies of weights
         program.compress(compression, calibration=fitted)
     return program.optimize()
