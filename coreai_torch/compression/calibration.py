@@ -18,10 +18,11 @@ float model's for a few, to measure the output error at the end).  The layers af
 blocks (a final norm and the output head) are fitted last on the compressed stream; the
 output head is never evaluated over the whole vocabulary at once.
 
-:class:`~coreai_torch.compression.config.Mixed` (``target_bpw=``) first measures every
-weight's output error under each candidate form (one pass over the float model), chooses a
-form per weight to meet the budget with the least total error (:func:`allocate`), then fits
-the chosen forms as above.
+:class:`~coreai_torch.compression.config.Mixed` (``target_bpw=``) first measures what each
+candidate form of every weight does to the model's output (:func:`_fisher`: one forward and
+backward pass for the output sensitivities; then one pass over the float model fitting every
+form), chooses a form per weight to meet the budget with the least total effect
+(:func:`allocate`), then fits the chosen forms as above.
 
 ``program.compress(config, calibration=...)`` stores the fitted codes instead of fitting the
 weights again (:mod:`coreai_torch.compression.apply`).
