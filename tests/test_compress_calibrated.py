@@ -295,6 +295,18 @@ def test_bad_calibration_data_is_named() -> None:
         )
 
 
+def test_a_data_free_llm_export_measures_its_output_error_on_examples() -> None:
+    """Without calibration data the export still measures what the compression did to the
+    model's outputs (on example token ids): a destroyed model is flagged and warned about."""
+    destroyed = compression.LinearQuantization(bits=2, min_elements=0)
+    expected = r"example inputs of random token ids \(no calibration\) are off by"
+    with pytest.warns(RuntimeWarning, match=expected):
+        program = llm.export(causal_lm("smollm"), max_context=16, compress=destroyed)
+    report = program.compression_report
+    assert report is not None and report.large_output_error
+    assert "example inputs" in str(report) and "LARGE" in str(report)
+
+
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
     model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
     x = torch.randn(64, 48)

@@ -237,9 +237,7 @@ def _tones(count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     f0 = 80 * 10 ** torch.rand(count, 1, generator=g)
     t = torch.arange(1024) / 16000
     phase = torch.rand(count, 3, generator=g) * 6.283
-    x = sum(
-        torch.sin(6.283 * f0 * (h + 1) * t + phase[:, h : h + 1]) / (h + 1) for h in range(3)
-    )
+    x = sum(torch.sin(6.283 * f0 * (h + 1) * t + phase[:, h : h + 1]) / (h + 1) for h in range(3))
     x = x + 0.05 * torch.randn(count, 1024, generator=g)
     x = (x - x.mean(1, keepdim=True)) / x.std(1, keepdim=True)
     return x, f0[:, 0]
