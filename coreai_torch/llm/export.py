@@ -229,10 +229,16 @@ def convert_causal_lm(
     if compression is not None and calibration is not None:
         fitted = calibrated(model, calibration, compression, policy.compute)
     elif compression is not None:  # data-free: its output error measured on examples
-        fitted = measured(model, compression, policy.compute, max_context)
+        fitted = measured(model, compression, policy.compute, max_context, _source_dir(model))
     if compression is not None:  # before optimize(): no transposed float copies of weights
         program.compress(compression, calibration=fitted)
     return program.optimize()
+
+
+def _source_dir(model: nn.Module) -> Path | None:
+    """The directory the model was loaded from (its tokenizer may be there), if known."""
+    source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+    return Path(source) if source and Path(source).is_dir() else None
 
 
 def precision_policy(precision: torch.dtype | str | Precision | None) -> Precision:
