@@ -177,6 +177,7 @@ def test_minilm_calibrated_int4_keeps_embeddings_closer_than_rtn(minilm: Path) -
         return float(torch.nn.functional.cosine_similarity(pooled, reference).mean())
 
     rtn, calibrated = cosine(None), cosine(fitted)
+    print(f"MiniLM int4: mean cosine to the float embeddings {rtn=:.4f} {calibrated=:.4f}")
     assert calibrated > rtn, (calibrated, rtn)
     assert calibrated > 0.95
 

@@ -873,7 +873,7 @@ FISHER_SEED = 0
 def _per_sample(calls: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
     """The calls split into one call per sample where every tensor argument has the batch as
     its first axis (the memory of a backward pass is then one sample's)."""
-    out = []
+    out: list[tuple[Any, Any]] = []
     for args, kwargs in calls:
         n = _count(args, kwargs)
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
@@ -984,7 +984,9 @@ def _outer_parameters(
     """The parameters outside ``blocks`` in float32 (read now), each tied parameter under one
     name, and the name each parameter's names stand for."""
     inside = {id(p) for p in blocks.parameters()} if blocks is not None else set()
-    params, names, first = {}, {}, {}
+    params: dict[str, torch.Tensor] = {}
+    names: dict[str, str] = {}
+    first: dict[int, str] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) in inside:
             continue
@@ -1037,14 +1039,14 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
         return _Fisher(sums, model)
     stream = _block_inputs(model, blocks, params, calls)
     first_inputs = [args[0] for args, _ in stream]
-    entering = []
+    entering: list[list[Any]] = []
     for block in blocks:
         weights, _ = _parameters(block)
         entering.append(stream)
         stream = [((_first_tensor(_call(block, weights, a, k)), *a[1:]), k) for a, k in stream]
     inside = {id(m) for m in blocks.modules()}
     after = {n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside}
-    gradients = []
+    gradients: list[torch.Tensor] = []
     with _output_gradients(after, layers, sums):
         for (args, kwargs), (carried, _) in zip(calls, stream, strict=True):
             x = carried[0].detach().requires_grad_()
