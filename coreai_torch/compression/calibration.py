@@ -672,11 +672,18 @@ class _Inputs:
             raise _Stop
 
 
-def _parameters(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The module's parameters in float32 (read now), each tied parameter under one name,
-    and the name each parameter's names stand for."""
-    values, names, first = {}, {}, {}
+def _parameters(
+    module: nn.Module, outside: nn.Module | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The module's parameters (those not in ``outside``) in float32 (read now), each tied
+    parameter under one name, and the name each parameter's names stand for."""
+    inside = {id(p) for p in outside.parameters()} if outside is not None else set()
+    values: dict[str, torch.Tensor] = {}
+    names: dict[str, str] = {}
+    first: dict[int, str] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in inside:
+            continue
         if id(p) not in first:
             first[id(p)] = name
             values[name] = _float(lazy.materialize(p))
@@ -720,7 +727,7 @@ def _walk(
     the relative output error of the fitted model is returned."""
     blocks = find_blocks(model)
     inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
-    params, names = _outer_parameters(model, blocks)
+    params, names = _parameters(model, blocks)
     reference = dict(params)
     outer_modules = {
         n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside
@@ -978,25 +985,6 @@ class _Fisher:
         return value
 
 
-def _outer_parameters(
-    model: nn.Module, blocks: nn.ModuleList | None
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The parameters outside ``blocks`` in float32 (read now), each tied parameter under one
-    name, and the name each parameter's names stand for."""
-    inside = {id(p) for p in blocks.parameters()} if blocks is not None else set()
-    params: dict[str, torch.Tensor] = {}
-    names: dict[str, str] = {}
-    first: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in inside:
-            continue
-        if id(p) not in first:
-            first[id(p)] = name
-            params[name] = _float(lazy.materialize(p))
-        names[name] = first[id(p)]
-    return params, names
-
-
 def _block_inputs(
     model: nn.Module, blocks: nn.ModuleList, values: dict[str, torch.Tensor], calls: list[Any]
 ) -> list[Any]:
@@ -1028,7 +1016,7 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
     head = next((layer for layer in layers.values() if layer.head), None)
     classes = int(head.module.weight.shape[0]) if head is not None else None
     blocks = find_blocks(model)
-    params, _ = _outer_parameters(model, blocks)
+    params, _ = _parameters(model, blocks)
     sums: dict[str, torch.Tensor] = {}
     if blocks is None:
         modules = {layer.name: layer.module for layer in layers.values()}
