@@ -47,22 +47,26 @@ test-compat:
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run --ablation --large
 
-## ruff, and the package layout: layers, no import cycles, no private cross-module imports,
-## docstring references that resolve (tools/check_layout.py, tools/check_references.py).
+## ruff, mypy (pyproject.toml's [tool.mypy]), and the package layout: layers and the libraries
+## each may use, no import cycles, no private cross-module imports,
+## references in docstrings, messages and docs that resolve, advice that runs as pasted
+## (tools/check_layout.py, tools/check_references.py).
 lint: $(STAMP)
 	$(BIN)/ruff check coreai_torch tests benchmarks tools
 	$(BIN)/ruff format --check coreai_torch tests benchmarks tools
+	$(BIN)/mypy
 	$(BIN)/python -m tools.check_layout
 	$(BIN)/python -m tools.check_references
 
-## Regenerate docs/ops.md, the op coverage table.
+## Regenerate docs/ops.md, the op coverage table (tools/ops_table.py), from the lowering
+## registry and the OpInfo sweep's recorded results (tests/opinfo/results.json).
 ops-table: $(STAMP)
-	$(BIN)/python -m coreai_torch.lowerings.coverage --write docs/ops.md
+	$(BIN)/python -m tools.ops_table --write docs/ops.md
 
 ## Only the OpInfo sweep (every op_db entry, JOBS workers): tests/opinfo/results.json + docs/ops.md.
 opinfo: $(STAMP)
 	$(BIN)/python -m tests.opinfo.sweep --jobs $(JOBS)
-	$(BIN)/python -m coreai_torch.lowerings.coverage --write docs/ops.md
+	$(BIN)/python -m tools.ops_table --write docs/ops.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

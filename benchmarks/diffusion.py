@@ -9,16 +9,19 @@ parameters bound to the checkpoint, traced for batch 2 at 512x512, converted in 
 optimized, saved), while the process's RSS is sampled every 20 ms; the write floor is the time
 to write and fsync the asset's byte count in the same directory (``benchmarks/large.py``).
 Then the asset is loaded on the runtime and one denoising step (batch 2: guidance) is timed
-after a warm-up call.  Wall-clock and CPU seconds of this process are both reported (the CPU
-time is the steadier number on a shared machine).
+after a warm-up call.  The same is done for the UNet exported in float32 (this CPU runtime's
+float16 convolutions are slower than its float32 ones, so both steps are reported).
+Wall-clock and CPU seconds of this process are both reported (the CPU time is the steadier
+number on a shared machine).
 
-    python -m benchmarks.diffusion [--dir DIR] [--steps 2] [--keep]
-    python -m benchmarks.diffusion --tiny      # the tiny pipelines against diffusers (docs)
+    python -m benchmarks.diffusion [--dir DIR] [--steps 1] [--keep]
+    python -m benchmarks.diffusion --tiny [--only FLUX]   # the tiny pipelines vs diffusers (docs)
 
 ``--tiny`` measures what docs/text_to_image.md reports for the test pipelines
-(``tests/diffusers/support.py``): each exported in fp32, fp16 and with mixed-bit palettes, the
-PSNR of 4 denoising steps' image against diffusers' on the same weights and seed, and each
-component's largest error against its PyTorch module.
+(``tests/diffusers/support.py``: SD 1.x, SDXL, SD3, FLUX.1, FLUX.2): each exported in fp32
+and fp16 (SD 1.x also with mixed-bit palettes), the PSNR of 4 denoising steps' image against
+diffusers' on the same weights and seed, and each component's largest error against its
+PyTorch module.
 """
 
 from __future__ import annotations
@@ -116,16 +119,81 @@ class PeakRSS:
         return self.peak
 
 
-def measure(directory: Path, steps: int = 2) -> dict[str, Any]:
-    """Write the checkpoint, export the UNet from it, time a denoising step."""
+def export_unet(source: Any, directory: Path, precision: str) -> dict[str, Any]:
+    """Export the UNet of ``source`` from its checkpoint in ``precision`` into ``directory``,
+    sampling the RSS; returns the asset and the times."""
     from coreai_torch.diffusers.components import STABLE_DIFFUSION
     from coreai_torch.diffusers.export import (
-        PipelineSource,
+        component_precision,
         export_component,
         load_module,
         resolve_options,
     )
+
+    component = next(c for c in STABLE_DIFFUSION.components if c.role == "unet")
+    policy, _ = resolve_options(None if precision == "fp32" else precision, None)
+    directory.mkdir(parents=True, exist_ok=True)
+    baseline = rss()
+    sampler = PeakRSS()
+    begin, cpu = time.perf_counter(), time.process_time()
+    module = load_module(source, "unet")
+    done = export_component(
+        source,
+        component,
+        module,
+        [(512, 512)],
+        {"text_length": 77},
+        directory,
+        policy=component_precision(source, component, policy, module),
+    )
+    seconds, cpu_seconds = time.perf_counter() - begin, time.process_time() - cpu
+    peak = sampler.stop()
+    del module
+    return {
+        "asset": done.asset,
+        "export_seconds": round(seconds, 2),
+        "export_cpu_seconds": round(cpu_seconds, 2),
+        "asset_bytes": sum(f.stat().st_size for f in done.asset.rglob("*") if f.is_file()),
+        "peak_rss_above_baseline_bytes": peak - baseline,
+    }
+
+
+def time_steps(asset: Path, steps: int) -> dict[str, Any]:
+    """Load ``asset`` on the runtime, run one warm-up step (batch 2, 512x512), then time
+    ``steps`` denoising steps; the fastest is reported."""
     from coreai_torch.diffusers.modules import RuntimeModule
+
+    runner = RuntimeModule(asset, {}, {"main": (512, 512)})
+    inputs = {
+        "sample": torch.randn(2, 4, 64, 64),
+        "timestep": torch.full((2,), 981.0),
+        "encoder_hidden_states": torch.randn(2, 77, 768),
+    }
+    baseline = rss()
+    begin = time.perf_counter()
+    runner.run("main", **inputs)  # loads the asset and warms up
+    load_and_first = time.perf_counter() - begin
+    times, cpu_times = [], []
+    for _ in range(steps):
+        begin, cpu = time.perf_counter(), time.process_time()
+        runner.run("main", **inputs)
+        times.append(time.perf_counter() - begin)
+        cpu_times.append(time.process_time() - cpu)
+    resident = rss() - baseline
+    runner.close()
+    return {
+        "load_and_first_step_seconds": round(load_and_first, 2),
+        "step_seconds": round(min(times), 2),
+        "step_cpu_seconds": round(min(cpu_times), 2),
+        "runtime_rss_bytes": resident,
+    }
+
+
+def measure(directory: Path, steps: int = 1) -> dict[str, Any]:
+    """Write the checkpoint, export the UNet from it in float16 (against the write floor) and
+    time a denoising step; then the same step of the UNet exported in float32."""
+    from coreai_torch.diffusers.components import STABLE_DIFFUSION
+    from coreai_torch.diffusers.export import PipelineSource
 
     start = time.perf_counter()
     parameters, checkpoint_bytes = write_unet(directory / "unet")
@@ -140,61 +208,30 @@ def measure(directory: Path, steps: int = 2) -> dict[str, Any]:
             "vae": {"block_out_channels": VAE_BLOCKS, "latent_channels": 4},
         },
     )
-    component = next(c for c in STABLE_DIFFUSION.components if c.role == "unet")
-    policy, _ = resolve_options("fp16", None)
-    baseline = rss()
-    sampler = PeakRSS()
-    begin, cpu = time.perf_counter(), time.process_time()
-    module = load_module(source, "unet")
-    done = export_component(
-        source, component, module, [(512, 512)], {"text_length": 77}, directory, policy=policy
-    )
-    export_seconds = time.perf_counter() - begin
-    export_cpu = time.process_time() - cpu
-    peak = sampler.stop()
-    del module
-    asset_bytes = sum(f.stat().st_size for f in done.asset.rglob("*") if f.is_file())
-    floor = write_floor(directory, asset_bytes)
-    print(
-        f"exported in {export_seconds:.1f} s ({export_cpu:.1f} s of CPU), write floor "
-        f"{floor:.1f} s, peak RSS +{(peak - baseline) / GIB:.2f} GiB",
-        flush=True,
-    )
-
-    runner = RuntimeModule(done.asset, {}, {"main": (512, 512)})
-    inputs = {
-        "sample": torch.randn(2, 4, 64, 64),
-        "timestep": torch.full((2,), 981.0),
-        "encoder_hidden_states": torch.randn(2, 77, 768),
-    }
-    begin = time.perf_counter()
-    runner.run("main", **inputs)  # loads the asset and warms up
-    load_and_first = time.perf_counter() - begin
-    times, cpu_times = [], []
-    for _ in range(steps):
-        begin, cpu = time.perf_counter(), time.process_time()
-        runner.run("main", **inputs)
-        times.append(time.perf_counter() - begin)
-        cpu_times.append(time.process_time() - cpu)
-    runner.close()
-    return {
-        "model": "SD-1.5 UNet (fp16)",
+    result: dict[str, Any] = {
+        "model": "SD-1.5 UNet",
         "parameters": parameters,
         "checkpoint_bytes": checkpoint_bytes,
         "checkpoint_write_seconds": round(written, 2),
-        "export_seconds": round(export_seconds, 2),
-        "export_cpu_seconds": round(export_cpu, 2),
-        "write_floor_seconds": round(floor, 2),
-        "asset_bytes": asset_bytes,
-        "peak_rss_above_baseline_bytes": peak - baseline,
-        "load_and_first_step_seconds": round(load_and_first, 2),
-        "step_seconds": round(min(times), 2),
-        "step_cpu_seconds": round(min(cpu_times), 2),
     }
+    for precision in ("fp16", "fp32"):
+        exported = export_unet(source, directory / precision, precision)
+        asset = exported.pop("asset")
+        if precision == "fp16":
+            exported["write_floor_seconds"] = round(
+                write_floor(directory, exported["asset_bytes"]), 2
+            )
+        print(f"{precision}: {json.dumps(exported)}", flush=True)
+        exported.update(time_steps(asset, steps))
+        print(f"{precision}: {json.dumps(exported)}", flush=True)
+        result[precision] = exported
+        shutil.rmtree(asset, ignore_errors=True)
+    return result
 
 
-def measure_tiny(directory: Path) -> list[dict[str, Any]]:
-    """The tiny SD 1.x / SDXL / SD3 pipelines of the tests against diffusers."""
+def measure_tiny(directory: Path, only: str | None = None) -> list[dict[str, Any]]:
+    """The tiny SD 1.x / SDXL / SD3 / FLUX pipelines of the tests against diffusers (those
+    whose label starts with ``only`` when given)."""
     from coreai_torch.diffusers import CoreAIDiffusionPipeline
     from coreai_torch.diffusers.check import component_errors
     from coreai_torch.diffusers.mixed_bits import MixedBitPalettes
@@ -202,10 +239,16 @@ def measure_tiny(directory: Path) -> list[dict[str, Any]]:
 
     builders = {"SD 1.x": support.sd_pipeline, "SDXL": support.sdxl_pipeline}
     builders["SD3 (no T5)"] = support.sd3_pipeline
+    builders["FLUX.1 (guidance-distilled)"] = support.flux_pipeline
+    builders["FLUX.2 [klein]"] = support.flux2_pipeline
+    sizes = {"FLUX.1": support.FLUX_EXPORT, "FLUX.2": support.FLUX2_EXPORT}
     rows = []
     for label, build in builders.items():
+        if only and not label.startswith(only):
+            continue
         source = build(directory)
-        expected = support.generate(support.reference(source))
+        sized = sizes.get(label[:6], {})
+        expected = support.generate(support.reference(source), **sized)
         variants: dict[str, dict[str, Any]] = {"fp32": {}, "fp16": {"precision": "fp16"}}
         if label == "SD 1.x":
             variants["fp32 + mixed-bit palettes"] = {
@@ -213,7 +256,9 @@ def measure_tiny(directory: Path) -> list[dict[str, Any]]:
             }
         for variant, options in variants.items():
             begin = time.perf_counter()
-            with CoreAIDiffusionPipeline.from_pretrained(source, export=True, **options) as pipe:
+            with CoreAIDiffusionPipeline.from_pretrained(
+                source, export=True, **options, **sized
+            ) as pipe:
                 seconds = time.perf_counter() - begin
                 image = support.generate(pipe)
                 errors = component_errors(pipe, source)
@@ -254,37 +299,42 @@ def tiny_table(rows: list[dict[str, Any]]) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """The benchmark's row as a Markdown table."""
+    """The benchmark's rows as a Markdown table."""
     if "error" in result:
         return f"SD-1.5 UNet: failed ({result['error']})"
-    return "\n".join(
-        [
-            "| model | parameters | export from checkpoint (CPU) | write floor | peak RSS above "
-            "baseline (of checkpoint) | asset | load + first step | denoising step, batch 2 "
-            "(CPU) |",
-            "|---|---|---|---|---|---|---|---|",
-            f"| {result['model']} | {result['parameters'] / 1e9:.2f} B "
-            f"| {result['export_seconds']:.1f} s ({result['export_cpu_seconds']:.0f} s) "
-            f"| {result['write_floor_seconds']:.1f} s "
-            f"| {result['peak_rss_above_baseline_bytes'] / GIB:.2f} GiB "
-            f"({result['peak_rss_above_baseline_bytes'] / result['checkpoint_bytes']:.0%}) "
-            f"| {result['asset_bytes'] / GIB:.2f} GiB "
-            f"| {result['load_and_first_step_seconds']:.1f} s | {result['step_seconds']:.1f} s "
-            f"({result['step_cpu_seconds']:.0f} s) |",
-        ]
-    )
+    lines = [
+        "| model | export from checkpoint, wall (CPU) | write floor | peak RSS above baseline "
+        "(of checkpoint) | asset | load + first step | denoising step, batch 2, 512x512, wall "
+        "(CPU) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for precision in ("fp16", "fp32"):
+        row = result[precision]
+        floor = row.get("write_floor_seconds")
+        lines.append(
+            f"| {result['model']} ({result['parameters'] / 1e9:.2f} B), fp16 checkpoint -> "
+            f"{precision} | {row['export_seconds']:.1f} s ({row['export_cpu_seconds']:.0f} s) "
+            f"| {'-' if floor is None else f'{floor:.1f} s'} "
+            f"| {row['peak_rss_above_baseline_bytes'] / GIB:.2f} GiB "
+            f"({row['peak_rss_above_baseline_bytes'] / result['checkpoint_bytes']:.0%}) "
+            f"| {row['asset_bytes'] / GIB:.2f} GiB "
+            f"| {row['load_and_first_step_seconds']:.1f} s | {row['step_seconds']:.1f} s "
+            f"({row['step_cpu_seconds']:.0f} s) |"
+        )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", help="scratch directory (default: a temporary one)")
-    parser.add_argument("--steps", type=int, default=2, help="timed denoising steps")
+    parser.add_argument("--steps", type=int, default=1, help="timed denoising steps")
     parser.add_argument("--keep", action="store_true", help="keep the checkpoint and asset")
     parser.add_argument("--tiny", action="store_true", help="the tiny pipelines vs diffusers")
+    parser.add_argument("--only", help="--tiny: the pipelines whose label starts with this")
     args = parser.parse_args(argv)
     if args.tiny:
         with tempfile.TemporaryDirectory(prefix="coreai_bench_tiny_") as scratch:
-            rows = measure_tiny(Path(scratch))
+            rows = measure_tiny(Path(scratch), args.only)
         print("RESULT " + json.dumps(rows))
         print(tiny_table(rows))
         return 0

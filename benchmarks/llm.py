@@ -73,7 +73,7 @@ def measure_llm(variant: str, runs: int) -> dict[str, Any]:
         program.save_asset(path)
         del program
         result["asset_bytes"] = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-        with llm.Generator(path) as generator:
+        with llm.Generator(path, max_context=MAX_CONTEXT) as generator:
             result["state_bytes"] = generator.state_bytes
             first: list[np.ndarray] = []
             list(generator.generate(prompt, max_new_tokens=2, on_logits=first.append))  # warm-up

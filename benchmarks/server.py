@@ -43,7 +43,7 @@ def measure_server(name: str, runs: int) -> dict[str, Any]:
         asset = Path(tmp) / "bench.aimodel"
         program.save_asset(asset)
         del program
-        with llm.Generator(asset) as generator:
+        with llm.Generator(asset, max_context=MAX_CONTEXT) as generator:
             list(generator.generate(prompt, max_new_tokens=2))  # warm-up
             seconds, decode = [], []
             for _ in range(max(runs, 3)):
@@ -54,7 +54,7 @@ def measure_server(name: str, runs: int) -> dict[str, Any]:
         result["generator_request_s"] = statistics.median(seconds)
         result["generator_tokens_per_s"] = NEW_TOKENS / statistics.median(seconds)
         result["generator_decode_tokens_per_s"] = statistics.median(decode)
-        process, url = _start(asset, concurrency=max(LEVELS))
+        process, url = _start(asset, concurrency=max(LEVELS), max_context=MAX_CONTEXT)
         try:
             _requests(url, prompt, clients=2, per_client=1)  # warm-up
             for clients in LEVELS:
@@ -79,7 +79,7 @@ def measure_server(name: str, runs: int) -> dict[str, Any]:
     return result
 
 
-def _start(asset: Path, concurrency: int) -> tuple[subprocess.Popen, str]:
+def _start(asset: Path, concurrency: int, max_context: int) -> tuple[subprocess.Popen, str]:
     process = subprocess.Popen(
         [
             sys.executable,
@@ -87,6 +87,8 @@ def _start(asset: Path, concurrency: int) -> tuple[subprocess.Popen, str]:
             "coreai_torch.cli.main",
             "serve",
             str(asset),
+            "--max-context",
+            str(max_context),
             "--port",
             "0",
             "--concurrency",

@@ -2,10 +2,11 @@
 
 The checkpoint is written here, one tensor at a time, the way ``save_pretrained`` lays it out:
 bf16 safetensors shards of at most 5 GB with ``model.safetensors.index.json``, random
-N(0, 1/fan_in) weights.  ``llm.export(dir, max_context=512, precision="fp16", compress=...)``
-then ``save_asset`` run in this process while a listener records, per phase (load, trace,
-lowering, compress, optimize, save), the time and the peak resident memory (sampled every
-20 ms, the whole process: model, tracing, buffers).
+N(0, 1/fan_in) weights.  ``llm.export(dir, max_context=512, precision="fp16", compress=...,
+bundle=...)`` writes the bundle the app loads (the asset, the manifest, ``tokenizer/`` -- a
+small tokenizer trained for the purpose) in this process while a listener records, per phase
+(load, trace, lowering, compress, optimize, save), the time and the peak resident memory
+(sampled every 20 ms, the whole process: model, tracing, buffers).
 
 Shapes (Llama 3): ``1b`` (hidden 2048, 16 layers, MLP 8192, 8 KV heads, vocab 128256, tied
 embeddings; 2.3 GiB) and ``8b`` (hidden 4096, 32 layers, MLP 14336, untied; 15 GiB, behind
@@ -74,7 +75,7 @@ def write_checkpoint(directory: Path, name: str) -> int:
     safetensors, index); returns its tensor bytes.  One tensor is in memory at a time."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**MODELS[name], max_position_embeddings=8192, torch_dtype="bfloat16")
+    config = LlamaConfig(**MODELS[name], max_position_embeddings=8192, dtype="bfloat16")
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     tensors = [(n, tuple(p.shape)) for n, p in model.named_parameters()]  # ties: once
@@ -180,7 +181,12 @@ def run(name: str, compress: str | None, directory: Path, keep: bool) -> dict[st
         write_checkpoint(checkpoint, name)
         print(f"wrote {checkpoint} in {time.perf_counter() - start:.0f} s")
     checkpoint_bytes = sum(f.stat().st_size for f in checkpoint.glob("*.safetensors"))
-    asset = directory / f"llama-{name}-{compress or 'fp16'}.aimodel"
+    tokenizer = directory / "tokenizer"
+    if not tokenizer.is_dir():
+        from tests.llm.support import tiny_tokenizer
+
+        tiny_tokenizer().save_pretrained(tokenizer)
+    bundle = directory / f"llama-{name}-{compress or 'fp16'}"
     form, calibrated, _ = (compress or "").partition("+calibration")
     calibration = None
     if calibrated:
@@ -192,14 +198,16 @@ def run(name: str, compress: str | None, directory: Path, keep: bool) -> dict[st
     start = time.perf_counter()
     try:
         with progress_events.reporting(recorder):
-            program = llm.export(
+            llm.export(
                 checkpoint,
                 max_context=512,
                 precision="fp16",
                 compress=form or None,
                 calibration=calibration,
+                bundle=bundle,
+                tokenizer=tokenizer,
+                overwrite=True,
             )
-            program.save_asset(asset)
     finally:
         recorder.stop()
     seconds = time.perf_counter() - start
@@ -207,13 +215,13 @@ def run(name: str, compress: str | None, directory: Path, keep: bool) -> dict[st
         "model": name,
         "compress": compress,
         "checkpoint_bytes": checkpoint_bytes,
-        "asset_bytes": sum(f.stat().st_size for f in asset.rglob("*") if f.is_file()),
+        "bundle_bytes": sum(f.stat().st_size for f in bundle.rglob("*") if f.is_file()),
         "seconds": seconds,
         "peak_rss": max(recorder.peaks.values()),
         "phases": {p: (recorder.seconds[p], recorder.peaks.get(p, 0)) for p in recorder.order},
     }
     if not keep:
-        shutil.rmtree(asset, ignore_errors=True)
+        shutil.rmtree(bundle, ignore_errors=True)
     return result
 
 
@@ -246,7 +254,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def measure_streaming(spec: str) -> dict[str, Any]:
     """``benchmarks.run`` child: ``spec`` is ``MODEL:FORM`` (``1b:int4``, ``8b:none``); the
     checkpoint is written in a temporary directory (``$COREAI_BENCH_DIR`` if set, where it is
-    kept for the next run) and the asset removed."""
+    kept for the next run) and the bundle removed."""
     name, _, form = spec.partition(":")
     compress = None if form in ("", "none") else form
     kept = os.environ.get("COREAI_BENCH_DIR")
@@ -265,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=sorted(MODELS), default="1b")
     parser.add_argument("--compress", default="int4", help="int4, int8, palette4 or none")
     parser.add_argument("--dir", type=Path, help="scratch directory (default: a temporary one)")
-    parser.add_argument("--keep", action="store_true", help="keep the checkpoint and asset")
+    parser.add_argument("--keep", action="store_true", help="keep the checkpoint and bundle")
     args = parser.parse_args(argv)
     compress = None if args.compress == "none" else args.compress
     directory = args.dir or Path(tempfile.mkdtemp(prefix="coreai-streaming-"))

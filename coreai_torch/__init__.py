@@ -5,13 +5,24 @@ program = coreai_torch.TorchConverter().add_exported_program(ep).to_coreai()
 program.optimize().save_asset(Path("model.aimodel"))
 
 TorchConverter(compute_precision=torch.float16) converts into a half-precision program
-(coreai_torch.precision, docs/precision.md).
+(coreai_torch.precision, docs/precision.md); coreai_torch.verify.verify(model, args) converts,
+runs and compares with eager PyTorch.
 """
 
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _distribution_version
 
-from coreai_torch import composite_ops, compression, errors, llm, precision, progress, torch_compat
+from coreai_torch import (
+    _utils,  # noqa: F401  (coreai_torch._utils.get_operand for lowerings)
+    composite_ops,
+    compression,
+    errors,
+    llm,
+    precision,
+    progress,
+    torch_compat,
+    verify,
+)
 from coreai_torch._compression import ops as _coreai_ops  # noqa: F401  (torch.ops.coreai.*)
 from coreai_torch.analysis import analyze
 from coreai_torch.compression.apply import CompressionReport
@@ -37,10 +48,10 @@ from coreai_torch.frontend.export import get_decomp_table
 from coreai_torch.frontend.externalize import ExternalizeSpec
 from coreai_torch.importer.metal import MetalParameter, TorchMetalKernel
 from coreai_torch.ir.composite import generate_composite_decl
-from coreai_torch.ir.lazy import WeightSource, empty_parameters
 from coreai_torch.program import AIProgram
 from coreai_torch.rewrites.moe import rewrite_moe
 from coreai_torch.rewrites.recurrent import rewrite_recurrent
+from coreai_torch.tensors.lazy import WeightSource, empty_parameters
 
 try:
     #: The installed distribution's version (pyproject.toml's ``version``).
@@ -85,4 +96,5 @@ __all__ = [
     "progress",
     "rewrite_moe",
     "rewrite_recurrent",
+    "verify",
 ]

@@ -13,6 +13,7 @@ import coreai.authoring as ca
 from coreai._compiler import ir
 from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import (
     run_pre_compilation_rewrite,
+    serialize_module_to_bytecode,
 )
 from coreai._compiler._mlir_libs._coreaiIR._bindings.mlir import clone_module
 from coreai._compiler._mlir_libs._coreaiIR._bindings.mlir.dialects.coreai import (
@@ -28,6 +29,7 @@ __all__ = [
     "ir",
     "new_context",
     "run_pre_compilation_rewrite",
+    "serialize_module_to_bytecode",
 ]
 
 #: Predicates ``guard(op) -> bool`` asked before Core AI constant-folds ``op`` (in

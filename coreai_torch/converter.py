@@ -20,7 +20,7 @@ from coreai_torch.errors import ConversionError, InvalidSignatureError
 from coreai_torch.frontend import hints
 from coreai_torch.frontend.checks import check_complex
 from coreai_torch.frontend.export import check_decomposed
-from coreai_torch.frontend.externalize import prepare_externalization
+from coreai_torch.frontend.externalize import ExternalizeSpec, prepare_externalization
 from coreai_torch.frontend.fusions import fuse_patterns
 from coreai_torch.frontend.half_precision import to_half
 from coreai_torch.frontend.precision_checks import (
@@ -226,7 +226,7 @@ class TorchConverter:
         self,
         module: nn.Module,
         export_fn: Callable[[nn.Module], ExportedProgram],
-        externalize_modules: list | None = None,
+        externalize_modules: Sequence[ExternalizeSpec | type[nn.Module]] | None = None,
         input_names: Sequence[str] | None = None,
         output_names: Sequence[str] | None = None,
         state_names: Sequence[str] | None = None,
@@ -498,7 +498,8 @@ class TorchConverter:
                     when="after conversion",
                 )
                 _verify_with_sources(module, builder, self._lowerings)
-                check_runtime_hazards(module, builder.nodes)
+                nodes = builder.nodes
+                check_runtime_hazards(module, lambda n: describe(nodes[n]) if n in nodes else None)
                 stats.verify_seconds = time.perf_counter() - start
                 stats.weight_bytes = builder.weights.total_bytes
         finally:

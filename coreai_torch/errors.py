@@ -8,6 +8,8 @@ to do about it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 
 class ConversionError(Exception):
     """A PyTorch program could not be converted to a Core AI program."""
@@ -20,10 +22,10 @@ class NotDecomposedError(ConversionError, ValueError):
 class UnsupportedOpError(ConversionError):
     """The program contains ops that have no lowering (all of them are listed at once)."""
 
-    def __init__(self, message: str, ops: dict[str, list[object]] | None = None) -> None:
+    def __init__(self, message: str, ops: Mapping[str, Sequence[object]] | None = None) -> None:
         super().__init__(message)
         #: qualified op name -> FX nodes that use it
-        self.ops: dict[str, list[object]] = ops or {}
+        self.ops: dict[str, Sequence[object]] = dict(ops or {})
 
 
 class LoweringError(ConversionError):

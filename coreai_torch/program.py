@@ -8,6 +8,7 @@ the way, weights stored transposed made as they are written).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from pathlib import Path
@@ -67,7 +68,7 @@ class AIProgram(ca.AIProgram):
         if store is not None:
             store.share_with(self)
 
-    @property  # type: ignore[override]
+    @property
     def _module(self) -> ca.Module:
         """coreai-core's module holder, as coreai-core's own methods and outside tools read it
         (coreai-opt's passes walk ``program._module._mlir_module``): the pending data of the
@@ -196,14 +197,20 @@ class AIProgram(ca.AIProgram):
         return report
 
     def save_asset(
-        self, path: str | os.PathLike[str], metadata: Any = None, **kwargs: Any
+        self,
+        path: str | os.PathLike[str],
+        metadata: Any = None,
+        minimum_os: Any = None,
+        *,
+        streaming: bool | None = None,
     ) -> ca.AIModelAsset:
         """Save the program as a Core AI asset directory ``path`` (``*.aimodel``).
 
         Writes what coreai-core's ``save_asset`` writes (it also accepts ``str`` paths), at
         about disk speed and without a second copy of the weights (:mod:`coreai_torch.ir.saving`);
         refuses to replace a file or a directory that is not a Core AI asset, and turns
-        file-system failures into errors that name the path.
+        file-system failures into errors that name the path.  ``minimum_os`` as coreai-core's
+        (default ``OSVersion.v27``); ``streaming``: see :func:`coreai_torch.ir.saving.save_program`.
         """
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(
@@ -234,7 +241,8 @@ class AIProgram(ca.AIProgram):
                     metadata=metadata,
                     weights=self.weights,
                     progress=report if listener is not None else None,
-                    **kwargs,
+                    minimum_os=minimum_os,
+                    streaming=streaming,
                 )
         except OSError as error:
             raise type(error)(
@@ -247,9 +255,26 @@ class AIProgram(ca.AIProgram):
         self._materialize_weights()
         super()._save_bytecode(path, **kwargs)
 
-    def set_static_shape_config(self, *args: Any, **kwargs: Any) -> None:
-        self._materialize_weights()  # runs the pre-compilation rewrite, which folds constants
-        super().set_static_shape_config(*args, **kwargs)
+    def set_static_shape_config(
+        self, entrypoint: str, shapes_config: dict[str, dict[str, tuple[int, ...]]]
+    ) -> None:
+        """coreai-core's ``set_static_shape_config``: ``entrypoint`` replaced by one clone per
+        key of ``shapes_config`` (``<entrypoint>_<key>``, its named inputs and states given
+        the static shapes), made by Core AI's pre-compilation rewrite -- run, as in
+        :meth:`optimize`, after the guards that keep it numerics-preserving.  Call it before
+        :meth:`optimize` (weights ``optimize()`` stores transposed would be made now).  The
+        clones keep the entry point's signature, without its symbolic sizes."""
+        self._materialize_weights()  # the rewrite folds constants
+        context = pipeline.PassContext(self.weights)
+        module = self.structural_module
+        pipeline.run(pipeline.BEFORE_REWRITE, module, context, when="set_static_shape_config()")
+        super().set_static_shape_config(entrypoint, shapes_config)
+        pipeline.run(pipeline.AFTER_REWRITE, module, context, when="set_static_shape_config()")
+        signature = self.signatures.pop(entrypoint, None)
+        if signature is not None:
+            for key in shapes_config:
+                clone = f"{entrypoint}_{key.strip(chr(34))}"
+                self.signatures[clone] = dataclasses.replace(signature, sizes=None)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Self:
         # as coreai-core's, without reading ``_module`` (which would make every weight stored
@@ -274,7 +299,8 @@ class AIProgram(ca.AIProgram):
     def to_mlir(self, *, weights: bool = False, debug_info: bool = False) -> str:
         """The program as MLIR text; weight blobs are elided unless ``weights=True``."""
         if weights:
-            return self.mlir_module.operation.get_asm(enable_debug_info=debug_info)
+            text: str = self.mlir_module.operation.get_asm(enable_debug_info=debug_info)
+            return text
         module = self.structural_module
         body = "\n".join(
             op.operation.get_asm(enable_debug_info=debug_info) for op in module.body.operations

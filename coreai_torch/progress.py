@@ -202,12 +202,12 @@ def reporting(listener: ConversionProgress) -> Iterator[ConversionProgress]:
         _ACTIVE.reset(token)
 
 
-def progress_bar(*, transient: bool = False) -> contextlib.AbstractContextManager:
+def progress_bar(*, transient: bool = False) -> contextlib.AbstractContextManager[Any]:
     """Show a rich progress bar on stderr for every conversion inside the block."""
     return reporting(RichProgress(transient=transient))
 
 
-def track(callback: ProgressCallback) -> contextlib.AbstractContextManager:
+def track(callback: ProgressCallback) -> contextlib.AbstractContextManager[Any]:
     """Call ``callback(entrypoint, done, total)`` while conversions inside the block run."""
     return reporting(CallbackProgress(callback))
 

@@ -52,6 +52,12 @@ def torch_version(version: str | None = None) -> tuple[int, int]:
     return int(match[1]), int(match[2])
 
 
+#: torch 2.14 computes ``torch.combinations`` with ``nonzero_static`` (a fixed size), which
+#: ``torch.export`` exports and the converter converts; 2.12 and 2.13 select the pairs with
+#: ``masked_select``, whose size depends on the values: ``torch.export`` cannot export it.
+EXPORTS_COMBINATIONS: bool = torch_version() >= (2, 14)
+
+
 def untested_torch_message(version: str | None = None) -> str | None:
     """Why ``version`` (default: the installed torch) is outside :data:`TESTED_TORCH`, or None."""
     text = torch.__version__ if version is None else version

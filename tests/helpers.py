@@ -124,3 +124,29 @@ def check_half(
     assert worst_rel <= rel, f"relative error {worst_rel:.3e} > {rel:.1e}"
     assert worst_cos >= cosine, f"cosine similarity {worst_cos:.6f} < {cosine}"
     return worst_rel, worst_cos
+
+
+def advised_calls(message: str) -> list[str]:
+    """The ``coreai_torch.a.b(...)`` calls a message advises, as written (parentheses
+    balanced)."""
+    import re
+
+    calls = []
+    for match in re.finditer(r"(?<![\w.])coreai_torch(?:\.\w+)+\(", message):
+        depth = 0
+        for end in range(match.end() - 1, len(message)):
+            depth += {"(": 1, ")": -1}.get(message[end], 0)
+            if depth == 0:
+                calls.append(message[match.start() : end + 1])
+                break
+    return calls
+
+
+def run_advice(message: str, **names: Any) -> list[Any]:
+    """Run every call ``message`` advises as a user would paste it after ``import
+    coreai_torch``, with ``names`` (e.g. ``model``, ``args``) bound; returns their results."""
+    import coreai_torch
+
+    calls = advised_calls(message)
+    assert calls, f"no coreai_torch call advised in: {message}"
+    return [eval(call, {"coreai_torch": coreai_torch, **names}) for call in calls]

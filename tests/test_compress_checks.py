@@ -15,6 +15,8 @@ import torch.nn as nn
 from coreai_torch import compression
 from coreai_torch.errors import NonFiniteWeightError
 from coreai_torch.runtime import run_program
+from coreai_torch.verify import VerifyReport
+from tests.helpers import run_advice
 from tests.test_compress import convert
 
 N = 64
@@ -122,13 +124,15 @@ def test_low_snr_weights_are_flagged() -> None:
     torch.manual_seed(4)
     model = _model(torch.randn(N, N), torch.randn(N, N))
     x = torch.randn(2, N)
-    _, report = _run(model, compression.Palettization(bits=1, min_elements=0), x)
+    program = convert(model, (x,))
+    report = program.compress(compression.Palettization(bits=1, min_elements=0))
     assert [w.name for w in report.low_snr] == ["0.weight", "1.weight"]
     assert all(3 < w.snr_db < 5 for w in report.weights)  # 1-bit palettes of N(0, 1): 4.4 dB
     text = str(report)
     assert text.count("  LOW") == 2
     assert "2 weight(s) below 10 dB SNR (LOW): 0.weight, 1.weight" in text
-    assert "coreai_torch.verify" in text
+    (checked,) = run_advice(text, model=model, args=(x,), program=program)
+    assert isinstance(checked, VerifyReport) and not checked.ok  # 1-bit weights: far off
     assert report.to_dict()["low_snr"] == ["0.weight", "1.weight"]
     _, report = _run(model, compression.Palettization(bits=1, min_elements=0, min_snr_db=None), x)
     assert not report.low_snr and "LOW" not in str(report)

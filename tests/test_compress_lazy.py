@@ -1,7 +1,8 @@
-"""``compress()`` of weights still in their checkpoint (``coreai_torch.ir.lazy``): each weight is
-read and fitted once, its codes wait in a temporary spill file (not in memory) until the asset is
-written, and the asset is byte for byte the one the in-memory program writes.  Without room for
-the spill file the codes are fitted again while the asset is written, to the same bytes."""
+"""``compress()`` of weights still in their checkpoint (``coreai_torch.tensors.lazy``): each
+weight is read and fitted once, its codes wait in a temporary spill file (not in memory) until the
+asset is written, and the asset is byte for byte the one the in-memory program writes.  Without
+room for the spill file the codes are fitted again while the asset is written, to the same
+bytes."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from safetensors.torch import load_file, save_file
 from coreai_torch import TorchConverter, compression
 from coreai_torch.compression import apply
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.ir import lazy
 from coreai_torch.ir.weights import PendingDerived, SpillFile
+from coreai_torch.tensors import lazy
 
 CONFIG = compression.LinearQuantization(bits=4, block_size=32, min_elements=1024)
 

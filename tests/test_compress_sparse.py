@@ -14,9 +14,9 @@ from safetensors.torch import save_file
 
 from coreai_torch import TorchConverter, compression
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.ir import lazy
 from coreai_torch.ir.weights import PendingDerived
 from coreai_torch.runtime import Session
+from coreai_torch.tensors import lazy
 from tests.helpers import asset_bytes
 
 

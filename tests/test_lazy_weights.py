@@ -1,4 +1,4 @@
-"""Converting a module whose weights stay in their checkpoint (``coreai_torch.ir.lazy``): its
+"""Converting a module whose weights stay in their checkpoint (``coreai_torch.tensors.lazy``): its
 parameters are created on the meta device, bound to a safetensors file (or a mapping of
 tensors and loaders), and read only while the asset is written.  The asset is the one the
 in-memory conversion of the same module writes, and it runs like PyTorch."""
@@ -17,9 +17,9 @@ import coreai_torch
 from coreai_torch import TorchConverter
 from coreai_torch.errors import CheckpointError
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.ir import lazy
 from coreai_torch.ir.weights import PendingLazy
 from coreai_torch.runtime import Session
+from coreai_torch.tensors import lazy
 from coreai_torch.verify import compare, eager_outputs, run_entrypoint
 
 VIT = dict(

@@ -255,13 +255,42 @@ class LongBatchedProduct(nn.Module):
         return a @ b
 
 
+class LongEmbeddingBag(nn.Module):
+    """Bags of 4096 rows of a table of positive values: sums (~400) and means that a float16
+    running sum gets wrong."""
+
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.bag = nn.EmbeddingBag(8, 16, mode=mode)
+        with torch.no_grad():
+            self.bag.weight.uniform_(0.0, 0.2)
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.bag(indices, offsets)
+
+
+class LongAdaptivePool(nn.Module):
+    """Adaptive average pooling of 4099 rows into 2 (windows that do not divide the rows: one
+    averaging matrix per dimension, a product of 2050 terms per output)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_avg_pool2d(x, (2, 1))
+
+
+_SEEDED = torch.Generator().manual_seed(0)
+_BAG_ARGS = (torch.randint(0, 8, (8192,), generator=_SEEDED), torch.tensor([0, 4096]))
+
+
 @pytest.mark.parametrize(
     "model, args",
     [
         (LongLinear(), (torch.rand(4, 4096),)),
         (LongBatchedProduct(), (torch.rand(2, 4, 4096), torch.rand(2, 4096, 8))),
+        (LongEmbeddingBag("sum"), _BAG_ARGS),
+        (LongEmbeddingBag("mean"), _BAG_ARGS),
+        (LongAdaptivePool(), (torch.rand(1, 4, 4099, 1, generator=_SEEDED) * 400,)),
     ],
-    ids=["linear", "bmm"],
+    ids=["linear", "bmm", "embedding_bag_sum", "embedding_bag_mean", "adaptive_avg_pool"],
 )
 def test_fp32_accumulation_of_long_float16_products(model: nn.Module, args: tuple) -> None:
     """The runtime's float16 matmul accumulates in float16: ``fp32_accumulation`` (the

@@ -19,6 +19,8 @@ from coreai_torch.cli.report import ConversionReport
 from coreai_torch.frontend import precision_checks
 from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.runtime import run_program
+from coreai_torch.verify import VerifyReport
+from tests.helpers import run_advice
 
 
 class Net(nn.Module):
@@ -60,9 +62,12 @@ def test_weights_beyond_float16_stay_float32_with_a_warning() -> None:
     assert "1 weight(s) hold values beyond fp16's largest finite value 65504" in message
     assert "weight (largest magnitude 1e+05)" in message
     assert "They stay in float32" in message
-    assert "coreai_torch.verify(model, args, precision='fp16')" in message
+    assert "coreai_torch.verify.verify(model, args, precision='fp16')" in message
     assert "check_range=sample_inputs" in message
     _close(out, model(x).detach().numpy())
+    with pytest.warns(RuntimeWarning):  # the advice, pasted, converts the model again
+        (report,) = run_advice(message, model=model, args=(x,))
+    assert isinstance(report, VerifyReport) and report.ok, report
     # bfloat16 holds them: nothing to say
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -83,8 +88,10 @@ def test_check_range_keeps_overflowing_nodes_in_float32() -> None:
     assert "node(s) computed values beyond fp16's largest finite value 65504" in message
     assert "node 'mul_1' (op aten::mul.Tensor)" in message
     assert "test_precision_checks.py" in message and "h * self.scale * self.scale" in message
-    assert "coreai_torch.verify(model, args, precision='fp16')" in message
+    assert "coreai_torch.verify.verify(model, args, precision='fp16')" in message
     _close(out, expected)
+    (report,) = run_advice(message, model=model, args=(x,))  # names the overflowing node
+    assert not report.ok and report.divergence is not None, report
     # per entry point
     converter = TorchConverter(compute_precision="fp16", check_range={"main": (x,)})
     with pytest.warns(RuntimeWarning, match="check_range"):

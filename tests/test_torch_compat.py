@@ -93,6 +93,23 @@ def test_linalg_vector_norm_stays_one_op_on_every_torch() -> None:
     check_module(Normalize(), (x,))
 
 
+class Combinations(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.combinations(x, r=2)
+
+
+def test_exports_combinations_says_whether_torch_exports_them() -> None:
+    """torch 2.14 computes combinations with nonzero_static (converted like any program);
+    2.12 and 2.13 with masked_select, which torch.export cannot export (the OpInfo sweep's
+    expected failure holds there only)."""
+    x = torch.arange(4.0)
+    if torch_compat.EXPORTS_COMBINATIONS:
+        check_module(Combinations(), (x,))
+    else:
+        with pytest.raises(RuntimeError):  # a data-dependent output size
+            torch.export.export(Combinations(), (x,))
+
+
 class NestedOutputs(nn.Module):
     def forward(self, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return {"pair": (x.sin(), x.cos())}

@@ -15,11 +15,11 @@ from coreai_torch import TorchConverter
 from coreai_torch._mlir import clone_module, ir
 from coreai_torch.compression import LinearQuantization
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.ir import lazy
 from coreai_torch.ir.weights import PendingLazy, resource_name
 from coreai_torch.passes.pretranspose import is_dynamic_gather, pretranspose_weights
 from coreai_torch.program import AIProgram
 from coreai_torch.runtime import run_program
+from coreai_torch.tensors import lazy
 
 
 def test_weights_are_resources_over_the_tensor_memory() -> None:

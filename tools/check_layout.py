@@ -11,7 +11,11 @@ Counts, over every ``import`` in ``coreai_torch`` (imports inside functions incl
   what it shares with others from ``lowerings/helpers/`` and the registry, never from another
   family (nor does a helper import a family);
 * every lowering family has its test module, ``tests/lowerings/test_<family>.py`` (checked
-  when the tree has a ``tests/`` folder).
+  when the tree has a ``tests/`` folder);
+* third-party libraries (``LIBRARIES``): which modules may import each (torch's tracing and FX
+  never in the IR, passes or compression; coreai-core's MLIR layers only through ``_mlir``;
+  transformers only in the model-specific layers, inside functions where ``import
+  coreai_torch`` would otherwise need it), and no library that no rule names.
 
 ``python -m tools.check_layout`` prints what it finds and exits 1 on any violation
 (``make lint`` runs it).
@@ -41,8 +45,9 @@ LAYERS: list[tuple[str, ...]] = [
         "coreai_torch.torch_compat",
     ),
     ("coreai_torch.precision",),  # the precision policy (a public configuration)
-    ("coreai_torch.ir",),  # building, checking and saving Core AI IR
-    ("coreai_torch.frontend",),  # torch / FX only
+    ("coreai_torch.tensors",),  # torch tensors whose data is elsewhere (lazy checkpoint tensors)
+    ("coreai_torch.frontend",),  # torch / FX only: never imports the IR
+    ("coreai_torch.ir",),  # building, checking and saving Core AI IR: never reads FX
     ("coreai_torch.composite_ops", "coreai_torch.rewrites"),  # nn.Modules
     ("coreai_torch.lowerings",),
     ("coreai_torch.importer",),
@@ -72,7 +77,126 @@ LAYERS: list[tuple[str, ...]] = [
 # share lives in these modules, which import no family.
 LOWERINGS = "coreai_torch.lowerings"
 LOWERING_SHARED = ("coreai_torch.lowerings.registry", "coreai_torch.lowerings.helpers")
-LOWERING_NON_FAMILIES = ("coreai_torch.lowerings.coverage",)  # the op coverage table
+LOWERING_NON_FAMILIES: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Library:
+    """Which modules of the package may use a third-party library (or a part of one)."""
+
+    #: the library's module, or a submodule with its own rule (``torch.fx``)
+    name: str
+    #: what it is for (shown with a violation)
+    role: str
+    #: the modules (name prefixes) that may use it
+    only: tuple[str, ...] = (PACKAGE,)
+    #: ... except these
+    never: tuple[str, ...] = ()
+    #: an optional dependency: imported inside functions, except in these modules
+    eager_in: tuple[str, ...] | None = None
+
+
+#: The torch side the IR, the passes, compression, the runtime, the bundles and the server
+#: never see: tracing, FX graphs, exported programs, fake tensors.  (The IR uses torch for
+#: dtypes and tensor memory only.)
+_NOT_FX = (
+    "coreai_torch.ir",
+    "coreai_torch.passes",
+    "coreai_torch.compression",
+    "coreai_torch.runtime",
+    "coreai_torch.bundles",
+    "coreai_torch.serve",
+    "coreai_torch._mlir",
+    "coreai_torch.dtypes",
+    "coreai_torch.errors",
+    "coreai_torch.progress",
+)
+#: The torch-only layers and the server: no Core AI IR (coreai-core's MLIR through
+#: ``coreai_torch._mlir``).
+_NO_IR = (
+    "coreai_torch.precision",
+    "coreai_torch.tensors",
+    "coreai_torch.frontend",
+    "coreai_torch.composite_ops",
+    "coreai_torch.rewrites",
+    "coreai_torch.serve",
+)
+LIBRARIES: tuple[Library, ...] = (
+    Library("torch", "tensors and dtypes"),
+    *(
+        Library(name, "tracing / FX", never=_NOT_FX)
+        for name in (
+            "torch.fx",
+            "torch.export",
+            "torch._export",
+            "torch._subclasses",
+            "torch._decomp",
+            "torch._dynamo",
+            "torch._higher_order_ops",
+        )
+    ),
+    Library("numpy", "arrays"),
+    Library("ml_dtypes", "numpy dtypes for bfloat16 / float8 (installed with coreai-core)"),
+    Library("sympy", "symbolic sizes (installed with torch)", only=("coreai_torch.frontend",)),
+    Library("coreai._compiler", "coreai-core's MLIR layers", only=("coreai_torch._mlir",)),
+    Library("coreai_torch._mlir", "Core AI IR (MLIR)", never=_NO_IR),
+    Library(
+        "coreai.authoring",
+        "coreai-core's authoring API",
+        only=("coreai_torch._mlir", "coreai_torch.ir.saving", "coreai_torch.importer.metal"),
+    ),
+    Library(
+        "coreai.runtime",
+        "the Core AI runtime",
+        only=(
+            "coreai_torch.runtime",
+            "coreai_torch.ir.saving",
+            "coreai_torch.bundles",
+            "coreai_torch.hf",
+        ),
+    ),
+    Library(
+        "transformers",
+        "Hugging Face models (an optional dependency)",
+        only=(
+            "coreai_torch.rewrites.moe",
+            "coreai_torch.bundles",
+            "coreai_torch.llm",
+            "coreai_torch.hf",
+            "coreai_torch.diffusers",  # a pipeline's text encoders
+        ),
+        eager_in=("coreai_torch.hf",),
+    ),
+    Library(
+        "diffusers",
+        "diffusers pipelines (the diffusers extra)",
+        only=("coreai_torch.diffusers",),
+        eager_in=(),
+    ),
+    Library(
+        "starlette",
+        "the HTTP server's application (the serve extra)",
+        only=("coreai_torch.serve",),
+        eager_in=("coreai_torch.serve.app",),
+    ),
+    Library(
+        "uvicorn", "the HTTP server (the serve extra)", only=("coreai_torch.serve",), eager_in=()
+    ),
+    # the tests' HTTP client (the test extra): the server answers HTTP, it never sends it
+    Library("httpx", "an HTTP client (a test dependency)", only=()),
+    Library(
+        "jinja2",
+        "chat templates (optional; installed with transformers)",
+        only=("coreai_torch.bundles",),
+        eager_in=(),
+    ),
+    Library(
+        "rich",
+        "progress bars (the cli extra)",
+        only=("coreai_torch.progress", "coreai_torch.cli"),
+        eager_in=(),
+    ),
+)
 
 
 @dataclass
@@ -82,6 +206,8 @@ class Module:
     is_package: bool
     imports: list[tuple[str, int]] = field(default_factory=list)  # (module, line)
     private_names: list[tuple[str, str, int]] = field(default_factory=list)  # (module, name, line)
+    #: (library module or attribute path, line, at module level) for every third-party use
+    libraries: list[tuple[str, int, bool]] = field(default_factory=list)
 
 
 def discover(root: Path) -> dict[str, Module]:
@@ -115,10 +241,110 @@ def _owner(name: str, modules: dict[str, Module]) -> str | None:
     return None
 
 
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _dotted(node: ast.expr) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return ".".join([node.id, *reversed(parts)])
+
+
+def _third_party(name: str) -> bool:
+    top = name.split(".")[0]
+    return top != "__future__" and top not in sys.stdlib_module_names
+
+
+def _library_uses(tree: ast.Module) -> list[tuple[str, int, bool]]:
+    """Every third-party library a module imports or reaches through an imported name
+    (``torch.fx.Node`` after ``import torch``), with whether it happens at module level."""
+    uses: list[tuple[str, int, bool]] = []
+    aliases: dict[str, str] = {}  # local name -> library module
+
+    def visit(node: ast.AST, eager: bool) -> None:
+        function = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        if function or (isinstance(node, ast.If) and _is_type_checking(node)):
+            eager = False
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(PACKAGE + ".") and alias.name != PACKAGE + "._mlir":
+                    continue
+                if _third_party(alias.name) or alias.name == PACKAGE + "._mlir":
+                    uses.append((alias.name, node.lineno, eager))
+                    local = alias.asname or alias.name.split(".")[0]
+                    aliases[local] = alias.name if alias.asname else local
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == PACKAGE and any(a.name == "_mlir" for a in node.names):
+                uses.append((PACKAGE + "._mlir", node.lineno, eager))
+            elif node.module == PACKAGE + "._mlir" or (
+                not node.module.startswith(PACKAGE) and _third_party(node.module)
+            ):
+                for alias in node.names:
+                    uses.append((f"{node.module}.{alias.name}", node.lineno, eager))
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+            dotted = _dotted(node)
+            root = dotted.split(".")[0] if dotted else None
+            if dotted and root in aliases:
+                uses.append((aliases[root] + dotted[len(root) :], node.lineno, eager))
+                return  # the chain's inner attributes name less of the same path
+        for child in ast.iter_child_nodes(node):
+            visit(child, eager)
+
+    visit(tree, True)
+    return uses
+
+
+def library_of(name: str) -> Library | None:
+    """The rule for ``name`` (a module or attribute path): the longest library prefix."""
+    best = None
+    for library in LIBRARIES:
+        if (name == library.name or name.startswith(library.name + ".")) and (
+            best is None or len(library.name) > len(best.name)
+        ):
+            best = library
+    return best
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def library_problems(module: Module) -> list[str]:
+    """The module's uses of third-party libraries that ``LIBRARIES`` does not allow."""
+    problems = []
+    for name, line, eager in module.libraries:
+        library = library_of(name)
+        where = f"{module.path}:{line}: {module.name}"
+        if library is None:
+            problems.append(
+                f"{where} imports {name.split('.')[0]}, a library no rule allows "
+                "(add it to LIBRARIES in tools/check_layout.py and to pyproject.toml)"
+            )
+        elif not _within(module.name, library.only) or _within(module.name, library.never):
+            problems.append(f"{where} uses {name} ({library.role}), which it may not")
+        elif eager and library.eager_in is not None and not _within(module.name, library.eager_in):
+            problems.append(
+                f"{where} imports {name} ({library.role}) at module level: import it "
+                "inside the function that needs it"
+            )
+    return problems
+
+
 def parse(modules: dict[str, Module]) -> None:
-    """Fill in every module's imports (inside functions too) and private-name imports."""
+    """Fill in every module's imports (inside functions too), private-name imports and uses
+    of third-party libraries."""
     for module in modules.values():
         tree = ast.parse(module.path.read_text(), str(module.path))
+        module.libraries = _library_uses(tree)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -160,10 +386,6 @@ def layer_of(name: str) -> int | None:
             ):
                 best = (len(prefix), index)
     return None if best is None else best[1]
-
-
-def _within(name: str, prefixes: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
 
 
 def is_lowering_family(name: str) -> bool:
@@ -284,6 +506,7 @@ def check(root: Path) -> list[str]:
         problems.append("import cycle: " + " <-> ".join(component))
 
     for name, m in modules.items():
+        problems += library_problems(m)
         for owner, private, line in m.private_names:
             if owner != name:
                 problems.append(f"{m.path}:{line}: imports private {owner}.{private}")

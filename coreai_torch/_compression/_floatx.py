@@ -61,14 +61,14 @@ class SubbyteTensor(torch.Tensor):
                 f"{getattr(elem, 'dtype', type(elem).__name__)}"
             )
         shape = (*elem.shape[:-1], elem.shape[-1] * cls.PER_BYTE)
-        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        return torch.Tensor._make_wrapper_subclass(
             cls, shape, dtype=torch.uint8, device=elem.device, requires_grad=False
         )
 
     def __init__(self, elem: torch.Tensor) -> None:
         self.elem = elem
 
-    def __repr__(self) -> str:  # type: ignore[override]
+    def __repr__(self) -> str:  # type: ignore[override]  # torch's takes a keyword-only option
         return f"{type(self).__name__}(shape={list(self.shape)}, packed={list(self.elem.shape)})"
 
     def __tensor_flatten__(self) -> tuple[list[str], None]:
@@ -81,7 +81,7 @@ class SubbyteTensor(torch.Tensor):
         return cls(inner["elem"])
 
     @classmethod
-    def __torch_dispatch__(
+    def __torch_dispatch__(  # type: ignore[override]  # torch types it as a plain function
         cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
         kwargs = kwargs or {}

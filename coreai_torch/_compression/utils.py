@@ -29,7 +29,7 @@ def wrap_for_parametrization(cls: type[M]) -> type[M]:
         {"forward": forward, "__module__": __name__, "__qualname__": name, "__doc__": cls.__doc__},
     )
     globals().setdefault(name, wrapped)  # picklable by name (torch.save of a finalized model)
-    return wrapped  # type: ignore[return-value]
+    return wrapped
 
 
 def _predefine() -> None:

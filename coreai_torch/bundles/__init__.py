@@ -43,7 +43,7 @@ from coreai_torch.bundles.manifest import (
     SchedulerDefaults,
     VisionConfig,
 )
-from coreai_torch.bundles.reader import Bundle, resolve_asset_path
+from coreai_torch.bundles.reader import Bundle, is_bundle_dir, resolve_asset_path
 from coreai_torch.bundles.signatures import FunctionSignature, TensorSpec, function_signatures
 from coreai_torch.bundles.tokenizer import TokenizerInfo, read_tokenizer, write_tokenizer
 from coreai_torch.bundles.writer import (
@@ -80,6 +80,7 @@ __all__ = [
     "detect_structure",
     "eos_token_ids",
     "function_signatures",
+    "is_bundle_dir",
     "language_config_from_hf",
     "metadata_from_model_dir",
     "open_engine",

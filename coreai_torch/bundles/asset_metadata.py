@@ -81,7 +81,7 @@ def read_asset_metadata(asset: str | os.PathLike[str]) -> AssetMetadata:
         description=m.model_description,
         creation_date=m.creation_date,
         producer=m._producer,
-        custom=dict(m.creator_defined_metadata),
+        custom=dict(m.creator_defined_metadata),  # type: ignore[attr-defined]  # not in its stub
     )
 
 

@@ -321,8 +321,8 @@ def check_static_shape(
             "transformer_input" in t.name for t in function.inputs
         ):
             gathers.add(q)
-        key = function.state("key_cache")
-        length = None if key.dynamic_dims else max(key.shape)
+        key = function.required_state("key_cache")
+        length = None if key.dynamic_dims else max(key.static_shape())
         if (
             cache_function is None
             and name.startswith("extend")
@@ -341,8 +341,8 @@ def check_static_shape(
         )
     for name in pairs:
         for state_name in STATIC_STATES:
-            state = signatures[name].state(state_name)
-            reference = signatures[cache_function].state(state_name)
+            state = signatures[name].required_state(state_name)
+            reference = signatures[cache_function].required_state(state_name)
             if state.rank != reference.rank or any(
                 a is not None and b is not None and a > b
                 for a, b in zip(state.shape, reference.shape, strict=True)

@@ -197,7 +197,7 @@ class SequentialEngine(_Engine):
         super().__init__(bundle, **options)
         try:
             self.decoder = check_dynamic_decoder(
-                self.bundle.signatures("main"),
+                self.bundle.required_signatures("main"),
                 self.language,
                 where=str(self.bundle.asset_path("main")),
             )
@@ -279,8 +279,10 @@ class SequentialEngine(_Engine):
             size = self.prefill_chunk_size
             for start in range(0, len(tokens), size):
                 logits = self._batch(tokens[start : start + size])
-            return logits[-1]
-        return self._batch(tokens)[-1]
+        else:
+            logits = self._batch(tokens)
+        last: np.ndarray = logits[-1]
+        return last
 
     def generate(
         self,
@@ -322,18 +324,19 @@ class PipelinedEngine(SequentialEngine):
         self.kv_pair = (key.name, value.name)
         self.specs = {s.name: s for s in function.states}
         self.sequence_dim = 3 if key.rank == 5 else 2  # KVCacheFactory.detectSequenceDim
-        dynamic = key.shape[self.sequence_dim] is None
+        size = key.shape[self.sequence_dim]
+        dynamic = size is None
         self.growing = [key.name, value.name] if dynamic else []
         self.capacity = INITIAL_KV_CAPACITY if dynamic else self.language.max_context_length
-        self.max_capacity = 2**62 if dynamic else key.shape[self.sequence_dim]
+        self.max_capacity = 2**62 if size is None else size
         self.states = {}
         for state in function.states:
             if state.name in (key.name, value.name):
-                shape = list(state.shape)
+                shape = _sized(state.shape, self.capacity)
                 shape[self.sequence_dim] = self.capacity
                 values = self.fresh(shape, state.dtype)
             else:  # fixed, sliding and further growing states: max context, zero-filled
-                shape = [self.language.max_context_length if d is None else d for d in state.shape]
+                shape = _sized(state.shape, self.language.max_context_length)
                 values = np.zeros(shape, numpy_dtype(state.dtype))
             self.states[state.name] = _ndarray(values)
         self.non_truncatable = any(k == "fixed" for k in self.decoder.state_kinds.values())
@@ -445,7 +448,7 @@ class StaticShapeEngine(_Engine):
     def __init__(self, bundle: Bundle | str | os.PathLike[str], **options: Any) -> None:
         super().__init__(bundle, **options)
         try:
-            self.signatures = self.bundle.signatures("main")
+            self.signatures = self.bundle.required_signatures("main")
             self.family = check_static_shape(
                 self.signatures, self.language, where=str(self.bundle.asset_path("main"))
             )
@@ -454,12 +457,9 @@ class StaticShapeEngine(_Engine):
             ]
             function = self.signatures[self.family.cache_function]
             self.caches = {
-                name: self.fresh(
-                    [self.language.max_context_length if d is None else d for d in spec.shape],
-                    spec.dtype,
-                )
+                name: self.fresh(_sized(spec.shape, self.language.max_context_length), spec.dtype)
                 for name in STATIC_STATES
-                for spec in [function.state(name)]
+                for spec in [function.required_state(name)]
             }
         except BaseException:
             self.close()
@@ -489,19 +489,19 @@ class StaticShapeEngine(_Engine):
             graph = self._graph(remaining, position, prefill)
             function = self.signatures[graph]
             transformer = next(t for t in function.inputs if "transformer_input" in t.name)
-            batch = transformer.shape[1]
+            batch = transformer.static_shape()[1]
             aligned = (position // batch) * batch
             end = min(aligned + batch - 1, total - 1)
             count = end - aligned + 1
             inputs = self._inputs(function, tokens[aligned : end + 1], batch, aligned, count)
             states = {}
             for name in STATIC_STATES:
-                shape = function.state(name).shape
+                shape = function.required_state(name).shape
                 index = tuple(slice(0, n) for n in shape)
                 states[name] = _ndarray(self.caches[name][index])
             out = self.session.run(inputs, entrypoint=graph, state=states)
             for name in STATIC_STATES:
-                shape = function.state(name).shape
+                shape = function.required_state(name).shape
                 self.caches[name][tuple(slice(0, n) for n in shape)] = _numpy(states[name])
             self.calls.append((graph, count, aligned + count))
             if not prefill:
@@ -520,8 +520,9 @@ class StaticShapeEngine(_Engine):
             inputs["embedding_table"] = self.embedding_table
         transformer = next(n for n in names if "transformer_input" in n)
         gather = f"{GATHER_PREFIX}{batch}"
-        ids_spec = self.signatures[gather].input("in_new_token_ids")
-        ids = self.rng.integers(0, self.language.vocab_size, ids_spec.shape).astype(np.int32)
+        ids_spec = self.signatures[gather].required_input("in_new_token_ids")
+        ids = self.rng.integers(0, self.language.vocab_size, ids_spec.static_shape())
+        ids = ids.astype(np.int32)
         if self.fresh_memory == "zeros":
             ids[...] = 0
         flat = ids.reshape(-1)
@@ -586,3 +587,8 @@ def open_engine(
     if variant not in engines:
         raise ValueError(f"variant must be auto, {', '.join(engines)}; got {variant!r}")
     return engines[variant](bundle, **options)
+
+
+def _sized(shape: Sequence[int | None], size: int) -> list[int]:
+    """``shape`` with its run-time dimensions given ``size``."""
+    return [size if d is None else d for d in shape]

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from coreai_torch.errors import BundleError
 
@@ -70,6 +70,12 @@ class _Reader:
     def fail(self, key: str, what: str) -> BundleError:
         return BundleError(f"{self.where}: {self._key(key)} {what}")
 
+    @overload
+    def get(self, key: str, check: Callable[[Any, str], T], *, required: Literal[True]) -> T: ...
+    @overload
+    def get(
+        self, key: str, check: Callable[[Any, str], T], *, required: Literal[False]
+    ) -> T | None: ...
     def get(self, key: str, check: Callable[[Any, str], T], *, required: bool) -> T | None:
         value = self.data.get(key)
         if value is None:
@@ -79,6 +85,10 @@ class _Reader:
             return None
         return check(value, self._key(key))
 
+    @overload
+    def obj(self, key: str, *, required: Literal[True]) -> _Reader: ...
+    @overload
+    def obj(self, key: str, *, required: Literal[False]) -> _Reader | None: ...
     def obj(self, key: str, *, required: bool) -> _Reader | None:
         value = self.data.get(key)
         if value is None:
@@ -124,7 +134,8 @@ class _Reader:
                 raise BundleError(
                     f"{self.where}: {key} must be one of {list(options)}, got {_shown(value)}"
                 )
-            return value
+            chosen: str = value
+            return chosen
 
         return check
 
@@ -408,6 +419,18 @@ class Manifest:
     metadata_version: str = METADATA_VERSION
     extra: Mapping[str, Any] = field(default_factory=dict)
 
+    def language_config(self) -> LanguageConfig:
+        """The ``language`` section (``llm`` / ``vlm`` bundles, whose validation requires it)."""
+        return _section(self.language, "language", self.kind)
+
+    def vision_config(self) -> VisionConfig:
+        """The ``vision`` section (``vlm`` bundles)."""
+        return _section(self.vision, "vision", self.kind)
+
+    def diffusion_config(self) -> DiffusionConfig:
+        """The ``diffusion`` section (``diffusion`` bundles)."""
+        return _section(self.diffusion, "diffusion", self.kind)
+
     # -- reading ---------------------------------------------------------------------------
 
     @classmethod
@@ -537,3 +560,12 @@ class Manifest:
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n"
+
+
+_S = TypeVar("_S")
+
+
+def _section(section: _S | None, name: str, kind: str) -> _S:
+    if section is None:
+        raise BundleError(f'metadata.json: a {kind} bundle needs a "{name}" section')
+    return section

@@ -45,6 +45,13 @@ ASSET_SUFFIXES = (".aimodel", ".aimodelc")
 FLUX2_FILES = (("Transformer", "Transformer_512"), ("VAEDecoder", "VAEDecoder_half"))
 
 
+def is_bundle_dir(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a bundle directory: one holding ``metadata.json`` that is not an
+    asset itself (a ``.aimodel`` directory holds a ``metadata.json`` of its own)."""
+    root = Path(path)
+    return root.suffix.lower() not in ASSET_SUFFIXES and (root / MANIFEST_FILE).is_file()
+
+
 def resolve_asset_path(relative: str, directory: str | os.PathLike[str]) -> Path:
     """``ModelBundle.resolveAssetURL``: ``directory / relative`` if it exists, else for a
     ``.aimodel`` name the compiled ``.aimodelc`` beside it if that exists, else the path as
@@ -70,7 +77,9 @@ class Bundle:
     structure: str | None = None
     #: what could not be checked here and why (e.g. a compiled .aimodelc)
     unchecked: list[str] = field(default_factory=list)
-    _signatures: dict[str, dict[str, FunctionSignature]] = field(default_factory=dict, repr=False)
+    _signatures: dict[str, dict[str, FunctionSignature] | None] = field(
+        default_factory=dict, repr=False
+    )
     _tokenizer: TokenizerInfo | None = field(default=None, repr=False)
 
     # -- loading ---------------------------------------------------------------------------
@@ -235,6 +244,15 @@ class Bundle:
             )
         return self._signatures[role]
 
+    def required_signatures(self, role: str = "main") -> dict[str, FunctionSignature]:
+        """The functions of the asset of ``role``, which must be readable (not compiled)."""
+        found = self.signatures(role)
+        if found is None:
+            raise BundleError(
+                f"{self.asset_path(role)} is compiled (.aimodelc): its functions cannot be read"
+            )
+        return found
+
     def asset_metadata(self, role: str = "main") -> AssetMetadata:
         """The metadata stored in the asset of ``role``."""
         return read_asset_metadata(self.asset_path(role))
@@ -254,21 +272,22 @@ def check_bundle_assets(
         main = signatures.get("main")
         if main is None:
             return None
-        return check_language_asset(main, manifest.language, where=where["main"])
+        return check_language_asset(main, manifest.language_config(), where=where["main"])
     if manifest.kind == "vlm":
         check_vlm_assets(
             signatures.get("main"),
             signatures.get("vision"),
             signatures.get("embedding"),
-            manifest.language,
-            manifest.vision,
+            manifest.language_config(),
+            manifest.vision_config(),
             where=dict(where),
         )
-        return (
-            None if signatures.get("main") is None else detect_structure(list(signatures["main"]))
-        )
+        main_functions = signatures.get("main")
+        return None if main_functions is None else detect_structure(list(main_functions))
     if manifest.kind == "diffusion":
-        check_diffusion_roles(dict(manifest.assets), manifest.diffusion, where=manifest_where)
+        check_diffusion_roles(
+            dict(manifest.assets), manifest.diffusion_config(), where=manifest_where
+        )
         for role, sigs in signatures.items():
             if sigs is not None:
                 check_diffusion_asset(sigs, role, where=where[role])

@@ -18,7 +18,7 @@ from typing import Any
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.dtypes import to_torch
-from coreai_torch.errors import InvalidAssetError
+from coreai_torch.errors import CallingConventionError, InvalidAssetError
 from coreai_torch.ir.assets import structure_summary
 
 
@@ -39,9 +39,23 @@ class TensorSpec:
     def dynamic_dims(self) -> tuple[int, ...]:
         return tuple(i for i, d in enumerate(self.shape) if d is None)
 
+    def static_shape(self) -> tuple[int, ...]:
+        """The shape where every dimension is fixed (a :class:`CallingConventionError` when
+        one has a run-time size)."""
+        sizes = tuple(d for d in self.shape if d is not None)
+        if len(sizes) != len(self.shape):
+            raise CallingConventionError(f"{self} has a run-time size where a fixed one is needed")
+        return sizes
+
     def __str__(self) -> str:
         dims = ", ".join("?" if d is None else str(d) for d in self.shape)
         return f"{self.name}: {self.dtype}[{dims}]"
+
+
+def _required(spec: TensorSpec | None, missing: str) -> TensorSpec:
+    if spec is None:
+        raise CallingConventionError(missing)
+    return spec
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,14 @@ class FunctionSignature:
 
     def state(self, name: str) -> TensorSpec | None:
         return next((t for t in self.states if t.name == name), None)
+
+    def required_input(self, name: str) -> TensorSpec:
+        """The input ``name`` (a :class:`CallingConventionError` when there is none)."""
+        return _required(self.input(name), f"function '{self.name}' has no input '{name}'")
+
+    def required_state(self, name: str) -> TensorSpec:
+        """The state ``name`` (a :class:`CallingConventionError` when there is none)."""
+        return _required(self.state(name), f"function '{self.name}' has no state '{name}'")
 
     def __str__(self) -> str:
         def show(specs: tuple[TensorSpec, ...]) -> str:

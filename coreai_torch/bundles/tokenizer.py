@@ -112,8 +112,10 @@ def _text(value: Any) -> str | None:
     """A token given as a string or an AddedToken object (``{"content": ...}``)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, dict) and isinstance(value.get("content"), str):
-        return value["content"]
+    if isinstance(value, dict):
+        content = value.get("content")
+        if isinstance(content, str):
+            return content
     return None
 
 

@@ -96,7 +96,7 @@ def write_bundle(
             f"tokenizer= writes a language model's tokenizer/; a {manifest.kind} bundle's "
             "tokenizer files go in files= (e.g. files={'tokenizer': clip_tokenizer_dir})"
         )
-    embeds = manifest.kind in LANGUAGE_KINDS and manifest.language.embedded_tokenizer
+    embeds = manifest.kind in LANGUAGE_KINDS and manifest.language_config().embedded_tokenizer
     if embeds and tokenizer is None and TOKENIZER_DIR not in extra_files:
         raise BundleError(
             f"{where}: language.embedded_tokenizer is true but no tokenizer was given: pass "
@@ -347,6 +347,7 @@ def write_llm_bundle(
     compression: str | None = None,
     chat_template: str | None = None,
     asset_metadata: AssetMetadata | None = None,
+    files: Mapping[str, str | os.PathLike[str]] | None = None,
     overwrite: bool = False,
 ) -> Bundle:
     """Write a language-model bundle (kind ``llm``) the app's ``LanguageBundle`` loads.
@@ -359,7 +360,9 @@ def write_llm_bundle(
     (:func:`language_config_from_hf`, ``max_context_length`` the exported context), ``source``
     (the hub id, ``model_id`` or the config's, and this converter), ``compression`` and
     ``compilation`` (date).  The asset's metadata defaults to
-    :func:`~coreai_torch.bundles.asset_metadata.metadata_from_model_dir`.
+    :func:`~coreai_torch.bundles.asset_metadata.metadata_from_model_dir`.  ``files``: other
+    files to include (see :func:`write_bundle`; e.g. the Hugging Face ``config.json``, which
+    the app ignores and Python loaders read).
     """
     model_dir = None if model_dir is None else Path(model_dir)
     if model_dir is not None and not model_dir.is_dir():
@@ -393,6 +396,7 @@ def write_llm_bundle(
         tokenizer=tokenizer if tokenizer is not None else model_dir,
         eos_token_ids=eos_token_ids(hf_config, model_dir),
         chat_template=chat_template,
+        files=files,
         asset_metadata=asset_metadata,
         overwrite=overwrite,
     )

@@ -297,7 +297,7 @@ def one_line(error: BaseException) -> str:
     if isinstance(error, UnsupportedOpError) and error.ops:
         parts = []
         for op, nodes in sorted(error.ops.items(), key=lambda kv: -len(kv[1])):
-            frame = user_frame(nodes[0])
+            frame = user_frame(nodes[0]) if isinstance(nodes[0], torch.fx.Node) else None
             parts.append(f"{op} x{len(nodes)}" + (f" (first at {frame})" if frame else ""))
         hints = [line.strip() for line in str(error).splitlines() if line.startswith("hint:")]
         return f"no Core AI lowering for {'; '.join([*parts, *hints])}"

@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 
-def default_specs() -> list:
+def default_specs() -> list[ExternalizeSpec]:
     """An ``ExternalizeSpec`` for every composite op module of this package."""
 
     return [

@@ -140,7 +140,8 @@ class GatedExperts(nn.Module):
             self.gate_proj(x, self.gate, indices, self.gate_bias),
             self.up_proj(x, self.up, indices, self.up_bias),
         )
-        out = self.down_proj(h, self.down, indices, self.down_bias)  # (tokens, k, dim)
+        # (tokens, k, dim)
+        out: torch.Tensor = self.down_proj(h, self.down, indices, self.down_bias)
         return (out * w.unsqueeze(-1)).sum(-2)
 
     def _dense(self, x: torch.Tensor, indices: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -158,7 +159,9 @@ class GatedExperts(nn.Module):
         return torch.matmul(dense.unsqueeze(1), out.transpose(0, 1)).squeeze(1)
 
 
-def _batched_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+def _batched_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
     """``x @ weight[e].T (+ bias[e])`` for every expert ``e``: ``(experts, tokens, out)``."""
     out = torch.matmul(x, weight.transpose(1, 2))
     return out if bias is None else out + bias.unsqueeze(1)

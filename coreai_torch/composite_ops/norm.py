@@ -51,4 +51,5 @@ class RMSNorm(nn.Module):
         self.norm = RMSNormImpl(eps=eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.norm(x, self.weight)
+        out: torch.Tensor = self.norm(x, self.weight)
+        return out

@@ -10,7 +10,7 @@ convolution kernels, embedding lookups and the stacked expert weights of mixture
 layers (batched, or gathered per token), possibly through casts and transposes; anything else
 keeps the weight as it is, and the report says why.
 
-Weights still in their checkpoint (:mod:`coreai_torch.ir.lazy`) are read and fitted once, one
+Weights still in their checkpoint (:mod:`coreai_torch.tensors.lazy`) are read and fitted once, one
 at a time, and their codes wait in a temporary file until the asset is written
 (:class:`_Spilling`): neither the weights nor their codes are held in memory.
 
@@ -51,7 +51,7 @@ from coreai_torch.compression.config import (
     Pruning,
 )
 from coreai_torch.compression.fitting import Workers, palettize, prune, quantize_linear
-from coreai_torch.ir import compressed, lazy
+from coreai_torch.ir import compressed
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 from coreai_torch.ir.saving import SPACE_MARGIN, free_space
@@ -63,6 +63,7 @@ from coreai_torch.passes.weight_reads import (
     operation,
     read_plan,
 )
+from coreai_torch.tensors import lazy
 
 #: derived constants holding a compressed weight's codes (see compressed.Decompression)
 _CODES = re.compile(r"^(.*)\.(?:codes|indices|values)(?:_\d+)?$")
@@ -210,8 +211,9 @@ class CompressionReport:
                 f"  {len(self.low_snr)} weight(s) below {self.min_snr_db:g} dB SNR (LOW): "
                 f"{', '.join(w.name for w in self.low_snr[:8])}"
                 + (", ..." if len(self.low_snr) > 8 else "")
-                + "; check the outputs with coreai_torch.verify, and use more bits, smaller "
-                "blocks/groups, or leave these weights out (weights=...)"
+                + "; compare the outputs with coreai_torch.verify.verify(model, args, "
+                "program=program) (its report gives each output's error), and use more bits, "
+                "smaller blocks/groups, or leave these weights out (weights=...)"
             )
         if self.skipped:
             lines.append("  left as they were:")
@@ -235,7 +237,9 @@ def _form(
         if config.other is None:
             return "not fitted by the calibration (Mixed(other=None))"
         return config.other
-    form = config.form_for(plan.reader, plan.head)
+    form: LinearQuantization | Palettization | Pruning | None = config.form_for(
+        plan.reader, plan.head
+    )
     if form is None:
         if plan.head and config.output_head is False:
             return "the output head (output_head=False)"
@@ -247,12 +251,12 @@ def _form(
 
 
 def _fit(
-    config: CompressionConfig,
+    config: LinearQuantization | Palettization | Pruning,
     weight: np.ndarray | _Converted,
     plan: Plan,
     dtype: torch.dtype,
     workers: Workers | None = None,
-) -> tuple[Any, str] | str:
+) -> tuple[Any, float] | str:
     """The codes of ``weight`` (in the stored layout) and their SNR in dB, or why the
     configuration cannot be applied to it.  Each index of a batch axis (an expert) gets
     parameters of its own.  ``workers``: the fitting's threads, kept between weights."""

@@ -7,7 +7,7 @@ block by block, before the model is converted.
 The model runs in PyTorch one block at a time (the blocks of its largest ``nn.ModuleList``,
 the decoder layers of a transformer; a model without one is a single block): the samples'
 activations at the first block's input are carried from one block to the next; each block's
-weights are read (a model streamed from its checkpoint, :mod:`coreai_torch.ir.lazy`, reads
+weights are read (a model streamed from its checkpoint, :mod:`coreai_torch.tensors.lazy`, reads
 them now and drops them afterwards), the inputs of its ``nn.Linear`` / ``nn.Conv2d`` layers
 are accumulated into each layer's Hessian ``XᵀX``, the layers are fitted
 (:mod:`coreai_torch.compression.calibrated`: GPTQ with activation-aware scales, or weighted
@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -53,8 +53,8 @@ from coreai_torch.compression.config import (
     bits_per_weight,
 )
 from coreai_torch.compression.fitting import Workers
-from coreai_torch.ir import lazy
 from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
+from coreai_torch.tensors import lazy
 
 #: the float-model samples carried along to measure the output error at the end
 MEASURED_SAMPLES = 4
@@ -209,7 +209,7 @@ def as_batches(samples: Any) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
             "calibration samples must be a tensor, a tuple of forward() arguments, a dict of "
             "keyword arguments, or a non-empty list of these"
         )
-    calls = []
+    calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
     for sample in samples:
         if isinstance(sample, torch.Tensor):
             calls.append(((sample,), {}))
@@ -261,9 +261,9 @@ def token_batches(
         raise CalibrationError("the calibration token ids are empty")
     low, high = int(batch.min()), int(batch.max())
     if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
+        outside = low if low < 0 else high
         raise CalibrationError(
-            f"calibration token id {bad} is outside the model's vocabulary (0 .. "
+            f"calibration token id {outside} is outside the model's vocabulary (0 .. "
             f"{vocab_size - 1}): were the ids made with this model's tokenizer?"
         )
     return batch
@@ -353,10 +353,30 @@ def layer_inputs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The rows ``[samples, K]`` a layer's weight (``[out, K]`` flattened) multiplies."""
     if isinstance(module, nn.Conv2d):
         cols = F.unfold(
-            x.float(), module.kernel_size, module.dilation, module.padding, module.stride
+            x.float(), module.kernel_size, module.dilation, _conv_padding(module), module.stride
         )
         return cols.transpose(1, 2).reshape(-1, cols.shape[1])
     return x.reshape(-1, x.shape[-1]).float()
+
+
+def _conv_padding(conv: nn.Conv2d) -> tuple[int, ...]:
+    """The explicit padding of ``conv`` (``padding="valid"`` / ``"same"`` spelled out)."""
+    if not isinstance(conv.padding, str):
+        return conv.padding
+    if conv.padding == "valid":
+        return (0, 0)
+    total = [d * (k - 1) for d, k in zip(conv.dilation, conv.kernel_size, strict=True)]
+    if any(t % 2 for t in total):
+        raise CalibrationError(
+            f"a Conv2d with padding='same' and an even kernel {conv.kernel_size} pads one side "
+            "more than the other, which calibration does not reproduce"
+        )
+    return tuple(t // 2 for t in total)
+
+
+def _weight(module: nn.Module) -> torch.Tensor:
+    """The ``weight`` of a fittable layer (a linear, convolution or embedding layer)."""
+    return cast(torch.Tensor, module.weight)
 
 
 # ------------------------------------------------------------------------------ fitting ---
@@ -364,7 +384,7 @@ def layer_inputs(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _reduced_block(module: nn.Module, form: LinearQuantization) -> int | None:
     """Columns of the flattened weight sharing a scale (None: per output channel)."""
-    weight = module.weight
+    weight = _weight(module)
     k = weight[0].numel()
     if form.block_size is None or form.block_size >= weight.shape[1]:
         return k
@@ -438,9 +458,11 @@ def fit_weight(
         indices = fits.nearest_entries(w.reshape(n // group, group * k), palettes).reshape(n, k)
     fitted = palettes.repeat_interleave(group, 0).gather(1, indices)
     lut = palettes.to(scale_dtype).float()
-    lut = lut.reshape(n // group, *[1] * (len(shape) - 1), 1 << form.bits, 1).numpy()
-    result = PaletteCodes(indices.reshape(shape).numpy().astype(np.uint8), form.bits, lut)
-    return result, fitted.reshape(shape)
+    lut_array = lut.reshape(n // group, *[1] * (len(shape) - 1), 1 << form.bits, 1).numpy()
+    palette_codes = PaletteCodes(
+        indices.reshape(shape).numpy().astype(np.uint8), form.bits, lut_array
+    )
+    return palette_codes, fitted.reshape(shape)
 
 
 def _candidates(config: CompressionConfig) -> list[LinearQuantization | Palettization]:
@@ -459,7 +481,7 @@ def _form_for(
     """The form ``config`` gives the weight (None: left alone), as ``compress()`` chooses."""
     if isinstance(config, Mixed):
         return config if config.selects(name) else None
-    if not config.selects(name) or module.weight.numel() < config.min_elements:
+    if not config.selects(name) or _weight(module).numel() < config.min_elements:
         return None
     if head:
         override = config.output_head
@@ -661,7 +683,7 @@ class _Inputs:
         self.stop_at_head = False
 
     def __call__(self, name: str, module: nn.Module, x: torch.Tensor) -> None:
-        if module.weight[0].numel() > MAX_HESSIAN_INPUTS:
+        if _weight(module)[0].numel() > MAX_HESSIAN_INPUTS:
             self.too_large.add(name)
         else:
             rows = layer_inputs(module, x)
@@ -746,11 +768,11 @@ def _walk(
         return _relative(f, c)
 
     # the layers before the blocks, fitted on the float inputs
-    first = _Inputs(outer_modules, layers)
-    with _recording(outer_modules, first):
+    first_inputs = _Inputs(outer_modules, layers)
+    with _recording(outer_modules, first_inputs):
         _block_inputs(model, blocks, params, calls)
-    before = {n: m for n, m in outer_modules.items() if n in first.hessians}
-    _fit_stage(before, first, params, names, layers, fit)
+    before = {n: m for n, m in outer_modules.items() if n in first_inputs.hessians}
+    _fit_stage(before, first_inputs, params, names, layers, fit)
     stream = _block_inputs(model, blocks, params, calls)
     floats = _block_inputs(model, blocks, reference, calls[:MEASURED_SAMPLES]) if measure else []
     total = len(blocks) + 1
@@ -1014,7 +1036,7 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
     calls = _per_sample(calls)
     generator = torch.Generator().manual_seed(FISHER_SEED)
     head = next((layer for layer in layers.values() if layer.head), None)
-    classes = int(head.module.weight.shape[0]) if head is not None else None
+    classes = int(_weight(head.module).shape[0]) if head is not None else None
     blocks = find_blocks(model)
     params, _ = _parameters(model, blocks)
     sums: dict[str, torch.Tensor] = {}
@@ -1107,7 +1129,7 @@ def _sensitivity(
 
 def _unique_parameters(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     seen: set[int] = set()
-    out = []
+    out: list[tuple[str, torch.Tensor]] = []
     for name, p in model.named_parameters(remove_duplicate=False):
         if id(p) not in seen:
             seen.add(id(p))

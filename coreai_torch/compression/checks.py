@@ -20,7 +20,7 @@ from collections.abc import Iterable
 import torch
 
 from coreai_torch.errors import NonFiniteWeightError
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
 
 #: elements checked at a time (the bool mask of a chunk is what is held)
 CHUNK_ELEMENTS = 1 << 24

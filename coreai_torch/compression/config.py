@@ -248,7 +248,7 @@ def bits_per_weight(
         return code + (scale + (0 if config.symmetric else code)) / block
     if isinstance(config, Palettization):
         group = out if config.group_size is None else min(config.group_size, out)
-        return PALETTE_STORAGE[config.bits] + (2**config.bits) * float_bits / (group * per_row)
+        return PALETTE_STORAGE[config.bits] + (1 << config.bits) * float_bits / (group * per_row)
     return (1 - config.sparsity) * float_bits + 1
 
 
@@ -363,8 +363,7 @@ def from_spec(
         if "asym" in options or "pc" in options:
             raise ValueError(f"{spec!r}: -asym and -pc apply to int<bits>, not to palettes")
         group_size = None if "pt" in options else (group or 16)
-        config: CompressionConfig = Palettization(bits=bits, group_size=group_size)
-        return _safe(config, bits)
+        return _safe(Palettization(bits=bits, group_size=group_size), bits)
     if "pt" in options:
         raise ValueError(f"{spec!r}: -pt applies to palettes (one per weight)")
     if "pc" in options and group is not None:

@@ -20,7 +20,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -124,8 +124,21 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return None
 
 
+class Slices(Protocol):
+    """A weight read by slices, each a float32 array (a weight converted from another dtype,
+    or read from its checkpoint, as it is fitted)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def ndim(self) -> int: ...
+
+    def __getitem__(self, index: tuple[slice, ...], /) -> np.ndarray: ...
+
+
 def quantize_linear(
-    weight: np.ndarray,
+    weight: np.ndarray | Slices,
     params: Sequence[int],
     bits: int,
     *,
@@ -187,7 +200,7 @@ class _LinearFit:
 
     def __init__(
         self,
-        weight: np.ndarray,
+        weight: np.ndarray | Slices,
         bits: int,
         symmetric: bool,
         scale_dtype: torch.dtype,
@@ -269,7 +282,8 @@ def _elements(shape: Sequence[int], index: tuple[slice, ...]) -> int:
 def _dense_order(tensor: torch.Tensor) -> list[int] | None:
     """The permutation of ``tensor``'s axes that makes it contiguous (axes by decreasing
     stride), or None if none does."""
-    order = sorted(range(tensor.dim()), key=lambda a: -tensor.stride(a))
+    strides = tensor.stride()
+    order = sorted(range(tensor.dim()), key=lambda a: -strides[a])
     return order if tensor.permute(order).is_contiguous() else None
 
 
@@ -464,12 +478,12 @@ def palettize(
             )
             indices[part] = found
             noise.add(chunk, chunk - np.take_along_axis(palettes[part[0]], found, 1))
-    indices = np.moveaxis(indices.reshape(moved_shape), list(range(len(lead))), lead)
+    codes = np.moveaxis(indices.reshape(moved_shape), list(range(len(lead))), lead)
     # [*batches, groups, k] -> [*lut groups (the weight's rank), k, 1]
     lut = palettes.reshape(*batches, groups, *[1] * (len(shape) - len(lead)), k, 1)
     lut = np.moveaxis(lut, list(range(len(lead))), lead)
     _return_freed_memory()
-    return PaletteCodes(np.ascontiguousarray(indices), bits, np.ascontiguousarray(lut)), (
+    return PaletteCodes(np.ascontiguousarray(codes), bits, np.ascontiguousarray(lut)), (
         noise.snr_db
     )
 

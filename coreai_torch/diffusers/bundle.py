@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from coreai_torch.bundles import Bundle, DiffusionConfig, Manifest, SchedulerDefaults, write_bundle
+from coreai_torch.bundles.manifest import DIFFUSION_TYPES
 
 #: the Python side's file beside the manifest
 COREAI_CONFIG = "coreai_config.json"
@@ -38,21 +39,26 @@ def manifest(
     *,
     scheduler: Mapping[str, Any],
     vae: Mapping[str, Any],
+    denoiser: Mapping[str, Any] | None = None,
     image_size: int,
     default_steps: int,
     default_guidance_scale: float,
     compression: str | None,
 ) -> Manifest:
-    """The ``metadata.json`` of a diffusion bundle from the pipeline's scheduler and VAE
-    configurations."""
+    """The ``metadata.json`` of a diffusion bundle from the pipeline's scheduler, VAE and
+    denoiser configurations.  A ``bundle_type`` the Swift pipeline has no type for (FLUX.1's
+    ``flux``) leaves ``diffusion.type`` out; a transformer with rotary embeddings adds
+    ``guidance_embeds``, ``rope_axes_dims`` and ``rope_theta``."""
     flow = "FlowMatch" in str(scheduler.get("_class_name", ""))
     scale = float(vae.get("scaling_factor") or 0.18215)
+    denoiser = denoiser or {}
+    axes = denoiser.get("axes_dims_rope")
     return Manifest(
         kind="diffusion",
         name=name,
         assets=dict(assets),
         diffusion=DiffusionConfig(
-            type=bundle_type,
+            type=bundle_type if bundle_type in DIFFUSION_TYPES else None,
             prediction_type="flow" if flow else scheduler.get("prediction_type") or "epsilon",
             image_size=int(image_size),
             scheduler=None
@@ -68,6 +74,10 @@ def manifest(
             decoder_shift_factor=float(vae.get("shift_factor") or 0.0),
             default_guidance_scale=float(default_guidance_scale),
             default_steps=int(default_steps),
+            batch_norm_eps=vae.get("batch_norm_eps"),
+            guidance_embeds=None if axes is None else bool(denoiser.get("guidance_embeds")),
+            rope_axes_dims=None if axes is None else tuple(int(a) for a in axes),
+            rope_theta=None if axes is None else float(denoiser.get("rope_theta", 10000)),
         ),
         source={"model_definition": "diffusers"},
         compression=compression,

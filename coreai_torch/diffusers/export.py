@@ -2,7 +2,7 @@
 from the components' safetensors checkpoints.
 
 Each component (:mod:`coreai_torch.diffusers.components`) is built with its parameters on the
-meta device and bound to its checkpoint (:class:`~coreai_torch.ir.lazy.WeightSource`), traced
+meta device and bound to its checkpoint (:class:`~coreai_torch.tensors.lazy.WeightSource`), traced
 once per exported resolution (one entry point each, weights stored once: ``main`` for the first
 resolution, ``main_<H>x<W>`` for the others), converted (``precision``), compressed
 (``compress``: one configuration for the text encoders and the denoiser, or a
@@ -12,6 +12,7 @@ a weight is read from its checkpoint only while the asset is written.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import shutil
@@ -28,10 +29,10 @@ import torch.nn as nn
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.ir import lazy
-from coreai_torch.ir.lazy import WeightSource
 from coreai_torch.llm.export import compression_config, precision_policy
 from coreai_torch.precision import Precision
+from coreai_torch.tensors import lazy
+from coreai_torch.tensors.lazy import WeightSource
 
 from .components import (
     Component,
@@ -41,6 +42,9 @@ from .components import (
     family_of,
     supported_pipelines,
 )
+
+#: diffusers' sinusoidal time-step (and guidance) projection, kept in float32
+TIME_PROJECTION = "Timesteps"
 
 #: libraries a pipeline's component may come from
 _LIBRARIES = ("diffusers", "transformers")
@@ -60,10 +64,11 @@ class PipelineSource:
 
     @property
     def vae_scale_factor(self) -> int:
-        return 2 ** (len(self.configs["vae"]["block_out_channels"]) - 1)
+        return 1 << (len(self.configs["vae"]["block_out_channels"]) - 1)
 
     def default_resolution(self) -> tuple[int, int]:
-        size = self.configs[self.family.denoiser].get("sample_size") or 64
+        size = self.configs[self.family.denoiser].get("sample_size")
+        size = size or self.family.default_sample_size
         if isinstance(size, (list, tuple)):
             return size[0] * self.vae_scale_factor, size[1] * self.vae_scale_factor
         return size * self.vae_scale_factor, size * self.vae_scale_factor
@@ -109,8 +114,8 @@ def read_pipeline(path: str | Path) -> PipelineSource:
     if family is None:
         raise UnsupportedModelError(
             f"{root}: the diffusers pipeline class '{pipeline_class}' is not supported by "
-            f"coreai_torch.diffusers (supported: {', '.join(supported_pipelines())}); export "
-            "its modules one by one with TorchConverter"
+            f"coreai_torch.diffusers (supported: {', '.join(supported_pipelines())}); "
+            "export its modules one by one with TorchConverter"
         )
     modules: dict[str, tuple[str, str]] = {}
     for name, value in meta.items():
@@ -129,20 +134,22 @@ def _read_config(folder: Path) -> dict[str, Any]:
     file = folder / "config.json"
     if not file.is_file():
         raise FileNotFoundError(f"{folder}: no config.json (is the pipeline directory complete?)")
-    return json.loads(file.read_text())
+    config: dict[str, Any] = json.loads(file.read_text())
+    return config
 
 
 # ------------------------------------------------------------------------- the modules -----
 
 
-def module_class(library: str, class_name: str) -> type:
+def module_class(library: str, class_name: str) -> type[Any]:
     """The class ``model_index.json`` names for a module."""
     if library not in _LIBRARIES:
         raise UnsupportedModelError(
             f"a pipeline module of library '{library}' ({class_name}) cannot be exported; "
             f"the supported libraries are {', '.join(_LIBRARIES)}"
         )
-    return getattr(importlib.import_module(library), class_name)
+    found: type[Any] = getattr(importlib.import_module(library), class_name)
+    return found
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
@@ -194,7 +201,8 @@ def load_module(source: PipelineSource, name: str, *, streamed: bool = True) -> 
     options: dict[str, Any] = {"torch_dtype": torch.float32}
     if library == "transformers":
         options["local_files_only"] = True
-    return cls.from_pretrained(folder, **options).eval()
+    loaded: nn.Module = cls.from_pretrained(folder, **options).eval()
+    return loaded
 
 
 # ------------------------------------------------------------------------------ export -----
@@ -280,12 +288,23 @@ def export_component(
     )
 
 
-def component_precision(source: PipelineSource, component: Component, policy: Precision) -> Any:
+def component_precision(
+    source: PipelineSource, component: Component, policy: Precision, module: nn.Module
+) -> Any:
     """The precision ``component`` is converted in: the requested one, except a VAE whose
-    configuration asks to be upcast (``force_upcast``: SDXL's VAE overflows in float16)."""
-    if component.source == "vae" and policy.is_half and source.configs["vae"].get("force_upcast"):
+    configuration asks to be upcast (``force_upcast``: SDXL's VAE overflows in float16), and
+    with the sinusoidal projections of the time step and guidance (diffusers' ``Timesteps``)
+    in float32, as diffusers computes them: in 16 bits the sine of a time step near 1000 (or
+    FLUX's guidance times 1000) has no significant digit left."""
+    if not policy.is_half:
+        return policy
+    if component.source == "vae" and source.configs["vae"].get("force_upcast"):
         return precision_policy(None)
-    return policy
+    if not any(type(m).__name__ == TIME_PROJECTION for m in module.modules()):
+        return policy
+    return dataclasses.replace(
+        policy, keep_fp32_modules=(*policy.keep_fp32_modules, TIME_PROJECTION)
+    )
 
 
 def resolve_options(precision: Any, compress: Any) -> tuple[Precision, Any]:
@@ -333,9 +352,8 @@ def check_resolutions(
         default = source.default_resolution()
         resolutions = [(height or default[0], width or default[1])]
     chosen = []
-    step = source.vae_scale_factor * int(
-        source.configs[source.family.denoiser].get("patch_size") or 1
-    )
+    step = source.vae_scale_factor * source.family.packing
+    step *= int(source.configs[source.family.denoiser].get("patch_size") or 1)
     step *= 2 ** (len(source.configs[source.family.denoiser].get("block_out_channels", [0])) - 1)
     for resolution in resolutions:
         if (
@@ -365,14 +383,17 @@ def text_extras(source: PipelineSource, max_sequence_length: int) -> dict[str, A
             length = json.loads(config.read_text()).get("model_max_length") or 77
             positions = source.configs[name].get("max_position_embeddings") or length
             extras[f"{name}_length"] = int(min(length, positions))
-    extras["text_encoder_3_length"] = max_sequence_length
+    family = source.family
+    extras[f"{family.padded_source}_length"] = max_sequence_length
     clip = extras.get("text_encoder_length", 77)
-    if source.family.denoiser == "transformer":
-        extras["text_length"] = clip + max_sequence_length
+    extras["text_length"] = {
+        "clip": clip,
+        "clip+t5": clip + max_sequence_length,
+        "padded": max_sequence_length,
+    }[family.text_tokens]
+    if family.text_tokens != "clip":
         extras["max_sequence_length"] = max_sequence_length
-    else:
-        extras["text_length"] = clip
-    if "text_encoder_2" in source.configs:
+    if "text_encoder_2" in source.configs and family.padded_source != "text_encoder_2":
         extras["pooled_dim"] = source.configs["text_encoder_2"].get("projection_dim")
     unet = source.configs.get("unet", {})
     if unet.get("addition_embed_type") == "text_time":
@@ -389,7 +410,7 @@ def export_pipeline(
     height: int | None = None,
     width: int | None = None,
     resolutions: Sequence[tuple[int, int]] | None = None,
-    max_sequence_length: int = 256,
+    max_sequence_length: int | None = None,
     name: str | None = None,
 ) -> dict[str, Any]:
     """Export the diffusers pipeline in the local directory ``path`` to the diffusion bundle
@@ -403,13 +424,14 @@ def export_pipeline(
     :class:`~coreai_torch.diffusers.mixed_bits.MixedBitPalettes` recipe (per-layer bits of the
     denoiser chosen by output PSNR); the VAE is never compressed.  ``height`` / ``width`` (or
     ``resolutions``, a list of pairs) fix the image sizes the denoiser and VAE take (default:
-    the denoiser's ``sample_size``).  ``max_sequence_length``: the T5 tokens of SD3."""
+    the denoiser's ``sample_size``).  ``max_sequence_length``: the T5 tokens of SD3 (default
+    256) and FLUX (default 512), as diffusers' defaults."""
     from .bundle import COREAI_CONFIG, FORMAT_VERSION, manifest, write_directory, write_json
 
     source = read_pipeline(path)
     policy, compression = resolve_options(precision, compress)
     chosen = check_resolutions(source, height, width, resolutions)
-    extras = text_extras(source, max_sequence_length)
+    extras = text_extras(source, max_sequence_length or source.family.max_sequence_length)
     target = Path(out)
 
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
@@ -427,11 +449,12 @@ def export_pipeline(
                 chosen,
                 extras,
                 staging,
-                policy=component_precision(source, component, policy),
+                policy=component_precision(source, component, policy, module),
                 compress=compression if compresses(compression, component) else None,
             )
             del module
             inputs, outputs = component_io(component, source.configs)
+            denoiser = component.source in (source.family.denoiser, "controlnet")
             components[component.role] = {
                 "asset": done.asset.name,
                 "source": component.source,
@@ -440,6 +463,8 @@ def export_pipeline(
                 "outputs": list(outputs),
                 "entrypoints": {k: list(v) if v else None for k, v in done.entrypoints.items()},
                 "precision": done.precision,
+                **({"layers": list(component.layers)} if component.layers else {}),
+                **({"batch": source.family.denoiser_batch} if denoiser else {}),
                 "compression": done.compression,
                 "seconds": round(done.seconds, 3),
                 **({"mixed_bits": done.report} if isinstance(done.report, dict) else {}),
@@ -466,6 +491,7 @@ def export_pipeline(
             if (source.path / folder).is_dir() and (folder == "scheduler" or encoder in sources):
                 files[folder] = source.path / folder
         files["model_index.json"] = source.path / "model_index.json"
+        files |= vae_statistics(source, staging)
         scheduler = json.loads((source.path / "scheduler" / "scheduler_config.json").read_text())
         write_directory(
             target,
@@ -475,6 +501,7 @@ def export_pipeline(
                 {role: c["asset"] for role, c in components.items()},
                 scheduler=scheduler,
                 vae=source.configs["vae"],
+                denoiser=source.configs[source.family.denoiser],
                 image_size=chosen[0][0],
                 default_steps=source.family.default_steps,
                 default_guidance_scale=source.family.default_guidance_scale,
@@ -486,6 +513,33 @@ def export_pipeline(
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return config
+
+
+#: the batch-norm statistics of FLUX.2's VAE that its pipelines read on the host, as the
+#: Swift pipeline reads them (``Flux2Pipeline+Resources.swift``)
+VAE_STATISTICS = {"vae_bn_mean.npy": "bn.running_mean", "vae_bn_var.npy": "bn.running_var"}
+
+
+def vae_statistics(source: PipelineSource, out: Path) -> dict[str, Path]:
+    """``vae_bn_mean.npy`` / ``vae_bn_var.npy`` (float32) written to ``out`` from a VAE
+    checkpoint with a latent batch norm (``AutoencoderKLFlux2``); none for other VAEs."""
+    import numpy as np
+
+    if "batch_norm_eps" not in source.configs.get("vae", {}):
+        return {}
+    folder = source.path / "vae"
+    stored = weight_source(folder).entries
+    missing = [name for name in VAE_STATISTICS.values() if name not in stored]
+    if missing:
+        raise CheckpointError(
+            f"{folder}: the VAE has a latent batch norm (batch_norm_eps) but its checkpoint "
+            f"lacks {', '.join(missing)}"
+        )
+    found: dict[str, Path] = {}
+    for file_name, tensor in VAE_STATISTICS.items():
+        np.save(out / file_name, stored[tensor].evaluate().float().numpy())
+        found[file_name] = out / file_name
+    return found
 
 
 def compresses(compression: Any, component: Component) -> bool:

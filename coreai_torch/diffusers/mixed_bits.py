@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from coreai_torch.compression import Palettization
 from coreai_torch.compression.fitting import kmeans_1d
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,9 @@ class MixedBitPalettes:
     def applies_to(self, role: str) -> bool:
         return role in ("unet", "transformer")
 
-    def apply(self, program: Any, wrapper: nn.Module, args: Sequence[torch.Tensor]) -> dict:
+    def apply(
+        self, program: Any, wrapper: nn.Module, args: Sequence[torch.Tensor]
+    ) -> dict[str, Any]:
         """Measure, allocate and compress ``program`` (converted from ``wrapper``); returns the
         report (per layer: the PSNR at each width and the bits chosen)."""
         module = materialized(wrapper)
@@ -104,7 +106,7 @@ class MixedBitPalettes:
             program.compress(
                 Palettization(
                     bits=bits,
-                    weights=lambda name, s=selected: name in s,
+                    weights=selected.__contains__,
                     min_elements=0,
                     embeddings=False,
                     output_head=False,

@@ -10,15 +10,19 @@ one number per sample) raises a ``ValueError`` naming what to do instead.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn as nn
 
 from coreai_torch.runtime import Session
+
+if TYPE_CHECKING:
+    from diffusers import ControlNetModel
 
 
 class RuntimeModule(nn.Module):
@@ -126,8 +130,10 @@ def batched(
 # --------------------------------------------------------------------------- text encoders --
 
 
-class _HiddenStates(tuple):
+class _HiddenStates(tuple[Any, ...]):
     """The ``hidden_states`` of a text encoder's output: only the exported layer is there."""
+
+    known: dict[int, torch.Tensor]
 
     def __new__(cls, layers: int, known: Mapping[int, torch.Tensor]) -> _HiddenStates:
         self = super().__new__(cls, [None] * layers)
@@ -152,10 +158,21 @@ class RuntimeTextEncoder(RuntimeModule):
     (``[0]``, ``last_hidden_state``, ``hidden_states[-2]``, ``text_embeds`` /
     ``pooler_output``), run one prompt at a time."""
 
-    def __init__(self, *args: Any, outputs: tuple[str, ...], projection: bool, **kw: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        outputs: tuple[str, ...],
+        projection: bool,
+        layers: tuple[int, ...] = (),
+        masked: bool = False,
+        **kw: Any,
+    ) -> None:
         super().__init__(*args, **kw)
         self.outputs = outputs
         self.projection = projection  # CLIPTextModelWithProjection: [0] is text_embeds
+        #: the layers whose hidden states the program returns concatenated (FLUX.2's Qwen3)
+        self.layers = layers
+        self.masked = masked  # the program takes the attention mask
 
     def forward(
         self,
@@ -165,16 +182,27 @@ class RuntimeTextEncoder(RuntimeModule):
         return_dict: bool = True,
         **_: Any,
     ) -> Any:
-        rows = [self.run("main", input_ids=row[None].to(torch.int32)) for row in input_ids]
+        feeds = []
+        for index, row in enumerate(input_ids):
+            feed = {"input_ids": row[None].to(torch.int32)}
+            if self.masked:
+                mask = torch.ones_like(row) if attention_mask is None else attention_mask[index]
+                feed["attention_mask"] = mask[None].to(torch.int32)
+            feeds.append(feed)
+        rows = [self.run("main", **feed) for feed in feeds]
         out = {name: torch.cat([r[name] for r in rows]) for name in self.outputs}
         layers = int(self.config.get("num_hidden_layers", 1)) + 1
+        if self.layers:
+            parts = out["hidden_states"].chunk(len(self.layers), dim=-1)
+            read = _HiddenStates(layers, dict(zip(self.layers, parts, strict=True)))
+            return EncoderOutput((None, read), hidden_states=read)
         hidden = {layers - 2: out["hidden_embeds"]} if "hidden_embeds" in out else {}
         last = out.get("last_hidden_state")
         if last is not None:
             hidden[layers - 1] = last
         pooled = out.get("pooled_outputs")
         states = _HiddenStates(layers, hidden) if output_hidden_states else None
-        token_level = last if last is not None else out["hidden_embeds"]
+        token_level = last if last is not None else out.get("hidden_embeds")
         if self.projection:  # CLIPTextModelWithProjection: (text_embeds, last_hidden_state, ...)
             items: tuple = (pooled, token_level, states)
             return EncoderOutput(
@@ -305,7 +333,7 @@ class RuntimeUNet(RuntimeDenoiser):
 
 def runtime_controlnet(
     runner: RuntimeModule, extra: Mapping[str, Any], batch: int, outputs: tuple[str, ...]
-) -> nn.Module:
+) -> ControlNetModel:
     """A ``ControlNetModel`` (the pipelines check the class) whose forward runs the exported
     ControlNet: ``(sample, timestep, encoder_hidden_states, controlnet_cond,
     conditioning_scale) -> (down-block residuals, mid-block residual)``."""
@@ -332,7 +360,7 @@ def runtime_controlnet(
         def close(self) -> None:
             runner.close()
 
-        def forward(  # type: ignore[override]
+        def forward(
             self,
             sample: torch.Tensor,
             timestep: Any,
@@ -404,6 +432,68 @@ class RuntimeSD3Transformer(RuntimeDenoiser):
         return _output(noise, return_dict)
 
 
+class RuntimeFluxTransformer(RuntimeDenoiser):
+    """``FluxTransformer2DModel.forward`` / ``Flux2Transformer2DModel.forward`` on the
+    exported transformer: the rotary tables are computed on the host from the position ids
+    the pipeline passes (diffusers' own position embedding), the entry point chosen by the
+    image ids' grid."""
+
+    def __init__(self, *args: Any, extra: Mapping[str, Any], inputs: tuple[str, ...], **kw: Any):
+        super().__init__(*args, extra=extra, **kw)
+        self.inputs = inputs
+
+    def cache_context(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """diffusers' caching hooks: nothing is cached here."""
+        return contextlib.nullcontext()
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor | None = None,
+        pooled_projections: torch.Tensor | None = None,
+        timestep: Any = None,
+        img_ids: torch.Tensor | None = None,
+        txt_ids: torch.Tensor | None = None,
+        guidance: torch.Tensor | None = None,
+        joint_attention_kwargs: Any = None,
+        return_dict: bool = True,
+        **unsupported: Any,
+    ) -> Any:
+        from .components import rotary_tables
+
+        _refuse({k: v for k, v in unsupported.items() if v is not None}, "FLUX transformer")
+        if joint_attention_kwargs:
+            raise ValueError(
+                "the exported FLUX transformer takes no joint_attention_kwargs (LoRA scales and "
+                "IP-Adapter embeddings are fixed at export)"
+            )
+        assert encoder_hidden_states is not None
+        assert img_ids is not None and txt_ids is not None
+        image_ids = img_ids[0] if img_ids.dim() == 3 else img_ids
+        txt_ids = txt_ids[0] if txt_ids.dim() == 3 else txt_ids
+        packing = 2 * self.vae_scale_factor
+        height = (int(image_ids[:, 1].max()) + 1) * packing
+        width = (int(image_ids[:, 2].max()) + 1) * packing
+        entry = self.entrypoint_for(height, width, "FLUX transformer")
+        cos, sin = rotary_tables(self.config, txt_ids, image_ids)
+        batch = hidden_states.shape[0]
+        inputs = {
+            "hidden_states": hidden_states.float(),
+            "encoder_hidden_states": encoder_hidden_states.float(),
+            "timestep": check_timestep(timestep, batch),
+        }
+        if "pooled_projections" in self.inputs:
+            assert pooled_projections is not None
+            inputs["pooled_projections"] = pooled_projections.float()
+        if "guidance" in self.inputs:
+            if guidance is None:
+                raise ValueError("the exported FLUX transformer takes a guidance value")
+            inputs["guidance"] = torch.as_tensor(guidance, dtype=torch.float32).expand(batch)
+        shared = {"rotary_emb_cos": cos, "rotary_emb_sin": sin}
+        noise = batched(self, entry, self.batch, inputs, shared)["output"]
+        return _output(noise, return_dict)
+
+
 def _refuse(arguments: Mapping[str, Any], what: str) -> None:
     given = [k for k, v in arguments.items() if v is not None and v is not False]
     if given:
@@ -432,6 +522,7 @@ class RuntimeVAE(RuntimeModule):
         entrypoints: Mapping[str, tuple[int, int] | None],
         *,
         encoder: Any = None,
+        statistics: tuple[torch.Tensor, torch.Tensor] | None = None,
         verify_hash: bool = True,
     ) -> None:
         super().__init__(decoder, config, entrypoints, verify_hash=verify_hash)
@@ -441,6 +532,9 @@ class RuntimeVAE(RuntimeModule):
             else None
         )
         self.factor = 2 ** (len(config["block_out_channels"]) - 1)
+        if statistics is not None:  # AutoencoderKLFlux2's latent batch norm, read by pipelines
+            mean, var = statistics
+            self.bn = SimpleNamespace(running_mean=mean, running_var=var)
 
     def decode(self, z: torch.Tensor, return_dict: bool = True, **_: Any) -> Any:
         height, width = z.shape[-2] * self.factor, z.shape[-1] * self.factor

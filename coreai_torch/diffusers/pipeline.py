@@ -20,10 +20,15 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
 from .bundle import read_directory
 from .components import GUIDANCE_BATCH, family_of
 from .export import require_diffusers
 from .modules import (
+    RuntimeDenoiser,
+    RuntimeFluxTransformer,
     RuntimeModule,
     RuntimeSD3Transformer,
     RuntimeTextEncoder,
@@ -58,7 +63,7 @@ class CoreAIDiffusionPipeline:
         self,
         directory: Path,
         *,
-        owned: tempfile.TemporaryDirectory | None = None,
+        owned: tempfile.TemporaryDirectory[str] | None = None,
         verify_hash: bool = True,
     ) -> None:
         require_diffusers()
@@ -133,8 +138,6 @@ class CoreAIDiffusionPipeline:
                 f"{path} is already a Core AI diffusion bundle ({COREAI_CONFIG}); load it "
                 "without export=True, or export the original diffusers pipeline directory"
             )
-        if max_sequence_length is None:
-            options["max_sequence_length"] = 256
         owned = tempfile.TemporaryDirectory(prefix="coreai_torch_diffusion_")
         try:
             export_pipeline(path, Path(owned.name) / "bundle", name=path.resolve().name, **options)
@@ -190,7 +193,7 @@ class CoreAIDiffusionPipeline:
     @property
     def resolutions(self) -> list[tuple[int, int]]:
         """The (height, width) sizes the programs were exported for."""
-        return [tuple(r) for r in self.coreai_config["resolutions"]]  # type: ignore[misc]
+        return [(int(h), int(w)) for h, w in self.coreai_config["resolutions"]]
 
     def __call__(
         self, prompt: Any = None, negative_prompt: Any = None, *, image: Any = None, **kwargs: Any
@@ -206,7 +209,14 @@ class CoreAIDiffusionPipeline:
         # image= (the initial image) with control_image=
         takes_image = "image" in inspect.signature(type(self.pipe).__call__).parameters
         to_image = image is not None and (not takes_image or "control_image" in kwargs)
-        if not to_image:
+        if image is not None and not self.family.image_to_image:
+            raise ValueError(
+                f"{self.coreai_config['pipeline_class']} takes image= as reference images, "
+                "which add tokens the exported transformer does not take; call it without image="
+            )
+        pipe = self.image_to_image if to_image else self.pipe
+        # image-to-image pipelines with a size (SD3, FLUX, ControlNet) resize the image to it
+        if "height" in inspect.signature(type(pipe).__call__).parameters:
             default = self.resolutions[0]
             height, width = height or default[0], width or default[1]
             if (height, width) not in self.resolutions:
@@ -227,10 +237,11 @@ class CoreAIDiffusionPipeline:
                     f"{length} T5 tokens; call with max_sequence_length={length} or export "
                     f"again with max_sequence_length={given}"
                 )
-        pipe = self.image_to_image if to_image else self.pipe
         if image is not None:
             kwargs["image"] = image
-        return pipe(prompt=prompt, negative_prompt=negative_prompt, **kwargs)
+        if negative_prompt is not None:
+            kwargs["negative_prompt"] = negative_prompt
+        return pipe(prompt=prompt, **kwargs)
 
     @property
     def image_to_image(self) -> Any:
@@ -278,7 +289,8 @@ class CoreAIDiffusionPipeline:
         modules: dict[str, RuntimeModule] = {}
 
         def config(source: str) -> dict[str, Any]:
-            return json.loads((self.directory / source / "config.json").read_text())
+            read: dict[str, Any] = json.loads((self.directory / source / "config.json").read_text())
+            return read
 
         def entrypoints(role: str) -> dict[str, tuple[int, int] | None]:
             return {k: tuple(v) if v else None for k, v in components[role]["entrypoints"].items()}
@@ -293,6 +305,8 @@ class CoreAIDiffusionPipeline:
                     entrypoints(role),
                     outputs=tuple(component["outputs"]),
                     projection="Projection" in component["class"],
+                    layers=tuple(component.get("layers", ())),
+                    masked="attention_mask" in component["inputs"],
                     verify_hash=verify_hash,
                 )
             elif role == "controlnet":
@@ -305,13 +319,19 @@ class CoreAIDiffusionPipeline:
                     tuple(component["outputs"]),
                 )
             elif role in ("unet", "transformer"):
-                options = {"residuals": tuple(component["inputs"][3:])} if role == "unet" else {}
-                modules[source] = (RuntimeUNet if role == "unet" else RuntimeSD3Transformer)(
+                runtime: type[RuntimeDenoiser] = RuntimeSD3Transformer
+                options: dict[str, Any] = {}
+                if role == "unet":
+                    runtime, options = RuntimeUNet, {"residuals": tuple(component["inputs"][3:])}
+                elif component["class"] in ("FluxTransformer2DModel", "Flux2Transformer2DModel"):
+                    runtime = RuntimeFluxTransformer
+                    options = {"inputs": tuple(component["inputs"])}
+                modules[source] = runtime(
                     asset,
                     self._denoiser_config(config(source)),
                     entrypoints(role),
                     extra=extras,
-                    batch=GUIDANCE_BATCH,
+                    batch=component.get("batch", GUIDANCE_BATCH),
                     verify_hash=verify_hash,
                     **options,
                 )
@@ -321,9 +341,20 @@ class CoreAIDiffusionPipeline:
             config("vae"),
             entrypoints("vae_decoder"),
             encoder=self.directory / encoder["asset"] if encoder else None,
+            statistics=self._vae_statistics(),
             verify_hash=verify_hash,
         )
         return modules
+
+    def _vae_statistics(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """FLUX.2's VAE batch-norm mean and variance, from the bundle's ``.npy`` files."""
+        from .export import VAE_STATISTICS
+
+        files = [self.directory / name for name in VAE_STATISTICS]
+        if not all(file.is_file() for file in files):
+            return None
+        mean, var = (torch.from_numpy(np.load(file)) for file in files)
+        return mean, var
 
     def _denoiser_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """The denoiser's configuration with ``sample_size`` the first exported resolution's
@@ -359,6 +390,8 @@ class CoreAIDiffusionPipeline:
                     arguments[name] = loader.from_pretrained(self.directory / name)
             elif name == "requires_safety_checker":
                 arguments[name] = False
+            elif name in index and not isinstance(index[name], list):
+                arguments[name] = index[name]  # a registered setting (FLUX.2's is_distilled)
             elif name in _LEFT_OUT or parameter.default is None:
                 arguments[name] = None
         pipe = cls(**arguments)
@@ -366,7 +399,7 @@ class CoreAIDiffusionPipeline:
         return pipe
 
 
-def _close(modules: list[RuntimeModule], owned: tempfile.TemporaryDirectory | None) -> None:
+def _close(modules: list[RuntimeModule], owned: tempfile.TemporaryDirectory[str] | None) -> None:
     for module in modules:
         with contextlib.suppress(Exception):  # closing at garbage collection must not raise
             module.close()

@@ -21,6 +21,7 @@ the cache).  Output: ``logits`` ``(1, T, vocab)``.  Norms, rotary embeddings and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 import torch.nn as nn
@@ -43,6 +44,9 @@ class LlamaConfig:
 
 
 class Attention(nn.Module):
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
         self.heads, self.kv_heads = cfg.heads, cfg.kv_heads
@@ -102,6 +106,9 @@ class DecoderLayer(nn.Module):
 class LlamaKV(nn.Module):
     """Token ids + cache positions -> logits; the KV cache lives in buffers (Core AI states)."""
 
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: LlamaConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg = cfg or LlamaConfig()
@@ -130,7 +137,7 @@ class LlamaKV(nn.Module):
         return ids, torch.arange(start, start + tokens, dtype=torch.int64)
 
     def reset_cache(self) -> None:
-        for layer in self.layers:
+        for layer in cast("list[DecoderLayer]", self.layers):
             layer.attn.k_cache.zero_()
             layer.attn.v_cache.zero_()
 

@@ -63,7 +63,8 @@ NATIVE_OPS: tuple[torch._ops.OpOverload, ...] = (
 def _adaptive_avg_pool2d(x: torch.Tensor, output_size: list[int]) -> torch.Tensor:
     # ATen rewrites a (1, 1) output to `mean` before export sees it; keep the pooling op so
     # that one lowering (built-in or a user's override) handles every output size.
-    return aten._adaptive_avg_pool2d.default(x, output_size)
+    pooled: torch.Tensor = aten._adaptive_avg_pool2d.default(x, output_size)
+    return pooled
 
 
 #: Recurrent layers, lowered as one loop over time per layer (lowerings/recurrent.py) instead
@@ -88,7 +89,8 @@ QUANTIZATION_OPS: tuple[tuple[str, str], ...] = (
 def _registered(namespace: str, name: str) -> torch._ops.OpOverload | None:
     """``torch.ops.<namespace>.<name>.default`` if a library registered it, else None."""
     try:
-        return getattr(getattr(torch.ops, namespace), name).default
+        op: torch._ops.OpOverload = getattr(getattr(torch.ops, namespace), name).default
+        return op
     except (AttributeError, RuntimeError):
         return None
 
@@ -99,7 +101,7 @@ DECOMPOSITION_REPLACEMENTS: dict[torch._ops.OpOverload, Callable[..., Any]] = {
 }
 
 
-def get_decomp_table() -> dict:
+def get_decomp_table() -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
     """PyTorch's default decomposition table minus the ops lowered as composite ops (and the
     ops lowered natively, see ``NATIVE_OPS``; torchao's dequantization ops when torchao is
     loaded, see ``QUANTIZATION_OPS``).
@@ -113,9 +115,9 @@ def get_decomp_table() -> dict:
     for op in RECURRENT_OPS:
         table.pop(op, None)
     for namespace, name in QUANTIZATION_OPS:
-        op = _registered(namespace, name)
-        if op is not None:
-            table.pop(op, None)
+        registered = _registered(namespace, name)
+        if registered is not None:
+            table.pop(registered, None)
     table.update(DECOMPOSITION_REPLACEMENTS)
     return table
 

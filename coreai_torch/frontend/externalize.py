@@ -44,8 +44,8 @@ from coreai_torch.errors import (
     ConversionError,
     ExternalizationError,
 )
+from coreai_torch.frontend.composite_names import DEFAULT_VERSION, is_op_name
 from coreai_torch.frontend.export import get_decomp_table
-from coreai_torch.ir import composite
 from coreai_torch.locations import clean_module_path
 from coreai_torch.torch_compat import run_decompositions
 
@@ -83,7 +83,7 @@ class ExternalizeSpec:
                 f"{self.target_class!r}"
             )
         name = self.composite_op_name
-        if name is not None and (not isinstance(name, str) or not composite.is_op_name(name)):
+        if name is not None and (not isinstance(name, str) or not is_op_name(name)):
             raise ValueError(
                 f"ExternalizeSpec.composite_op_name {self.composite_op_name!r} must be a "
                 "non-empty name made of letters, digits, '_', '.' or ':' (e.g. 'rms_norm')"
@@ -179,7 +179,9 @@ class _WriteRecorder(TorchDispatchMode):
         super().__init__()
         self.written: set[StorageWeakRef] = set()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None
+    ) -> Any:
         kwargs = kwargs or {}
         schema = getattr(func, "_schema", None)
         if schema is not None:
@@ -211,6 +213,13 @@ class _Slot:
         return f"<tensor {self.index}>"
 
 
+def _present(operand: torch.Tensor | None, label: str) -> torch.Tensor:
+    """An operand of an externalized call, which the module's forward needs as a tensor."""
+    if operand is None:
+        raise ExternalizationError(f"{label} got None for one of its tensor operands")
+    return operand
+
+
 def _fill(structure: Any, tensors: Sequence[Any]) -> Any:
     return pytree.tree_map(
         lambda x: tensors[x.index] if isinstance(x, _Slot) else x,
@@ -226,7 +235,7 @@ def _key_name(key: Any) -> str:
     return str(key)
 
 
-def _meta(t: torch.Tensor) -> tuple:
+def _meta(t: torch.Tensor) -> tuple[Any, ...]:
     shape = tuple(d if isinstance(d, int) else ("sym", str(d)) for d in t.shape)
     return (t.dtype, shape)
 
@@ -322,7 +331,10 @@ class ExternalizedModule:
     def state_tensor(self, name: str) -> torch.Tensor:
         """A parameter or buffer by name (also while swapped for plain tensors)."""
         owner, _, attr = name.rpartition(".")
-        return getattr(self.module.get_submodule(owner) if owner else self.module, attr)
+        tensor: torch.Tensor = getattr(
+            self.module.get_submodule(owner) if owner else self.module, attr
+        )
+        return tensor
 
     @property
     def fingerprint(self) -> Hashable:
@@ -355,7 +367,7 @@ class ExternalizedModule:
                     "(tensors are inputs: pass them to forward() or register them as "
                     "parameters/buffers)"
                 )
-        version = getattr(self.module, "version", composite.DEFAULT_VERSION)
+        version = getattr(self.module, "version", DEFAULT_VERSION)
         if not isinstance(version, int) or isinstance(version, bool):
             raise ExternalizationError(
                 f"the 'version' attribute of {self.label} must be an int, got {version!r}"
@@ -370,12 +382,14 @@ class ExternalizedModule:
 
     def op_attrs(self) -> dict[str, Any]:
         attrs = {a: getattr(self.module, a) for a in self.spec.composite_attrs or []}
-        attrs.setdefault("version", getattr(self.module, "version", composite.DEFAULT_VERSION))
+        attrs.setdefault("version", getattr(self.module, "version", DEFAULT_VERSION))
         return attrs
 
     # -- calls -------------------------------------------------------------------------------
 
-    def bind(self, args: tuple, kwargs: dict) -> tuple[ExternalizedCall, list[torch.Tensor]]:
+    def bind(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[ExternalizedCall, list[torch.Tensor]]:
         """The recorded call matching these arguments (created on first use) and its tensors."""
         try:
             bound = self.signature.bind(*args, **kwargs)
@@ -450,7 +464,8 @@ class ExternalizedModule:
         def forward(*args: Any, **kwargs: Any) -> Any:
             return self.forward(*args, **kwargs)
 
-        return torch._dynamo.allow_in_graph(forward)
+        allowed: Callable[..., Any] = torch._dynamo.allow_in_graph(forward)
+        return allowed
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Call the externalized op in place of the original forward (hooks stay outside)."""
@@ -521,22 +536,23 @@ class ExternalizedCall:
         self.num_outputs = 0
         self._recorded = False
 
-    def rebuild(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple, dict]:
+    def rebuild(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """forward() arguments with ``tensors`` in the slots."""
         arguments = _fill(self.structure, tensors)
-        bound = inspect.BoundArguments(self.target.signature, arguments)  # type: ignore[arg-type]
+        bound = inspect.BoundArguments(self.target.signature, arguments)
         return bound.args, bound.kwargs
 
     def execute(self, operands: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
         """The op's implementation: run the original forward (eagerly or on fake tensors)."""
         target = self.target
         n = len(self.input_names)
+        present = [_present(t, target.label) for t in operands]
         # buffers and arguments are copied (the op must not mutate its inputs), parameters not
-        args = [t.clone() for t in operands[:n]]  # type: ignore[union-attr]
+        args = [t.clone() for t in present[:n]]
         params = set(target.param_names)
         state = {
-            name: t if name in params else t.clone()  # type: ignore[union-attr]
-            for name, t in zip(target.state_names, operands[n:], strict=True)
+            name: t if name in params else t.clone()
+            for name, t in zip(target.state_names, present[n:], strict=True)
         }
         call_args, call_kwargs = self.rebuild(args)
         recorder = _WriteRecorder()
@@ -696,7 +712,7 @@ class ExternalizationPlan:
         self.targets: list[ExternalizedModule] = []
         self.programs: dict[Hashable, SubProgram] = {}
         self._depth = 0
-        self._decomp_table: dict | None = None
+        self._decomp_table: dict[torch._ops.OperatorBase, Callable[..., Any]] | None = None
         matched: dict[int, int] = {id(s): 0 for s in specs}
         for path, module in root.named_modules():
             spec = self._spec_for(module)
@@ -714,7 +730,7 @@ class ExternalizationPlan:
                     stacklevel=5,
                 )
 
-    def decomp_table(self) -> dict:
+    def decomp_table(self) -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
         """``get_decomp_table()``, built once for the plan's exports."""
         if self._decomp_table is None:
             self._decomp_table = get_decomp_table()
@@ -764,7 +780,9 @@ class ExternalizationPlan:
 
 
 @contextmanager
-def prepare_externalization(module: nn.Module, specs: list | None) -> Iterator[list[Any]]:
+def prepare_externalization(
+    module: nn.Module, specs: Sequence[ExternalizeSpec | type[nn.Module]] | None
+) -> Iterator[list[Any]]:
     """Validate ``externalize_modules`` and keep the matching submodules whole during export.
 
     Yields the plan to store with the staged program (an empty list without specs).

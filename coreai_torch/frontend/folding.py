@@ -22,7 +22,7 @@ import torch.fx
 
 from coreai_torch import dtypes
 from coreai_torch.frontend.fusions import FUSED_OPS
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
 
 #: Largest result (in elements, per tensor) that is folded.
 FOLD_LIMIT = 1 << 16
@@ -107,7 +107,7 @@ def fold_constants(
 
 def frontier(graph: torch.fx.Graph, folded: dict[str, Any]) -> set[str]:
     """The folded nodes whose values something that is not folded (or the output) needs."""
-    needed = set()
+    needed: set[str] = set()
     for node in graph.nodes:
         if node.name not in folded:
             needed.update(arg.name for arg in node.all_input_nodes if arg.name in folded)

@@ -1,7 +1,7 @@
 """Hand-written RMSNorm and rotary embeddings fused into one node each, before import.
 
 :func:`fuse_patterns` rewrites a decomposed program so that each chain it recognises becomes a
-single node: ``aten.rms_norm`` for an RMSNorm and ``coreai_torch.rope`` (an op defined here,
+single node: ``aten.rms_norm`` for an RMSNorm and ``coreai_torch::rope`` (an op defined here,
 with a PyTorch implementation computing the same ops in the same order) for a rotary
 embedding.  The importer then lowers them like any node, one node to one lowering, as the
 ``rms_norm`` and ``rope`` composite ops.
@@ -28,7 +28,7 @@ Rotary position embeddings are written the same way by every Hugging Face decode
 
     add(mul(x, cos), mul(cat([neg(x[..., h:]), x[..., :h]], -1), sin))      h = x.shape[-1] / 2
 
-:func:`find_ropes` finds these chains; each becomes a ``coreai_torch.rope`` node, lowered as
+:func:`find_ropes` finds these chains; each becomes a ``coreai_torch::rope`` node, lowered as
 the ``rope`` composite op (the one :class:`coreai_torch.composite_ops.RoPE` externalizes,
 ``interleaved = false``), whose body computes the same ops in the same order.  ``x``,
 ``cos``, ``sin`` and the result share one float dtype, ``x``'s last dim is static and even,
@@ -115,14 +115,18 @@ def _match(
     if len(pow_node.args) < 2 or pow_node.args[1] != 2 or isinstance(pow_node.args[1], bool):
         return None
     x = pow_node.args[0]
-    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(x, torch.fx.Node):
+        return None
+    val = x.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype not in _FLOATS or val.dim() == 0:
         return None
     mean = _only_user(pow_node)
     add = _only_user(mean) if mean is not None else None
     rsqrt = _only_user(add) if add is not None else None
     scaled = _only_user(rsqrt) if rsqrt is not None else None
-    if scaled is None or rsqrt.target is not aten.rsqrt.default:
+    if mean is None or add is None or rsqrt is None or scaled is None:
+        return None
+    if rsqrt.target is not aten.rsqrt.default:
         return None
     count = _normalized_dims(mean, val.dim())
     eps = _eps(add, mean)
@@ -143,7 +147,8 @@ def _match(
         candidate = _other(scale, scaled)
         wval = candidate.meta.get("val") if isinstance(candidate, torch.fx.Node) else None
         if (
-            candidate not in chain
+            isinstance(candidate, torch.fx.Node)
+            and candidate not in chain
             and isinstance(wval, torch.Tensor)
             and wval.dtype == val.dtype
             and list(wval.shape) == normalized_shape
@@ -217,7 +222,9 @@ def _rope_match(
         return None
     second = neg.args[0]
     x = first.args[0] if first.target is aten.slice.Tensor else None
-    val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+    if not isinstance(x, torch.fx.Node):
+        return None
+    val = x.meta.get("val")
     if not isinstance(val, torch.Tensor) or val.dtype not in (*_FLOATS, torch.float16):
         return None
     rank, width = val.dim(), val.shape[-1] if val.dim() else None
@@ -246,8 +253,10 @@ def _rope_match(
         return None
     if any(_dtype(n) != val.dtype for n in [*chain, cos, sin]):
         return None
-    shape = _shape(x)
-    if _shape(add) != shape or _shape(cos) != _shape(sin) or _shape(cos)[-1] != shape[-1]:
+    shape, cos_shape = _shape(x), _shape(cos)
+    if shape is None or cos_shape is None:
+        return None
+    if _shape(add) != shape or cos_shape != _shape(sin) or cos_shape[-1] != shape[-1]:
         return None
     absorbed = chain[:-1] + [u for n in chain[:-1] for u in n.users if _is_assert(u)]
     return add, RoPEMatch(x, cos, sin, absorbed)
@@ -327,10 +336,10 @@ def fuse_patterns(
         args = (copies[match.input], match.normalized_shape, weight, match.eps)
         absorbed = [copies[n] for n in match.absorbed]
         _fuse(copies[last], aten.rms_norm.default, args, absorbed, order)
-    for last, match in ropes.items():
-        args = (copies[match.input], copies[match.cos], copies[match.sin])
-        absorbed = [copies[n] for n in match.absorbed]
-        _fuse(copies[last], torch.ops.coreai_torch.rope.default, args, absorbed, order)
+    for last, rope in ropes.items():
+        rope_args = (copies[rope.input], copies[rope.cos], copies[rope.sin])
+        absorbed = [copies[n] for n in rope.absorbed]
+        _fuse(copies[last], torch.ops.coreai_torch.rope.default, rope_args, absorbed, order)
     return ExportedProgram(
         root=ep.graph_module,  # its sub-graphs (control flow) are the new program's too
         graph=graph,

@@ -30,9 +30,10 @@ How each node is treated, walking the graph in order:
 from __future__ import annotations
 
 import copy
+import functools
 import operator
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import torch
 import torch.fx
@@ -50,8 +51,8 @@ from torch.export.graph_signature import (
 from coreai_torch.frontend.export import RECURRENT_OPS
 from coreai_torch.frontend.fusions import find_rms_norms
 from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
-from coreai_torch.ir import lazy
 from coreai_torch.precision.policy import Precision
+from coreai_torch.tensors import lazy
 
 aten = torch.ops.aten
 
@@ -112,7 +113,7 @@ _FOLLOWS_OPERANDS = {
 }
 _DTYPE_ARGS = ("dtype", "output_dtype", "out_dtype")
 #: norm op -> positions of the parameters and running statistics it reads as exported
-_NORM_PARAMETERS = {
+_NORM_PARAMETERS: dict[object, tuple[int, ...]] = {
     aten.layer_norm.default: (2, 3),
     aten.native_layer_norm.default: (2, 3),
     aten.group_norm.default: (2, 3),
@@ -233,7 +234,8 @@ class _Analysis:
         for node in self.nodes:
             if node.op != "call_function" or node.target not in _SOFTMAX:
                 continue
-            chain, current = [], node.args[0]
+            chain: list[torch.fx.Node] = []
+            current = node.args[0]
             while isinstance(current, torch.fx.Node) and current.op == "call_function":
                 if current.target in _MATMULS:
                     with_bias = current.target in (aten.addmm.default, aten.baddbmm.default)
@@ -265,7 +267,9 @@ class _Analysis:
                 return True
             if a.op == "placeholder" and a.name in self.flows:
                 return True
-            if a.target is operator.getitem and self.decision.get(a.args[0]) in (HALF, RMS):
+            if a.target is operator.getitem and (
+                self.decision.get(cast(torch.fx.Node, a.args[0])) in (HALF, RMS)
+            ):
                 return True
         return False
 
@@ -485,14 +489,14 @@ class _Rewriter:
         args = []
         for i, arg in enumerate(node.args):
             how = KEEP if i in kept else decision
-            args.append(torch.fx.node.map_arg(arg, lambda a, how=how: operand(a, how)))
+            args.append(torch.fx.node.map_arg(arg, functools.partial(operand, how=how)))
         kwargs = dict(torch.fx.node.map_arg(node.kwargs, operand))
         retargeted = decision == HALF and _retarget_dtypes(node, args, kwargs, self.half)
         new = self.graph.create_node("call_function", node.target, tuple(args), kwargs, node.name)
         self.named(new, node.name)
         new.meta = copy.copy(node.meta)
         if node.target is operator.getitem:
-            source, index = new.args
+            source, index = cast("tuple[torch.fx.Node, int]", new.args)
             new.meta["val"] = source.meta["val"][index]
         elif retargeted or any(_dtype_of(m) != _dtype_of(a) for a, m in mapped.items()):
             new.meta.pop("tensor_meta", None)
@@ -538,12 +542,13 @@ class _Rewriter:
     def propagate(self, node: torch.fx.Node) -> Any:
         def value(a: torch.fx.Node) -> Any:
             if a.op == "get_attr":
-                return getattr(self.ep.graph_module, a.target)
+                return getattr(self.ep.graph_module, cast(str, a.target))
             return a.meta["val"]
 
         args = torch.fx.node.map_arg(node.args, value)
         kwargs = torch.fx.node.map_arg(node.kwargs, value)
-        return self.fake(lambda: node.target(*args, **kwargs))
+        target = cast("Callable[..., Any]", node.target)  # a call_function node's op
+        return self.fake(lambda: target(*args, **kwargs))
 
     def rms_norm(self, node: torch.fx.Node) -> None:
         match = self.analysis.rms[node]
@@ -614,7 +619,7 @@ def rewrite_program(
     rewriter.finish(outputs)
     graph = rewriter.graph
 
-    returned = list(graph.output_node().args[0])
+    returned = list(cast("Sequence[torch.fx.Node | None]", graph.output_node().args[0]))
     output_specs = [
         OutputSpec(
             spec.kind,

@@ -18,8 +18,8 @@
     :data:`AUTO_MAX_SECONDS`); ``check_range=False`` turns the check off.  What it did and
     the time it took: :class:`RangeCheck` (``TorchConverter.last_stats.range_checks``).
 
-Neither can prove that other inputs stay in range; ``coreai_torch.verify(..., precision=...)``
-checks a converted program against PyTorch on given inputs.
+Neither can prove that other inputs stay in range; ``coreai_torch.verify.verify(model, args,
+precision=...)`` checks a converted program against PyTorch on given inputs.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
-from coreai_torch.ir import lazy
 from coreai_torch.locations import clean_module_path, describe, qualified_name
 from coreai_torch.precision.policy import Precision, in_modules
+from coreai_torch.tensors import lazy
 
 #: nodes listed per warning
 SHOWN = 8
@@ -237,7 +237,7 @@ def range_policy(
             f"{limit:.6g} and would be stored as infinities: {listed}. They stay in float32, "
             f"and the {len(readers)} node(s) reading them compute in float32 "
             f"({_shown(readers)}). Their results may still overflow where they meet "
-            f"{policy.name} values: check with coreai_torch.verify(model, args, "
+            f"{policy.name} values: check with coreai_torch.verify.verify(model, args, "
             f"precision={policy.name!r}), or convert with check_range=sample_inputs",
             RuntimeWarning,
             stacklevel=4,
@@ -268,8 +268,8 @@ def range_policy(
                 )
                 + "\nTo choose them yourself, convert with keep_fp32_ops / keep_fp32_modules "
                 "(and check_range=False to skip this run). Other inputs may overflow "
-                f"elsewhere: check with coreai_torch.verify(model, args, "
-                f"precision={policy.name!r})",
+                "elsewhere: check with "
+                f"coreai_torch.verify.verify(model, args, precision={policy.name!r})",
                 RuntimeWarning,
                 stacklevel=4,
             )

@@ -10,7 +10,9 @@ import torch.fx
 
 def bind_arguments(node: torch.fx.Node) -> dict[str, Any]:
     """The node's arguments by schema name, defaults filled in (FX nodes left as nodes)."""
-    schema = node.target._schema  # type: ignore[union-attr]
+    if not isinstance(node.target, torch._ops.OpOverload):
+        raise TypeError(f"node {node.name} calls {node.target}, which has no ATen schema")
+    schema = node.target._schema
     bound: dict[str, Any] = {}
     positional = list(node.args)
     for i, arg in enumerate(schema.arguments):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
@@ -78,7 +79,7 @@ class ProgramSignature:
     #: symbolic sizes the runtime inputs determine (checked by ``runtime.Session``)
     sizes: InputSizes | None = None
 
-    def feeds(self, flat_args: Sequence[object]) -> tuple[dict[str, object], dict[str, object]]:
+    def feeds(self, flat_args: Sequence[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Split flattened forward() arguments into runtime ``(inputs, states)`` by name."""
         by_node = dict(zip(self.user_inputs, flat_args, strict=True))
         inputs = {i.name: by_node[i.node] for i in self.inputs}
@@ -280,9 +281,9 @@ def analyze_signature(
         name = given_inputs[k] if given_inputs else default(node_name, "input_names")
         taken.add(name)
         result.inputs.append(GraphInput(node_name, name))
-    for k, (node_name, constant) in enumerate(user_outputs):
+    for k, (output_node, constant) in enumerate(user_outputs):
         name = given_outputs[k] if given_outputs else default(default_outputs[k], "output_names")
         taken.add(name)
-        result.outputs.append(GraphOutput(node_name, name, constant))
+        result.outputs.append(GraphOutput(output_node, name, constant))
     result.sizes = input_sizes(ep, {i.node: i.name for i in result.inputs})
     return result

@@ -54,13 +54,18 @@ VIEW_LIKE = frozenset(
         _aten.alias.default,
     }
 )
+#: Consumers verified to run with a dynamically empty operand: a concatenation skips it (a
+#: KV cache's rows before the new tokens, none in a prompt's first call).  Its own result is
+#: checked like any other value.
+EMPTY_OPERANDS_OK = frozenset({_aten.cat.default})
 _ITEM = (_aten._local_scalar_dense.default, _aten.item.default)
 
 
 def flows_only_to_outputs(node: torch.fx.Node) -> bool:
-    """Whether ``node``'s result (possibly empty at run time) only flows to the outputs."""
+    """Whether ``node``'s result (possibly empty at run time) only flows to the outputs (or
+    into concatenations, which skip it)."""
     for user in node.users:
-        if user.op == "output" or user.target in SIZE_READERS:
+        if user.op == "output" or user.target in SIZE_READERS | EMPTY_OPERANDS_OK:
             continue
         if user.target in VIEW_LIKE and flows_only_to_outputs(user):
             continue
@@ -276,13 +281,13 @@ class InputSizes:
             if value is None or value > 0:
                 continue
             ordered = sorted(use.expr.free_symbols, key=str)
-            fed = ", ".join(f"{origin[s].describe()} = {symbols[s]}" for s in ordered)
+            fed_sizes = ", ".join(f"{origin[s].describe()} = {symbols[s]}" for s in ordered)
             legend = ", ".join(f"{s} being {origin[s].describe()}" for s in ordered)
             shape = tuple(
                 d if isinstance(d, int) else self._evaluate(d, symbols) for d in use.shape
             )
             raise ValueError(
-                f"'{entrypoint}': with {fed}, {use.where} would have zero elements (shape "
+                f"'{entrypoint}': with {fed_sizes}, {use.where} would have zero elements (shape "
                 f"{shape}); the Core AI runtime aborts the process when an op consumes an empty "
                 "tensor, so the program was not run. Feed values that keep its size "
                 f"{use.expr} at least 1 ({legend}), or reject such values in the model with "

@@ -11,8 +11,8 @@ those shapes; the converter sees static shapes, as in a program traced with them
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -130,7 +130,7 @@ def _run(node: torch.fx.Node, value: Any) -> Any:
             raise SpecializationError(f"the given sizes fail the program's check: {args[1]}")
         return None
     try:
-        return target(*args, **kwargs)
+        return cast("Callable[..., Any]", target)(*args, **kwargs)
     except Exception as error:
         raise SpecializationError(f"node {node.name} ({target}): {error}") from error
 

@@ -23,7 +23,7 @@ import threading
 import weakref
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -36,18 +36,19 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from coreai_torch.bundles import is_bundle_dir
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
 from coreai_torch.hf.tasks import CLASSES, register_pipeline_names
-from coreai_torch.ir import lazy
 from coreai_torch.ir.assets import check_asset
-from coreai_torch.ir.lazy import WeightSource
+from coreai_torch.tensors import lazy
+from coreai_torch.tensors.lazy import WeightSource
 
 register_pipeline_names()
 
 #: File that marks a directory written by ``save_pretrained`` of a ``CoreAIModelFor…`` class.
 COREAI_CONFIG = "coreai_config.json"
-#: Version of :data:`COREAI_CONFIG`'s layout.
-FORMAT_VERSION = 1
+#: Version of :data:`COREAI_CONFIG`'s layout (2: a causal LM is saved as a bundle).
+FORMAT_VERSION = 2
 
 #: Files copied from the source model directory to an exported one: the tokenizer, feature
 #: extractor, image processor and processor files (never weights).
@@ -184,7 +185,7 @@ class CoreAIModel(PreTrainedModel):
     # -- loading and saving -------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(  # type: ignore[override]
+    def from_pretrained(
         cls,
         model_dir: str | os.PathLike[str] | nn.Module,
         export: bool | None = None,
@@ -218,14 +219,13 @@ class CoreAIModel(PreTrainedModel):
                 )
             return cls._export_model(
                 model_dir,
-                None,
                 max_context=max_context,
                 precision=precision,
                 compress=compress,
                 **options,
             )
         path = local_dir(model_dir, cls.__name__)
-        exported = (path / COREAI_CONFIG).is_file()
+        exported = (path / COREAI_CONFIG).is_file() or is_bundle_dir(path)
         if export is None:
             export = not exported
         if not export:
@@ -253,15 +253,21 @@ class CoreAIModel(PreTrainedModel):
                 "export=True, or export the original Hugging Face model directory"
             )
         return cls._export_model(
-            None, path, max_context=max_context, precision=precision, compress=compress, **options
+            path, max_context=max_context, precision=precision, compress=compress, **options
         )
 
     @classmethod
     def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModel:
+        if is_bundle_dir(path):  # a language-model bundle
+            causal_lm = class_for_task("text-generation")
+            if cls not in (CoreAIModel, causal_lm):
+                raise ValueError(
+                    f"{path} is a bundle (metadata.json) of a language model; load it with "
+                    f"{causal_lm.__name__} (this is {cls.__name__}, task '{cls.task}')"
+                )
+            return causal_lm._load(path, verify_hash=verify_hash)
         meta = read_coreai_config(path)
         if cls is CoreAIModel and meta.get("task") in CLASSES:  # the class the directory names
-            from coreai_torch.hf.tasks import class_for_task
-
             return class_for_task(meta["task"])._load(path, verify_hash=verify_hash)
         if meta.get("task") != cls.task:
             raise ValueError(
@@ -289,9 +295,7 @@ class CoreAIModel(PreTrainedModel):
             verify_hash=verify_hash,
         )
 
-    def save_pretrained(  # type: ignore[override]
-        self, save_directory: str | os.PathLike[str], **_: Any
-    ) -> None:
+    def save_pretrained(self, save_directory: str | os.PathLike[str], **_: Any) -> None:
         """Write the asset(s), ``config.json``, ``generation_config.json``, the tokenizer /
         processor files of the source directory and ``coreai_config.json`` to
         ``save_directory``; :meth:`from_pretrained` loads it back without exporting."""
@@ -320,27 +324,28 @@ class CoreAIModel(PreTrainedModel):
     @classmethod
     def _export_model(
         cls,
-        model: nn.Module | None,
-        path: Path | None,
+        source: PreTrainedModel | Path,
         *,
         max_context: int | None,
         precision: Any,
         compress: Any,
-        **options: Any,
-    ) -> CoreAIModel:
-        """Export ``model`` (or the one in ``path``) and return the loaded result."""
+    ) -> Self:
+        """Export ``source`` (a model instance, or the local directory of one) and return the
+        loaded result.  Subclasses add the keyword options of their task."""
         raise NotImplementedError
 
     @classmethod
     def _from_programs(
         cls,
-        model: nn.Module,
+        model: PreTrainedModel,
         programs: Mapping[str, Any],
         meta: dict[str, Any],
-        source_dir: Path | None,
-    ) -> CoreAIModel:
+        source: PreTrainedModel | Path,
+    ) -> Self:
         """The runtime model of freshly exported ``programs`` (saved to a temporary directory
-        until :meth:`save_pretrained` copies them)."""
+        until :meth:`save_pretrained` copies them); ``source`` is what they were exported from
+        (a directory's tokenizer and processor files are saved with them)."""
+        source_dir = source if isinstance(source, Path) else None
         owned = tempfile.TemporaryDirectory(prefix="coreai_torch_hf_")
         assets = {}
         for name, program in programs.items():
@@ -411,6 +416,16 @@ class CoreAIModel(PreTrainedModel):
 # ------------------------------------------------------------------------------- helpers ----
 
 
+def class_for_task(task: str) -> type[CoreAIModel]:
+    """The ``CoreAIModelFor…`` class of ``task``."""
+    import coreai_torch.hf as hf
+
+    if task not in CLASSES:
+        raise ValueError(f"unknown task '{task}'; the tasks are {', '.join(CLASSES)}")
+    found: type[CoreAIModel] = getattr(hf, CLASSES[task])
+    return found
+
+
 def local_dir(model_dir: Any, who: str) -> Path:
     """``model_dir`` as an existing local directory, or a clear error (never downloads)."""
     if not isinstance(model_dir, (str, os.PathLike)):
@@ -424,17 +439,18 @@ def local_dir(model_dir: Any, who: str) -> Path:
             f"{model_dir}: no such local directory; {who}.from_pretrained reads local "
             "directories only (written by save_pretrained) and never downloads models"
         )
-    if not (path / "config.json").is_file():
+    if not (path / "config.json").is_file() and not is_bundle_dir(path):
         raise FileNotFoundError(
-            f"{path}: not a model directory (no config.json); save the model with "
-            "save_pretrained first"
+            f"{path}: not a model directory (no config.json) nor a bundle (no metadata.json); "
+            "save the model with save_pretrained first"
         )
     return path
 
 
-def read_coreai_config(path: Path) -> dict[str, Any]:
+def read_coreai_config(path: Path, *, check_assets: bool = True) -> dict[str, Any]:
     """The :data:`COREAI_CONFIG` of a saved directory, its layout checked (a clear error
-    naming the file rather than a ``KeyError`` later)."""
+    naming the file rather than a ``KeyError`` later); ``check_assets=False`` for a bundle's,
+    whose manifest names the assets."""
     file = path / COREAI_CONFIG
     try:
         meta = json.loads(file.read_text())
@@ -442,6 +458,8 @@ def read_coreai_config(path: Path) -> dict[str, Any]:
         raise ValueError(
             f"{file} cannot be read as JSON ({error}); export the model again"
         ) from None
+    if not check_assets and isinstance(meta, dict):
+        return meta
     assets = meta.get("assets") if isinstance(meta, dict) else None
     if (
         not isinstance(assets, dict)
@@ -473,19 +491,19 @@ def load_hf_config(path: Path) -> PretrainedConfig:
         raise UnsupportedModelError(f"{path}: {error}") from None
 
 
-def load_for_export(auto_class: Any, config: PretrainedConfig, path: Path) -> nn.Module:
+def load_for_export(auto_class: Any, config: PretrainedConfig, path: Path) -> PreTrainedModel:
     """The model of the local directory ``path`` (``auto_class``, e.g. ``AutoModel``), for
     export.  A safetensors checkpoint whose tensors name the model's parameters (after the
     renames ``from_pretrained`` applies: the class's checkpoint conversion mapping, a task
     model's base-model prefix) is streamed: the model is built with empty parameters bound to
-    the checkpoint (:class:`~coreai_torch.ir.lazy.WeightSource`), whose weights are read one at
+    the checkpoint (:class:`~coreai_torch.tensors.lazy.WeightSource`), whose weights are read one at
     a time while the asset is written.  Other checkpoints (``.bin`` files, names only
     ``from_pretrained`` knows how to map) are loaded with ``from_pretrained``, in memory."""
     if not any(path.glob("*.safetensors")):
         return auto_class.from_pretrained(path, local_files_only=True).eval()
     source = WeightSource(path)  # a damaged checkpoint is a CheckpointError naming the file
     with lazy.empty_parameters():  # in float32, as from_pretrained loads it
-        model = auto_class.from_config(config, torch_dtype=torch.float32)
+        model = auto_class.from_config(config, dtype=torch.float32)
     source.entries = _checkpoint_names(model, source.entries)
     try:
         return source.bind(model).eval()
@@ -530,7 +548,9 @@ def check_model_type(config: Any, supported: tuple[str, ...], who: str, what: st
         )
 
 
-def checked_config(model_or_dir: nn.Module | Path, supported: tuple[str, ...], who: str) -> Any:
+def checked_config(
+    model_or_dir: PreTrainedModel | Path, supported: tuple[str, ...], who: str
+) -> Any:
     """The configuration of a model instance or of a local directory (read from its
     ``config.json``, no weight loaded), after :func:`check_model_type`."""
     if isinstance(model_or_dir, nn.Module):

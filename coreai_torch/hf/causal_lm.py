@@ -2,12 +2,12 @@
 ``generate`` (``transformers``' ``GenerationMixin``), ``model(**inputs)`` and the
 ``text-generation`` pipeline.
 
-The program (:func:`export_causal_lm`) is :func:`coreai_torch.llm.export`'s, with one more
-entry point; all three share the weights (stored once) and the KV cache (Core AI state)::
-
-    prefill(input_ids [1, T], start_position [1]) -> logits [1, 1, vocab]   the last position
-    forward(input_ids [1, T], start_position [1]) -> logits [1, T, vocab]   every position
-    decode(input_ids [1, 1], start_position [1])  -> logits [1, 1, vocab]
+The program is :func:`coreai_torch.llm.export`'s: the function ``main`` of Apple's app
+engines (int32 ``input_ids [1, T]`` and ``position_ids [1, P]``, float16 logits of every new
+token, the KV cache in two states that grow; :mod:`coreai_torch.llm.decoder`).
+``save_pretrained`` writes the bundle the app loads (``docs/bundles.md``) with the Hugging
+Face configs beside it, and ``from_pretrained`` loads such bundles, those of
+``llm.export(..., bundle=...)`` and Apple's own language bundles.
 
 A batch runs row by row, each row with its own cache buffers; left padding (from the
 attention mask) is dropped, so a padded row computes exactly what the unpadded one does.
@@ -15,16 +15,28 @@ attention mask) is dropped, so a padded row computes exactly what the unpadded o
 
 from __future__ import annotations
 
+import functools
+import json
+import os
+import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
 import torch.nn as nn
-from transformers import GenerationMixin
+from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from coreai_torch.hf.base import CoreAIModel, checked_config
+from coreai_torch.bundles import is_bundle_dir
+from coreai_torch.hf.base import (
+    COREAI_CONFIG,
+    FORMAT_VERSION,
+    CoreAIModel,
+    checked_config,
+    load_generation_config,
+    read_coreai_config,
+)
 from coreai_torch.hf.tasks import CAUSAL_LM_TYPES
 
 #: generation modes ``generate`` supports (``GenerationMode`` values)
@@ -37,14 +49,12 @@ def export_causal_lm(
     precision: Any = None,
     compress: Any = None,
     *,
-    all_logits_entry_point: bool = True,
     restore: bool = True,
     calibration: Any = None,
     target_bpw: float | None = None,
 ) -> Any:
-    """The ``AIProgram`` of a ``transformers`` causal LM: ``prefill``, ``decode`` and (with
-    ``all_logits_entry_point``) ``forward``, sharing weights and the KV cache
-    (:func:`coreai_torch.llm.export.convert_causal_lm`; a model that
+    """The ``AIProgram`` of a ``transformers`` causal LM: ``main`` in the app engines'
+    calling convention (:func:`coreai_torch.llm.export.convert_causal_lm`; a model that
     :func:`~coreai_torch.llm.export.load_causal_lm` streams from its checkpoint is read one
     weight at a time while the asset is written).  ``calibration``: token ids
     ``[samples, tokens]`` the compressed weights are fitted against; ``target_bpw``: the
@@ -64,7 +74,6 @@ def export_causal_lm(
         max_context,
         policy,
         compression,
-        forward=all_logits_entry_point,
         restore=restore,
         calibration=calibration,
     )
@@ -148,7 +157,9 @@ class CoreAICausalLMBase(CoreAIModel):
     #: the asset holding the ``prefill`` / ``decode`` entry points
     _decoder_asset = "model"
 
-    def _new_cache(self, batch_size: int) -> RuntimeCache:
+    def _new_cache(self, batch_size: int, positions: int = 0) -> RuntimeCache:
+        """A cache of ``batch_size`` rows, each with room for ``positions`` positions (where
+        the states grow)."""
         return RuntimeCache(
             [self._fresh_states(self._decoder_asset, "decode") for _ in range(batch_size)]
         )
@@ -187,7 +198,7 @@ class CoreAICausalLMBase(CoreAIModel):
         generation_config.use_cache = True  # the runtime's cache is always used
         # rows once generate has expanded the inputs for beams / returned sequences
         expand = max(generation_config.num_beams, generation_config.num_return_sequences)
-        model_kwargs["past_key_values"] = self._new_cache(batch_size * expand)
+        model_kwargs["past_key_values"] = self._new_cache(batch_size * expand, needed)
 
     def _extra_cache_positions(self, model_kwargs: dict) -> int:
         """Cache positions taken beyond the token ids (image tokens expanded, ...)."""
@@ -211,7 +222,7 @@ class CoreAICausalLMBase(CoreAIModel):
                     f"max_context={self.max_context} (export with a larger max_context, or "
                     "shorten the prompt)"
                 )
-        if all_logits and "forward" not in self._entry_points():
+        if all_logits and not self._returns_all_logits():
             raise ValueError(
                 "this model was exported without the 'forward' entry point (every position's "
                 "logits); pass logits_to_keep=1 or export it again"
@@ -238,8 +249,9 @@ class CoreAICausalLMBase(CoreAIModel):
         )
         return out["logits"][0]
 
-    def _entry_points(self) -> list[str]:
-        return list(self.sessions[self._decoder_asset].model.function_names)
+    def _returns_all_logits(self) -> bool:
+        """Whether the program can return the logits of every position."""
+        return "forward" in self.sessions[self._decoder_asset].model.function_names
 
 
 def split_rows(
@@ -285,11 +297,13 @@ def split_rows(
 
 
 class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
-    """A Hugging Face causal LM (Llama, Qwen2, Mistral, Gemma, Phi-3, mixtures of experts, …)
-    exported to one Core AI program and run on the Core AI runtime::
+    """A Hugging Face causal LM (Llama, Qwen2/3, Mistral, Gemma 1-3, Phi-3, mixtures of
+    experts, …) exported to a Core AI program in the app engines' calling convention and run
+    on the Core AI runtime::
 
         model = CoreAIModelForCausalLM.from_pretrained("model_dir", export=True)
-        model.save_pretrained("out_dir")            # loads again without torch weights
+        model.save_pretrained("out/MyModel")        # the bundle Apple's app runtimes load
+        model = CoreAIModelForCausalLM.from_pretrained("out/MyModel")  # no torch weights
         out = model.generate(**tokenizer("Hi", return_tensors="pt"), max_new_tokens=32)
         pipeline("text-generation", model=model, tokenizer=tokenizer)
 
@@ -304,16 +318,14 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
     @classmethod
     def _export_model(
         cls,
-        model: nn.Module | None,
-        path: Path | None,
+        source: PreTrainedModel | Path,
         *,
         max_context: int | None,
         precision: Any,
         compress: Any,
-        all_logits_entry_point: bool = True,
         calibration: Any = None,
         target_bpw: float | None = None,
-    ) -> CoreAIModelForCausalLM:
+    ) -> Self:
         from coreai_torch.llm.export import (
             calibration_input,
             default_max_context,
@@ -322,10 +334,10 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
 
         # bad options fail before loading
         describe = describe_options(precision, compress, target_bpw, calibration)
-        checked_config(model if model is not None else path, CAUSAL_LM_TYPES, cls.__name__)
+        checked_config(source, CAUSAL_LM_TYPES, cls.__name__)
         # a directory's weights stay in its checkpoint until the asset is written
-        restore = model is not None
-        model = load_causal_lm(model if model is not None else path)
+        restore = not isinstance(source, Path)
+        model = load_causal_lm(source)
         if max_context is None:
             max_context = default_max_context(model.config)
         program = export_causal_lm(
@@ -333,13 +345,181 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             max_context,
             precision,
             compress,
-            all_logits_entry_point=all_logits_entry_point,
             restore=restore,
-            calibration=calibration_input(model, path or model, calibration),
+            calibration=calibration_input(model, source, calibration),
             target_bpw=target_bpw,
         )
         meta = {"max_context": max_context, **describe, **compression_meta(program)}
-        return cls._from_programs(model, {"model": program}, meta, path)
+        return cls._from_programs(model, {"model": program}, meta, source)
+
+    # -- bundles ------------------------------------------------------------------------------
+
+    @classmethod
+    def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModelForCausalLM:
+        if not is_bundle_dir(path):
+            raise ValueError(
+                f"{path} was saved by an earlier coreai-torch in its own format (prefill/decode "
+                "entry points, int64 ids), which this one no longer runs; export the model "
+                "again, e.g. CoreAIModelForCausalLM.from_pretrained(hf_model_dir, "
+                f"export=True).save_pretrained('{path}'), to write the bundle Apple's app "
+                "runtimes load"
+            )
+        return cls._load_bundle(path, verify_hash=verify_hash)
+
+    @classmethod
+    def _load_bundle(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModelForCausalLM:
+        """A language bundle (``metadata.json``): ours, ``llm.export``'s or Apple's."""
+        from coreai_torch.bundles import Bundle
+
+        bundle = Bundle.load(path)
+        if bundle.kind != "llm":
+            raise ValueError(f"{path} is a '{bundle.kind}' bundle, not a language model's")
+        if bundle.structure == "chunked_static":
+            raise ValueError(
+                f"{path} holds the static-shape functions of the iOS engine; "
+                f"{cls.__name__} runs the function 'main' of the dynamic engines (run it with "
+                "coreai_torch.bundles.StaticShapeEngine, or export with engine='dynamic')"
+            )
+        language = bundle.language
+        saved = (
+            read_coreai_config(path, check_assets=False) if (path / COREAI_CONFIG).is_file() else {}
+        )
+        if saved.get("format_version", 0) > FORMAT_VERSION:
+            raise ValueError(
+                f"{path} was written by a newer coreai-torch (format {saved['format_version']}, "
+                f"this one reads up to {FORMAT_VERSION}); upgrade coreai-torch"
+            )
+        config = bundle_config(path, language)
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "task": cls.task,
+            "class": cls.__name__,
+            "model_type": config.model_type,
+            "precision": saved.get("precision"),
+            "compression": saved.get("compression", bundle.manifest.compression),
+            **{k: v for k, v in saved.items() if k not in ("assets",)},
+            "max_context": language.max_context_length,
+            "assets": {"model": str(Path(bundle.manifest.assets["main"]))},
+        }
+        generation = load_generation_config(path, config)
+        if (
+            not (path / "generation_config.json").is_file()  # Apple's bundles: the app's stops
+            and generation.eos_token_id is None
+            and bundle.tokenizer_dir is not None
+        ):
+            generation.eos_token_id = sorted(bundle.tokenizer.stop_token_ids) or None
+        return cls(
+            config,
+            {"model": bundle.asset_path("main")},
+            meta,
+            generation_config=generation,
+            source_dir=path,
+            verify_hash=verify_hash,
+        )
+
+    def save_pretrained(
+        self,
+        save_directory: str | os.PathLike[str],
+        *,
+        tokenizer: Any = None,
+        name: str | None = None,
+        **_: Any,
+    ) -> None:
+        """Write the bundle Apple's app runtimes load (``metadata.json``, ``tokenizer/``, the
+        asset; :func:`coreai_torch.bundles.write_llm_bundle`) to ``save_directory``, with
+        ``config.json``, ``generation_config.json`` and ``coreai_config.json`` beside it;
+        :meth:`from_pretrained` loads it back without exporting.  ``tokenizer``: the
+        tokenizer to embed (a Hugging Face tokenizer or its directory), by default the one of
+        the directory the model was exported or loaded from; ``name`` the bundle's name
+        (default: the directory's).  A directory holding anything but a bundle is refused."""
+        from coreai_torch.bundles import write_llm_bundle
+
+        out = Path(save_directory)
+        if out.exists() and not is_bundle_dir(out) and (not out.is_dir() or any(out.iterdir())):
+            raise FileExistsError(
+                f"{out} exists and is not a bundle; save_pretrained writes a bundle directory "
+                "(and replaces an earlier one): choose a new or empty directory"
+            )
+        source = self._source_dir
+        if tokenizer is None and source is not None:
+            tokenizer = source / "tokenizer" if is_bundle_dir(source) else source
+        if tokenizer is None:
+            raise ValueError(
+                "the bundle embeds the model's tokenizer: pass save_pretrained(..., "
+                "tokenizer=tokenizer_or_its_directory)"
+            )
+        hf_dir = source if source is not None and not is_bundle_dir(source) else None
+        meta = {k: v for k, v in self.coreai_config.items() if k != "assets"}
+        meta["format_version"] = FORMAT_VERSION
+        with tempfile.TemporaryDirectory(prefix="coreai_torch_save_") as scratch:
+            files = {}
+            self.config.save_pretrained(scratch)
+            files["config.json"] = Path(scratch) / "config.json"
+            if self.generation_config is not None:
+                self.generation_config.save_pretrained(scratch)
+                files["generation_config.json"] = Path(scratch) / "generation_config.json"
+            (Path(scratch) / COREAI_CONFIG).write_text(
+                json.dumps(meta, indent=2, sort_keys=True) + "\n"
+            )
+            files[COREAI_CONFIG] = Path(scratch) / COREAI_CONFIG
+            write_llm_bundle(
+                out,
+                self.assets["model"],
+                model_dir=hf_dir,
+                config=self.config,
+                tokenizer=tokenizer,
+                name=name,
+                max_context_length=self.max_context,
+                compression=self.coreai_config.get("compression"),
+                files=files,
+                overwrite=True,
+            )
+
+    # -- running main -------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _main(self) -> Any:
+        """The signature of the program's ``main`` (its inputs, logits and states)."""
+        from coreai_torch.bundles import function_signatures
+        from coreai_torch.llm.decoder import FUNCTION_NAME
+
+        signatures = function_signatures(self.assets["model"])
+        if FUNCTION_NAME not in signatures:
+            raise ValueError(
+                f"the program's functions are {sorted(signatures)}; {type(self).__name__} runs "
+                f"'{FUNCTION_NAME}' (export the model again)"
+            )
+        return signatures[FUNCTION_NAME]
+
+    def _new_cache(self, batch_size: int, positions: int = 0) -> RuntimeCache:
+        from coreai_torch.llm.generate import new_states
+
+        room = max(positions, 1)
+        return RuntimeCache([new_states(self._main, room) for _ in range(batch_size)])
+
+    def _returns_all_logits(self) -> bool:
+        return True  # main returns the logits of every new token
+
+    def _step(
+        self, ids: Any, n: int, start: int, states: dict[str, Any], all_logits: bool
+    ) -> np.ndarray:
+        """One call of ``main``: ``n`` new tokens after ``start`` cached ones; the states grow
+        first if they hold fewer than ``start + n`` positions.  Returns ``[n, vocab]``."""
+        from coreai_torch.llm.generate import ensure_room
+
+        function = self._main
+        ensure_room(states, function, start + n)
+        ids_name, positions_name = (spec.name for spec in function.inputs)
+        out = self._run(
+            self._decoder_asset,
+            function.name,
+            {
+                ids_name: np.asarray(ids, np.int32).reshape(1, n),
+                positions_name: np.arange(start + n, dtype=np.int32)[None],
+            },
+            state=states,
+        )
+        return out[function.outputs[0].name][0].astype(np.float32)
 
     def forward(
         self,
@@ -396,3 +576,16 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             logits=out, past_key_values=cache if use_cache is not False else None
         )
         return result if return_dict is not False else result.to_tuple()
+
+
+def bundle_config(path: Path, language: Any) -> Any:
+    """The Hugging Face config of a bundle: its ``config.json``, else (Apple's bundles carry
+    none) a plain ``PretrainedConfig`` with the vocabulary size and maximum context of its
+    manifest."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if (path / "config.json").is_file():
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    return PretrainedConfig(
+        vocab_size=language.vocab_size, max_position_embeddings=language.max_context_length
+    )

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coreai_torch.hf.tasks import class_for_task
+from coreai_torch.hf.base import class_for_task
 
 
 def export_directory(

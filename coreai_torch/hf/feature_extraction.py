@@ -15,11 +15,12 @@ padding never changes a real token's embedding.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 import torch
 import torch.nn as nn
+from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from coreai_torch.hf.base import (
@@ -28,7 +29,7 @@ from coreai_torch.hf.base import (
     load_for_export,
 )
 from coreai_torch.hf.tasks import FEATURE_EXTRACTION_TYPES
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
 
 #: pooling strategies of :func:`pool`
 POOLING = ("mean", "cls", "last")
@@ -94,7 +95,7 @@ class _Encoder(nn.Module):
         return (out.last_hidden_state,)
 
 
-def load_encoder(model_or_dir: nn.Module | Path, who: str) -> nn.Module:
+def load_encoder(model_or_dir: PreTrainedModel | Path, who: str) -> PreTrainedModel:
     """The base encoder (``AutoModel``) of a model instance or a local directory, its model
     type checked before any weight is read."""
     config = checked_config(model_or_dir, FEATURE_EXTRACTION_TYPES, who)
@@ -178,14 +179,13 @@ class CoreAIModelForFeatureExtraction(CoreAIModel):
     @classmethod
     def _export_model(
         cls,
-        model: nn.Module | None,
-        path: Path | None,
+        source: PreTrainedModel | Path,
         *,
         max_context: int | None,
         precision: Any,
         compress: Any,
         max_length: int | None = None,
-    ) -> CoreAIModelForFeatureExtraction:
+    ) -> Self:
         from coreai_torch.hf.causal_lm import describe_options
 
         describe_options(precision, compress)  # bad options fail before loading
@@ -194,7 +194,7 @@ class CoreAIModelForFeatureExtraction(CoreAIModel):
                 f"{cls.__name__} has no KV cache: max_context does not apply (max_length sets "
                 "the longest sequence)"
             )
-        encoder = load_encoder(model if model is not None else path, cls.__name__)
+        encoder = load_encoder(source, cls.__name__)
         limit = _position_limit(encoder.config)
         if max_length is None:
             max_length = limit
@@ -204,7 +204,7 @@ class CoreAIModelForFeatureExtraction(CoreAIModel):
                 f"max_position_embeddings), got {max_length!r}"
             )
         program, meta = export_encoder(encoder, max_length, precision, compress)
-        return cls._from_programs(encoder, {"model": program}, meta, path)
+        return cls._from_programs(encoder, {"model": program}, meta, source)
 
     def forward(
         self,

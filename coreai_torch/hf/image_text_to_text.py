@@ -18,11 +18,12 @@ causal LM's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import torch
 import torch.nn as nn
+from transformers import PreTrainedModel
 
 from coreai_torch.hf.base import checked_config, load_for_export
 from coreai_torch.hf.causal_lm import (
@@ -32,13 +33,16 @@ from coreai_torch.hf.causal_lm import (
     split_rows,
 )
 from coreai_torch.hf.tasks import IMAGE_TEXT_DECODER_TYPES, IMAGE_TEXT_TO_TEXT_TYPES
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
+
+if TYPE_CHECKING:
+    from coreai_torch.llm.static_cache import CachedCausalLM
 
 
 class ImageFeatures(nn.Module):
     """``pixel_values -> image_features`` (vision tower + projector)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
 
@@ -52,7 +56,7 @@ class ImageFeatures(nn.Module):
 class TokenEmbeddings(nn.Module):
     """``input_ids -> inputs_embeds``."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.embeddings = model.get_input_embeddings()
 
@@ -60,9 +64,9 @@ class TokenEmbeddings(nn.Module):
         return self.embeddings(input_ids)
 
 
-def _embeds_lm(model: nn.Module, max_context: int, all_logits: bool) -> nn.Module:
-    """The cached decoder of :func:`coreai_torch.llm.export` fed with embeddings."""
-    from coreai_torch.llm.export import CachedCausalLM
+def _embeds_lm(model: PreTrainedModel, max_context: int, all_logits: bool) -> CachedCausalLM:
+    """The cached decoder of :mod:`coreai_torch.llm.static_cache` fed with embeddings."""
+    from coreai_torch.llm.static_cache import CachedCausalLM
 
     class CachedEmbedsLM(CachedCausalLM):
         def forward(self, inputs_embeds: torch.Tensor, start_position: torch.Tensor) -> Any:
@@ -72,7 +76,7 @@ def _embeds_lm(model: nn.Module, max_context: int, all_logits: bool) -> nn.Modul
 
 
 def export_vlm(
-    model: nn.Module,
+    model: PreTrainedModel,
     max_context: int,
     precision: Any = None,
     compress: Any = None,
@@ -84,14 +88,16 @@ def export_vlm(
     from coreai_torch.converter import TorchConverter
     from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.llm.export import (
-        CachedCausalLM,
-        cache_state_names,
         check_max_context,
         compression_config,
         precision_policy,
+        traceable_attention,
+    )
+    from coreai_torch.llm.static_cache import (
+        CachedCausalLM,
+        cache_state_names,
         token_args,
         trace_cached,
-        traceable_attention,
     )
 
     policy = precision_policy(precision)
@@ -165,24 +171,31 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
     @classmethod
     def _export_model(
         cls,
-        model: nn.Module | None,
-        path: Path | None,
+        source: PreTrainedModel | Path,
         *,
         max_context: int | None,
         precision: Any,
         compress: Any,
         all_logits_entry_point: bool = True,
-    ) -> CoreAIModelForImageTextToText:
+        calibration: Any = None,
+        target_bpw: float | None = None,
+    ) -> Self:
         from coreai_torch.llm.export import default_max_context
 
+        if calibration is not None or target_bpw is not None:
+            raise ValueError(
+                f"{cls.__name__} exports without calibration: calibration= and target_bpw= "
+                "apply to text models (CoreAIModelForCausalLM)"
+            )
         describe = describe_options(precision, compress)
-        source = model if model is not None else path
         config = checked_config(source, IMAGE_TEXT_TO_TEXT_TYPES, cls.__name__)
-        _check_decoder(config, str(path) if model is None else type(model).__name__)
-        if model is None:
+        _check_decoder(config, str(source) if isinstance(source, Path) else type(source).__name__)
+        if isinstance(source, Path):
             from transformers import AutoModelForImageTextToText
 
-            model = load_for_export(AutoModelForImageTextToText, config, path)
+            model = load_for_export(AutoModelForImageTextToText, config, source)
+        else:
+            model = source
         model = model.eval()
         if max_context is None:
             max_context = default_max_context(model.config)
@@ -197,7 +210,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
             "num_channels": vision.num_channels,
             **describe,
         }
-        return cls._from_programs(model, {"model": program}, meta, path)
+        return cls._from_programs(model, {"model": program}, meta, source)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -217,8 +230,8 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         return self._run_each_row("image_features", "pixel_values", pixel_values, "image_features")
 
     def _embed(self, ids: torch.Tensor) -> np.ndarray:
-        ids = np.ascontiguousarray(ids.numpy(), np.int64).reshape(1, -1)
-        return self._run("model", "embed", {"input_ids": ids})["inputs_embeds"][0]
+        feed = np.ascontiguousarray(ids.numpy(), np.int64).reshape(1, -1)
+        return self._run("model", "embed", {"input_ids": feed})["inputs_embeds"][0]
 
     def forward(  # type: ignore[override]
         self,
@@ -256,7 +269,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         rows = split_rows(input_ids, attention_mask, cache.seen, cache.lengths)
         image_token = self.config.image_token_id
         counts = [int((ids == image_token).sum()) for _, ids in rows]
-        features = None
+        features = np.empty((0, 0), np.float32)  # the images' features, if the prompt has any
         if sum(counts):
             if pixel_values is None:
                 raise ValueError(

@@ -22,12 +22,13 @@ uses it).  A batch runs row by row, each row with its own states.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Self, cast
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from transformers.models.whisper.generation_whisper import WhisperGenerationMixin
 
@@ -38,13 +39,13 @@ from coreai_torch.hf.base import (
 )
 from coreai_torch.hf.causal_lm import RuntimeCache, check_generation_mode, describe_options
 from coreai_torch.hf.tasks import SPEECH_SEQ2SEQ_TYPES
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
 
 
 class WhisperEncoder(nn.Module):
     """``input_features -> last_hidden_state`` (Hugging Face's encoder)."""
 
-    def __init__(self, encoder: nn.Module) -> None:
+    def __init__(self, encoder: PreTrainedModel) -> None:
         super().__init__()
         self.encoder = encoder
 
@@ -58,26 +59,21 @@ class WhisperDecoderWithCache(nn.Module):
     cross-attention keys/values are computed from ``encoder_hidden_states`` and stored;
     otherwise they are read from the buffers."""
 
-    def __init__(self, model: nn.Module, max_context: int, *, write_cross: bool) -> None:
+    def __init__(self, model: PreTrainedModel, max_context: int, *, write_cross: bool) -> None:
         super().__init__()
         config = model.config
         self.decoder = model.model.decoder
         self.proj_out = model.proj_out
         self.write_cross = write_cross
-        self.heads = config.decoder_attention_heads
-        self.head_dim = config.d_model // self.heads
+        self.heads: int = config.decoder_attention_heads
+        self.head_dim: int = config.d_model // self.heads
         self.max_context = max_context
         dtype = self.proj_out.weight.dtype
         self_shape = (1, self.heads, max_context, self.head_dim)
         cross_shape = (1, self.heads, config.max_source_positions, self.head_dim)
-        self.layers = nn.ModuleList()
-        for _ in range(config.decoder_layers):
-            buffers = nn.Module()
-            buffers.register_buffer("k_cache", torch.zeros(self_shape, dtype=dtype))
-            buffers.register_buffer("v_cache", torch.zeros(self_shape, dtype=dtype))
-            buffers.register_buffer("cross_k", torch.zeros(cross_shape, dtype=dtype))
-            buffers.register_buffer("cross_v", torch.zeros(cross_shape, dtype=dtype))
-            self.layers.append(buffers)
+        self.layers = nn.ModuleList(
+            _LayerCache(self_shape, cross_shape, dtype) for _ in range(config.decoder_layers)
+        )
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         return x.view(1, x.shape[1], self.heads, self.head_dim).transpose(1, 2)
@@ -96,7 +92,8 @@ class WhisperDecoderWithCache(nn.Module):
             + F.embedding(positions, decoder.embed_positions.weight)[None]
         )
         allowed = torch.arange(self.max_context)[None, :] <= positions[:, None]
-        for layer, cache in zip(decoder.layers, self.layers, strict=True):
+        caches = cast("list[_LayerCache]", self.layers)
+        for layer, cache in zip(decoder.layers, caches, strict=True):
             attn = layer.self_attn
             x = layer.self_attn_layer_norm(hidden)
             q = self._heads(attn.q_proj(x) * attn.scaling)
@@ -125,24 +122,42 @@ class WhisperDecoderWithCache(nn.Module):
         return self.proj_out(decoder.layer_norm(hidden))
 
 
+class _LayerCache(nn.Module):
+    """One decoder layer's self-attention and cross-attention caches (states once exported)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    cross_k: torch.Tensor
+    cross_v: torch.Tensor
+
+    def __init__(
+        self, self_shape: tuple[int, ...], cross_shape: tuple[int, ...], dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.register_buffer("k_cache", torch.zeros(self_shape, dtype=dtype))
+        self.register_buffer("v_cache", torch.zeros(self_shape, dtype=dtype))
+        self.register_buffer("cross_k", torch.zeros(cross_shape, dtype=dtype))
+        self.register_buffer("cross_v", torch.zeros(cross_shape, dtype=dtype))
+
+
 def input_frames(config: Any) -> int:
     """Feature frames the encoder takes (``2 * max_source_positions``: two strided convs)."""
     return 2 * config.max_source_positions
 
 
 def export_whisper(
-    model: nn.Module, max_context: int, precision: Any = None, compress: Any = None
+    model: PreTrainedModel, max_context: int, precision: Any = None, compress: Any = None
 ) -> Any:
     """The ``AIProgram`` of a ``WhisperForConditionalGeneration`` (``encode``, ``prefill``,
     ``decode``; see the module documentation)."""
     from coreai_torch.converter import TorchConverter
     from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.llm.export import (
-        cache_state_names,
         compression_config,
         precision_policy,
         traceable_attention,
     )
+    from coreai_torch.llm.static_cache import cache_state_names
 
     policy = precision_policy(precision)
     compression = compression_config(compress)
@@ -258,21 +273,20 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
     @classmethod
     def _export_model(
         cls,
-        model: nn.Module | None,
-        path: Path | None,
+        source: PreTrainedModel | Path,
         *,
         max_context: int | None,
         precision: Any,
         compress: Any,
-    ) -> CoreAIModelForSpeechSeq2Seq:
+    ) -> Self:
         describe = describe_options(precision, compress)
-        config = checked_config(
-            model if model is not None else path, SPEECH_SEQ2SEQ_TYPES, cls.__name__
-        )
-        if model is None:
+        config = checked_config(source, SPEECH_SEQ2SEQ_TYPES, cls.__name__)
+        if isinstance(source, Path):
             from transformers import AutoModelForSpeechSeq2Seq
 
-            model = load_for_export(AutoModelForSpeechSeq2Seq, config, path)
+            model = load_for_export(AutoModelForSpeechSeq2Seq, config, source)
+        else:
+            model = source
         if not hasattr(model, "proj_out"):
             raise ValueError(
                 f"{type(model).__name__} has no language-model head; export a "
@@ -290,7 +304,7 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
             )
         program = export_whisper(model, max_context, precision, compress)
         meta = {"max_context": max_context, **describe}
-        return cls._from_programs(model, {"model": program}, meta, path)
+        return cls._from_programs(model, {"model": program}, meta, source)
 
     # -- the encoder --------------------------------------------------------------------------
 
@@ -320,7 +334,7 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
         batch_size: int,
         max_cache_length: int,
     ) -> None:
-        if max_cache_length > self.max_context:
+        if self.max_context is not None and max_cache_length > self.max_context:
             raise ValueError(
                 f"generating up to max_length={generation_config.max_length} decoder tokens needs "
                 f"{max_cache_length} cache positions; the model was exported with max_context="
@@ -412,7 +426,7 @@ class CoreAIModelForSpeechSeq2Seq(WhisperGenerationMixin, CoreAIModel):
                 "past_key_values must be the RuntimeCache returned for the same batch size"
             )
         for r in range(batch):
-            if cache.lengths[r] + new > self.max_context:
+            if self.max_context is not None and cache.lengths[r] + new > self.max_context:
                 raise ValueError(
                     f"row {r}: {cache.lengths[r]} cached + {new} new decoder tokens exceed the "
                     f"model's max_context={self.max_context}"

@@ -49,15 +49,6 @@ def suggest_task(model_type: str | None) -> str | None:
     return None
 
 
-def class_for_task(task: str) -> type:
-    """The ``CoreAIModelFor…`` class of ``task``."""
-    import coreai_torch.hf as hf
-
-    if task not in CLASSES:
-        raise ValueError(f"unknown task '{task}'; the tasks are {', '.join(CLASSES)}")
-    return getattr(hf, CLASSES[task])
-
-
 def register_pipeline_names() -> None:
     """Let ``transformers.pipeline`` recognise the ``CoreAIModelFor…`` classes for their
     tasks.  The text-generation and image-text-to-text pipelines check the model's class name

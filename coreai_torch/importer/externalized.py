@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
@@ -273,8 +273,9 @@ def _lower_externalized(
     values_map: dict[str, ir.Value], node: torch.fx.Node, loc: ir.Location
 ) -> list[ir.Value]:
     """Lowering of ``coreai_torch::externalized``: invoke the call's private graph."""
-    operand_nodes, key = node.args
-    call = _remap(call_for_key(key))
+    # (operands, call key): the op's schema (coreai_torch/frontend/externalize.py)
+    operand_nodes = cast("list[torch.fx.Node | None]", node.args[0])
+    call = _remap(call_for_key(cast(str, node.args[1])))
     importer = getattr(values_map, "importer", None)
     if importer is None:
         raise ConversionError("externalized modules can only be lowered by TorchConverter")

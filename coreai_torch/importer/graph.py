@@ -15,7 +15,7 @@ import traceback
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -36,7 +36,13 @@ from coreai_torch.frontend.half_precision import HalfWeights
 from coreai_torch.frontend.signature import ProgramSignature
 from coreai_torch.frontend.sizes import check_data_dependent_sizes
 from coreai_torch.ir.weights import WeightStore
-from coreai_torch.locations import describe, location, named_location, user_frame
+from coreai_torch.locations import (
+    describe,
+    location,
+    named_location,
+    qualified_name,
+    user_frame,
+)
 from coreai_torch.lowerings.registry import (
     EMPTY_INPUT_OPS,
     EmptyTensor,
@@ -339,7 +345,8 @@ class GraphImporter:
             if progress is not None:
                 total = sum(1 for n in self.ep.graph.nodes if n.op == "call_function")
                 progress.start(self.name, total)
-            output_node = self.lower_nodes(self.ep.graph.nodes, values, progress)
+            self.lower_nodes(self.ep.graph.nodes, values, progress)
+            output_node = self.ep.graph.output_node()
             if progress is not None:
                 progress.finish(self.name)
 
@@ -356,13 +363,12 @@ class GraphImporter:
 
     def lower_nodes(
         self, nodes: Iterable[torch.fx.Node], values: ValueMap, progress: Any = None
-    ) -> torch.fx.Node | None:
+    ) -> None:
         """Lower call_function nodes in order into the current insertion point.
 
-        Placeholders must already be in ``values``.  Returns the output node.  ``progress``
+        Placeholders must already be in ``values``.  ``progress``
         (a ``coreai_torch.progress.ConversionProgress``) hears of every lowered node.
         """
-        output = None
         for node in nodes:
             self.builder.nodes.setdefault(node.name, node)
             if node.op == "placeholder":
@@ -372,9 +378,7 @@ class GraphImporter:
                     and node.name not in self.signature.scalar_inputs
                 ):
                     raise ConversionError(f"internal error: no value for {describe(node)}")
-            elif node.op == "output":
-                output = node
-            elif node.op == "get_attr":
+            elif node.op in ("output", "get_attr"):
                 continue  # sub-graphs and constants are fetched by the rules that use them
             elif node.op == "call_function":
                 if self._is_folded(node):
@@ -385,7 +389,6 @@ class GraphImporter:
                     progress.advance(self.name)
             else:
                 raise ConversionError(f"{describe(node)}: FX op '{node.op}' is not supported")
-        return output
 
     def lower_subgraph(
         self,
@@ -429,16 +432,16 @@ class GraphImporter:
             values[node.name] = EmptyTensor(list(val.shape), val.dtype)
             return
         if node.target is operator.getitem:
-            source, index = node.args
-            key = f"{source.name}#{index}"
-            if key not in values:
+            source, index = cast("tuple[torch.fx.Node, int]", node.args)
+            result_key = f"{source.name}#{index}"
+            if result_key not in values:
                 raise LoweringError(
                     f"the lowering of '{lowering_key(source)}' gave no value for result {index} "
                     f"of {describe(source)}, which {describe(node)} uses"
                 )
-            values[node.name] = values[key]
+            values[node.name] = values[result_key]
             return
-        key = lowering_key(node)
+        key = qualified_name(node.target)  # a call_function node (lowering_key's key)
         rule = self.lowerings.get(key)
         if rule is None:  # a sub-graph op found late; report it the same way
             raise unsupported_op_error({key: [node]}, self.name)
@@ -504,7 +507,7 @@ class GraphImporter:
 
     def _store_result(self, node: torch.fx.Node, key: str, result: Any, values: ValueMap) -> None:
         """Check what a lowering returned and record it (``"name#i"`` for multi-result ops)."""
-        val = node.meta.get("val")
+        val: Any = node.meta.get("val")
         multi = isinstance(val, (list, tuple))
         if result is None:
             if node.users:
@@ -652,7 +655,7 @@ def _drop_foreign_uses(block: ir.Block, start: int, result: Any) -> bool:
     return foreign
 
 
-def _scalar(value: bool | int | float) -> ir.Value:
+def _scalar(value: object) -> ir.Value:
     """A Python scalar as a 0-d constant (bool ``i1``, int ``si32``, float ``f32``)."""
     if isinstance(value, bool):
         return cai.constant(np.bool_(value))

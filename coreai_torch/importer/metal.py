@@ -33,7 +33,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -419,13 +419,13 @@ def _element(t: ir.Type) -> str:
 def _torch_dtype_text(element: ir.Type | str) -> str:
     """`` (torch.int64)`` for an element type that has a torch dtype."""
     try:
-        return f" ({dtypes.to_torch(element)})"  # type: ignore[arg-type]
+        return f" ({dtypes.to_torch(element)})"
     except TypeError:
         return ""
 
 
 def _dtype_list(elements: Sequence[str]) -> str:
-    return ", ".join(str(dtypes.to_torch(e)) for e in elements)  # type: ignore[arg-type]
+    return ", ".join(str(dtypes.to_torch(e)) for e in elements)
 
 
 def _summary(value: Any) -> str:
@@ -567,8 +567,11 @@ def register_kernels(converter: Any, kernels: Sequence[TorchMetalKernel]) -> Non
 def _lower(
     kernels: dict[str, TorchMetalKernel], values_map: dict[str, ir.Value], node: torch.fx.Node
 ) -> list[ir.Value]:
-    inputs, name, _key, grid, group, _shapes, _ranks = node.args
-    kernel = kernels.get(name)  # type: ignore[call-overload]
+    # (inputs, name, key, grid, group, shapes, ranks): the op's schema (METAL_KERNEL_OP)
+    inputs = cast("list[torch.fx.Node]", node.args[0])
+    name = cast(str, node.args[1])
+    grid, group = cast("tuple[Sequence[int | torch.fx.Node], ...]", node.args[3:5])
+    kernel = kernels.get(name)
     if kernel is None:
         raise UnsupportedOpError(
             f"{describe(node)}: Metal kernel '{name}' is not registered on this converter; "
@@ -580,7 +583,7 @@ def _lower(
 
     supported = [t for t in METAL_ELEMENT_TYPES if t in kernel.core.metal_type_mappings]
     accepted = _dtype_list(supported)
-    values = [values_map[arg.name] for arg in inputs]  # type: ignore[union-attr]
+    values = [values_map[arg.name] for arg in inputs]
     for input_name, value in zip(kernel.input_names, values, strict=True):
         t = ir.RankedTensorType(value.type)
         if not t.has_static_shape:
@@ -595,9 +598,11 @@ def _lower(
                 f"(supported: {accepted}); cast it before the call, e.g. "
                 f"{input_name}.to(torch.int32)"
             )
+    thread_counts: list[tuple[int, ...]] = []
     for what, counts in (("threads_per_grid", grid), ("threads_per_thread_group", group)):
-        dynamic = [c for c in counts if not isinstance(c, int)]  # type: ignore[union-attr]
-        if dynamic:
+        fixed = tuple(c for c in counts if isinstance(c, int))
+        thread_counts.append(fixed)
+        if len(fixed) != len(counts):
             shown = tuple(str(c.meta.get("val", c)) if hasattr(c, "meta") else c for c in counts)
             raise fail(
                 f"{what} must be static thread counts, got {shown} (computed from sizes that "
@@ -619,4 +624,5 @@ def _lower(
                 "convert the result after the call"
             )
         result_types.append(t)
-    return kernel.emit(values, grid, group, result_types)  # type: ignore[arg-type]
+    grid_counts, group_counts = thread_counts
+    return kernel.emit(values, grid_counts, group_counts, result_types)

@@ -19,17 +19,16 @@ lowering (built-in or user) emitted the ops:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
-import torch.fx
 
 from coreai_torch._mlir import ir
 from coreai_torch.errors import RuntimeHazardError, VerificationError
 from coreai_torch.ir.compressed import decompression_problems
 from coreai_torch.ir.values import constant_values
-from coreai_torch.locations import describe, names_in_location
+from coreai_torch.locations import names_in_location
 
 #: Operand names (ODS accessors) that hold axes, shapes, sizes, positions or indices.
 INDEX_OPERANDS = frozenset(
@@ -251,13 +250,14 @@ def find_runtime_hazards(
     return scanner.found
 
 
-def check_runtime_hazards(module: ir.Module, nodes: Mapping[str, torch.fx.Node]) -> None:
-    """Raise :class:`RuntimeHazardError` naming the FX node and source line of every op of
-    ``module`` that would abort the Core AI runtime (``nodes``: node name -> FX node)."""
+def check_runtime_hazards(module: ir.Module, describe_node: Callable[[str], str | None]) -> None:
+    """Raise :class:`RuntimeHazardError` naming the source of every op of ``module`` that would
+    abort the Core AI runtime (``describe_node``: the name an op's location carries -> the
+    node it was converted from and its source line, or None)."""
 
     def location_of(op: ir.Operation) -> str:
         text = str(op.location)
-        described = [describe(nodes[n]) for n in names_in_location(text) if n in nodes]
+        described = [d for n in names_in_location(text) if (d := describe_node(n)) is not None]
         return "; ".join(described) if described else text
 
     hazards = find_runtime_hazards(module, location_of)
@@ -277,8 +277,8 @@ def verify_module(module: ir.Module, when: str) -> None:
     ``when`` (e.g. "after optimize()")."""
     diagnostics: list[str] = []
 
-    def collect(diagnostic: object) -> bool:
-        diagnostics.append(f"{diagnostic.location}: {diagnostic.message}")  # type: ignore[attr-defined]
+    def collect(diagnostic: ir.Diagnostic) -> bool:
+        diagnostics.append(f"{diagnostic.location}: {diagnostic.message}")
         return True
 
     handler = module.context.attach_diagnostic_handler(collect)

@@ -38,16 +38,12 @@ from enum import Enum
 from typing import Any
 
 import torch
-import torch.fx
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
-
-#: Every composite op records a version; this one is used when none is given.
-DEFAULT_VERSION = 1
+from coreai_torch.frontend.composite_names import DEFAULT_VERSION, is_op_name
 
 _ATTR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.]*$")
-_OP_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:]*$")
 
 
 # ----------------------------------------------------------------------------- attributes ---
@@ -96,11 +92,6 @@ def op_attributes(attrs: Mapping[str, Any] | None) -> dict[str, ir.Attribute]:
             result[name] = attribute(value, f"attribute '{name}'")
     result.setdefault("version", attribute(DEFAULT_VERSION))
     return dict(sorted(result.items()))
-
-
-def is_op_name(name: str) -> bool:
-    """Whether ``name`` can name a composite op (``rms_norm``, ``my_lib.attention``, ...)."""
-    return bool(_OP_NAME.match(name))
 
 
 def _names(names: Sequence[str], what: str) -> list[str]:

@@ -34,6 +34,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeAlias, overload
 
 import ml_dtypes
 import numpy as np
@@ -253,6 +254,10 @@ class LinearCodes:
         )
 
 
+@overload
+def _t(array: np.ndarray) -> np.ndarray: ...
+@overload
+def _t(array: None) -> None: ...
 def _t(array: np.ndarray | None) -> np.ndarray | None:
     return None if array is None else np.ascontiguousarray(array.T)
 
@@ -434,7 +439,7 @@ class Decompression:
 
 
 #: an operand of a decompression op: a constant's attribute, or (attribute, element type)
-Operand = ir.Attribute | tuple[ir.Attribute, ir.Type]
+Operand: TypeAlias = ir.Attribute | tuple[ir.Attribute, ir.Type]
 
 
 def check_decompression(result: ir.Value, what: str) -> None:
@@ -585,7 +590,7 @@ def linear_decompression(
             if zero_point is not None
             else c.zeros(scale_p.shape, data_type),
             c.zeros(scale_p.shape, out_type),
-            c.index(axis, si32) if axis is not None else c.index(list(range(q.ndim)), si32),
+            c.index(axis, si32) if isinstance(axis, int) else c.index(list(range(q.ndim)), si32),
         ]
         op = cai.dequantize
     else:
@@ -697,11 +702,10 @@ def decompression_problems(op: ir.Operation) -> list[str]:
     ``dequantize`` op although it verifies; empty when it is safe or another op."""
     if op.name not in ("coreai.blockwise_shift_scale", "coreai.dequantize"):
         return []
-    types = [_ranked(v) for v in op.operands[:4]]
+    data, scale, offset1, offset2 = (_ranked(v) for v in op.operands[:4])
     result = _ranked(op.results[0])
-    if None in types or result is None:
+    if data is None or scale is None or offset1 is None or offset2 is None or result is None:
         return []
-    data, scale, offset1, offset2 = types
     problems = []
     if op.name == "coreai.dequantize":
         if max(scale.rank, offset1.rank, offset2.rank) > 1:

@@ -7,7 +7,7 @@ for large models:
 * the bytecode is hashed while it is written, not read back whole into memory;
 * weights stored transposed (``WeightStore.transposed``) are transposed into the stream as it
   passes, block by block, instead of being held as a second copy of the weights, and lazy
-  weights (:mod:`coreai_torch.ir.lazy`) are read from their checkpoint there;
+  weights (:mod:`coreai_torch.tensors.lazy`) are read from their checkpoint there;
 * hashing, writing and transposing run beside the serializer, on the other core, and an
   asset of 1 GiB or more is written with direct I/O where the file system allows it (no
   page-cache copy: little CPU, and the data is on the disk when ``save_asset`` returns).
@@ -42,13 +42,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from coreai._compiler._mlir_libs._coreaiIR._bindings.compiler import (
-    serialize_module_to_bytecode,
-)
 from coreai.authoring import asset as core_asset
 from coreai.runtime import _AIModelAsset
 
-from coreai_torch._mlir import ca, clone_module, ir
+from coreai_torch._mlir import ca, clone_module, ir, serialize_module_to_bytecode
 from coreai_torch.ir.bytecode import BytecodeFormatError, Source, TruncatedBytecode, rewrite_blobs
 from coreai_torch.ir.weights import TAG_BYTES, PendingData, WeightStore, referenced_resources
 
@@ -95,6 +92,12 @@ class SaveStats:
     #: most serializer output held in memory at once (freed as it is read)
     peak_buffered: int = 0
 
+    def reset(self) -> None:
+        """Back to a fresh instance's values, in place (readers hold this object)."""
+        fresh = SaveStats()
+        for name in vars(fresh):
+            setattr(self, name, getattr(fresh, name))
+
 
 #: statistics of the last save in this process (for benchmarks)
 last_stats = SaveStats()
@@ -119,7 +122,7 @@ def save_program(
     coreai-core's ``AIProgram.save_asset`` does; the pending data of ``weights`` is made
     on the way.  ``streaming``: through a forked serializer (default: for programs of at
     least ``STREAM_MIN_BYTES`` of weights, where available) or in process."""
-    last_stats.__init__()  # type: ignore[misc]
+    last_stats.reset()
     start = time.perf_counter()
     minimum_os = minimum_os or core_asset.OSVersion.v27
     check_free_space(path, module, weights)
@@ -511,7 +514,7 @@ class _Sink:
         if self._used == CHUNK_BYTES:
             self._submit()
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data).cast("B")
         while view:
             room = self.room(len(view))
@@ -706,7 +709,7 @@ class _PendingWriter:
                 count, nbytes = 1, row_bytes
                 out = torch.empty((1, *shape), dtype=dtype)
                 entry.fill(first, out)
-                self.sink.write(out.view(torch.uint8).numpy().reshape(-1))
+                self.sink.write(out.view(torch.uint8).numpy().reshape(-1).data)
             source.skip(nbytes)
             first += count
         self.done.add(entry.name)

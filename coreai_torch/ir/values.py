@@ -8,7 +8,7 @@ carry the user's source line without ``loc=``) and the passes that rewrite a pro
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -32,6 +32,41 @@ def shape_of(value: ir.Value) -> list[int | None]:
     return [None if t.is_dynamic_dim(i) else t.shape[i] for i in range(t.rank)]
 
 
+def static_shape_of(value: ir.Value) -> list[int]:
+    """The shape of a value whose shape is static (a weight, a constant); a ``ValueError``
+    for a dynamic one."""
+    shape = known_sizes(shape_of(value))
+    if shape is None:
+        raise ValueError(f"{value.type} has a dynamic shape where a static one is needed")
+    return shape
+
+
+def static_dim(value: ir.Value, axis: int) -> int:
+    """Dimension ``axis`` of ``value`` (negative counts from the end), which must be static
+    here (the others may be dynamic); a ``ValueError`` for a dynamic one."""
+    size = shape_of(value)[axis]
+    if size is None:
+        raise ValueError(
+            f"dimension {axis} of {value.type} is dynamic where a static one is needed"
+        )
+    return size
+
+
+def static_sizes(shape: Sequence[int | None]) -> list[int]:
+    """``shape`` (from :func:`shape_of`), whose dimensions must all be known here; a
+    ``ValueError`` for a dynamic one."""
+    sizes = known_sizes(shape)
+    if sizes is None:
+        raise ValueError(f"shape {list(shape)} has dynamic dimensions where static ones are needed")
+    return sizes
+
+
+def known_sizes(shape: Sequence[int | None]) -> list[int] | None:
+    """``shape`` when every dimension is known, else None."""
+    sizes = [d for d in shape if d is not None]
+    return sizes if len(sizes) == len(shape) else None
+
+
 def rank_of(value: ir.Value) -> int:
     return tensor_type(value).rank
 
@@ -45,8 +80,8 @@ def is_static(value: ir.Value) -> bool:
 
 
 def numel(value: ir.Value) -> int | None:
-    shape = shape_of(value)
-    return None if None in shape else int(np.prod(shape, dtype=np.int64))
+    shape = known_sizes(shape_of(value))
+    return None if shape is None else int(np.prod(shape, dtype=np.int64))
 
 
 # ------------------------------------------------------------------------------ constants ---
@@ -189,7 +224,7 @@ def move_axis(value: ir.Value, source: int, destination: int) -> ir.Value:
 #: Slice bound meaning "to the end" (Core AI clamps slice bounds like Python does).
 INT32_MAX = 2**31 - 1
 
-Size = int | ir.Value
+Size: TypeAlias = int | ir.Value
 
 
 def is_symbolic(sizes: Sequence[Any] | Any) -> bool:
@@ -271,8 +306,9 @@ def reshape_dynamic(
     With at most one unknown dim the static ``out_shape`` with ``-1`` is enough; otherwise the
     shape operand is built from ``sizes``.
     """
-    if None not in out_shape:
-        return reshape(value, [int(d) for d in out_shape])
+    static = known_sizes(out_shape)
+    if static is not None:
+        return reshape(value, static)
     if list(out_shape).count(None) == 1:
         target = cai.reshape(value, i32([-1 if d is None else d for d in out_shape]))
     else:
@@ -284,8 +320,9 @@ def broadcast_dynamic(
     value: ir.Value, sizes: Sequence[Size], out_shape: Sequence[int | None]
 ) -> ir.Value:
     """``value`` broadcast to ``sizes`` (ints, ``-1`` = keep the input dim, runtime values)."""
-    if None not in out_shape:
-        return broadcast_to(value, [int(d) for d in out_shape])
+    static = known_sizes(out_shape)
+    if static is not None:
+        return broadcast_to(value, static)
     lead = len(sizes) - rank_of(value)
     dims: list[Size] = []
     for i, s in enumerate(sizes):
@@ -349,7 +386,7 @@ def slice_dynamic(
 # For multi-step float formulas (special functions, series): operands are Core AI values or
 # Python numbers; a number becomes a 0-d constant of the other operand's element type.
 
-Number = ir.Value | float
+Number: TypeAlias = ir.Value | float
 
 
 def like(a: Number, other: Number) -> ir.Value:

@@ -42,7 +42,7 @@ import torch
 
 from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
 
 #: Tensors with fewer elements than this are emitted inline (``dense<...>``) so the compiler
 #: can fold them; larger ones are zero-copy resources.
@@ -221,7 +221,7 @@ class PendingTranspose(PendingData):
 
 @dataclass
 class PendingLazy(PendingData):
-    """A lazy tensor (:mod:`coreai_torch.ir.lazy`) read when it is needed: by rows where its
+    """A lazy tensor (:mod:`coreai_torch.tensors.lazy`) read when it is needed: by rows where its
     expression allows it, else whole (once, kept until its last slice is written)."""
 
     name: str
@@ -261,7 +261,7 @@ class SpillFile:
     def write(self, data: np.ndarray) -> int:
         """Append ``data``'s bytes; returns where they start.  ``OSError`` when they cannot be
         written (nothing is then counted as written)."""
-        view = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        view = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
         offset, done = self.size, 0
         while done < len(view):
             done += os.pwrite(self._fd, view[done:], offset + done)
@@ -270,7 +270,7 @@ class SpillFile:
 
     def read_into(self, offset: int, out: torch.Tensor) -> None:
         """``out``'s bytes (a contiguous tensor) from ``offset``."""
-        view = memoryview(out.view(torch.uint8).numpy().reshape(-1))
+        view = out.view(torch.uint8).numpy().reshape(-1).data
         done = 0
         while done < len(view):
             count = os.preadv(self._fd, [view[done:]], offset + done)

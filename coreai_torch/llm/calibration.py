@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -22,6 +22,9 @@ from coreai_torch.compression import (
     Pruning,
     calibrate,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: tokens per calibration sequence
 SEQUENCE_LENGTH = 256
@@ -78,12 +81,12 @@ def calibration_tokens(
         calibration = [calibration]  # type: ignore[list-item]
     from coreai_torch.compression.calibration import token_batches
 
-    longest = max((len(s) for s in calibration), default=0)  # type: ignore[arg-type]
+    longest = max((len(s) for s in calibration), default=0)
     size = min(length, longest) if longest else length
-    return token_batches(calibration, vocab_size, length=size)[:max_sequences]  # type: ignore[arg-type]
+    return token_batches(calibration, vocab_size, length=size)[:max_sequences]
 
 
-def vocab_size(model: nn.Module) -> int:
+def vocab_size(model: PreTrainedModel) -> int:
     """The number of token ids the model's embedding table has."""
     embeddings = model.get_input_embeddings()
     return int(embeddings.weight.shape[0])

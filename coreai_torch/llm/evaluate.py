@@ -112,13 +112,15 @@ def _load_reference(reference: Any) -> nn.Module:
 
     if not (path / "config.json").is_file():
         load_causal_lm(path)  # the same error as llm.export
-    return AutoModelForCausalLM.from_pretrained(
-        path, local_files_only=True, torch_dtype=torch.float32
+    model: nn.Module = AutoModelForCausalLM.from_pretrained(
+        path, local_files_only=True, dtype=torch.float32
     ).eval()
+    return model
 
 
 def tokenizer_for(model: Any, tokenizer: Any = None) -> Any:
-    """The tokenizer given, or the one saved beside the model."""
+    """The tokenizer given, or the one saved with the model (a bundle's ``tokenizer/``, else
+    the files beside it)."""
     if tokenizer is not None:
         return tokenizer
     source = getattr(model, "_source_dir", None)
@@ -128,7 +130,10 @@ def tokenizer_for(model: Any, tokenizer: Any = None) -> Any:
         )
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(source, local_files_only=True)
+    from coreai_torch.bundles import is_bundle_dir
+
+    directory = Path(source) / "tokenizer" if is_bundle_dir(source) else source
+    return AutoTokenizer.from_pretrained(directory, local_files_only=True)
 
 
 def perplexity(
@@ -232,7 +237,7 @@ def cosine(
     torch_model = (
         reference.eval()
         if isinstance(reference, nn.Module)
-        else AutoModel.from_pretrained(reference, local_files_only=True, torch_dtype=torch.float32)
+        else AutoModel.from_pretrained(reference, local_files_only=True, dtype=torch.float32)
     )
     limit = int(coreai.coreai_config.get("max_length") or 512)
     values: list[float] = []

@@ -1,54 +1,38 @@
-"""Hugging Face causal LMs -> one Core AI program with a ``prefill`` and a ``decode`` entry point.
+"""Hugging Face causal LMs -> Core AI programs that Apple's app runtimes run as they are.
 
-Both entry points share the weights (stored once) and the KV cache, a static cache of
-``max_context`` positions per layer held as Core AI state::
+:func:`export` makes, by default, the function ``main`` of the app's sequential and pipelined
+engines (:mod:`coreai_torch.llm.decoder`)::
 
-    prefill(input_ids: int64 [1, T], start_position: int64 [1]) -> logits    1 <= T <= max_context
-    decode(input_ids: int64 [1, 1], start_position: int64 [1]) -> logits
-    states: layers.{i}.k_cache, layers.{i}.v_cache   [1, kv_heads, max_context, head_dim]
+    main(input_ids: int32 [1, T], position_ids: int32 [1, P]) -> logits: float16 [1, T, vocab]
+    states keyCache [layers, 1, kv_heads, S, key_dim], valueCache [..., S, value_dim]
 
-The tokens are written to cache positions ``start_position .. start_position + T - 1`` and
-attend to every cached position before them (within the sliding window where the model has
-one).  ``logits`` is ``[1, 1, vocab]`` (the last position) or ``[1, T, vocab]`` with
-``all_logits=True``.  RMSNorm, rotary embeddings and attention are composite ops
-(``rms_norm``, ``rope``, ``scaled_dot_product_attention``; models that soft-cap attention
-scores, such as Gemma 2, attend with plain ops).
+with ``engine="static"`` the fixed-shape functions of the static-shape engine that iOS apps
+and the Neural Engine use (:mod:`coreai_torch.llm.static_shape`), and with ``bundle=`` it
+writes the bundle the app loads (``metadata.json``, ``tokenizer/``, the asset; see
+``docs/bundles.md``).
 
-``precision`` converts with ``TorchConverter(compute_precision=...)`` (half weights and KV
-cache, float32 islands; the logits stay float32) and ``compress`` runs ``program.compress()``
-before ``optimize()``.  Mixture-of-experts models (:data:`MOE_ARCHITECTURES`) are traced with
-their sparse-MoE blocks replaced by static ones (:func:`~coreai_torch.rewrites.moe.rewrite_moe`):
-the prefill runs every expert on its tokens and combines them with the routing weights (its
-token count is dynamic), the decode step gathers its token's experts only; both read the
-same stacked expert weights, stored once.
+``precision`` converts with ``TorchConverter(compute_precision=...)`` (half weights, KV cache
+and activations, float32 islands; the logits are float16 whatever the precision) and
+``compress`` runs ``program.compress()`` before ``optimize()``.  Mixture-of-experts models
+(:data:`MOE_ARCHITECTURES`) are traced with their sparse-MoE blocks replaced by static ones
+(:func:`~coreai_torch.rewrites.moe.rewrite_moe`) that run every expert on the call's tokens
+and combine them with the routing weights.  A model directory is *streamed*: its weights stay
+in the checkpoint until the asset is written (``docs/large_models.md``).
 
-Hugging Face's export recipes (``transformers.integrations.executorch``) are reused where
-they fit: the cache is ``transformers``' own ``StaticLayer`` (the ``StaticCache`` layer
-``TorchExportableModuleWithStaticCache`` registers as buffers).  The program is traced
-non-strict, which takes a third of the time of the recipes' ``strict=True`` (no bytecode
-analysis): the cache layers are pointed at the buffers in each call, so the writes reach the
-tensors export traces with rather than being lifted a second time as constants.  The decode
-step of a dense model is the prefill's graph specialized to one token
-(:func:`~coreai_torch.frontend.specialize.specialize`), not a second trace.  The recipe
-modules themselves do not fit:
-
-* ``TorchExportableModuleWithStaticCache`` / ``...WithHybridCache`` give sliding-window layers
-  a ``StaticSlidingWindowLayer``, whose update branches in Python on how many tokens it has
-  seen, so the traced program is only right for the call it was traced with; here every layer
-  keeps all ``max_context`` positions and the sliding window is part of the attention mask,
-  so one program serves any start position;
-* they return the logits of every position (no ``logits_to_keep``), take the cache positions
-  instead of a start position, and require ``generation_config.cache_implementation ==
-  "static"`` on the user's model;
-* their ``sdpa_without_vmap`` mask puts the sliding window into the masks of Gemma 2's
-  full-attention layers too; the trace here uses Hugging Face's own masks.
+The model is traced non-strict (``torch.export(strict=False)``) through its own ``forward``:
+Hugging Face's attention, rotary embeddings and masks, given a cache object that reads and
+writes the program's states.  Every layer keeps all positions and the sliding window of the
+layers that have one is part of their attention mask, built in the graph from the positions
+(``transformers``' sliding-window cache layers branch in Python on how many tokens they have
+seen, so a program traced through them is right only for the call it was traced with).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,9 +45,7 @@ from coreai_torch.composite_ops.moe import GatedExperts
 from coreai_torch.converter import TorchConverter
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.frontend.export import export_decomposed
-from coreai_torch.frontend.specialize import SpecializationError, specialize
-from coreai_torch.ir import lazy
-from coreai_torch.ir.lazy import WeightSource
+from coreai_torch.llm import decoder as main_function
 from coreai_torch.llm.calibration import (
     Calibrationdata,
     calibrated,
@@ -73,8 +55,12 @@ from coreai_torch.llm.calibration import (
 )
 from coreai_torch.precision import Precision, from_spec
 from coreai_torch.rewrites.moe import SparseMoE, rewrite_moe
+from coreai_torch.tensors import lazy
+from coreai_torch.tensors.lazy import WeightSource
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from coreai_torch.compression import CompressionConfig
     from coreai_torch.precision import Precision
     from coreai_torch.program import AIProgram
@@ -84,10 +70,11 @@ if TYPE_CHECKING:
 MOE_ARCHITECTURES = ("deepseek_v3", "gpt_oss", "mixtral", "olmoe", "qwen2_moe", "qwen3_moe")
 
 #: ``config.model_type`` of the architectures :func:`export` supports (SmolLM models are
-#: ``llama`` with tied embeddings).
+#: ``llama`` with tied embeddings; ``gemma3_text`` is Gemma 3's text model).
 ARCHITECTURES = (
     "gemma",
     "gemma2",
+    "gemma3_text",
     "llama",
     "mistral",
     "phi3",
@@ -99,9 +86,8 @@ ARCHITECTURES = (
 #: The KV-cache length when none is given and the model allows it.
 DEFAULT_MAX_CONTEXT = 2048
 
-#: Names of the program's inputs and output (the same for both entry points).
-INPUT_NAMES = ("input_ids", "start_position")
-OUTPUT_NAME = "logits"
+#: what ``engine=`` takes: the app engine the program is made for
+ENGINES = ("dynamic", "static")
 
 #: Attention implementations the export traces as they are; others switch to ``sdpa``.
 _TRACEABLE_ATTENTION = ("sdpa", "eager")
@@ -113,19 +99,24 @@ def export(
     precision: torch.dtype | str | Precision | None = None,
     compress: CompressionConfig | str | None = None,
     *,
-    all_logits: bool = False,
     calibration: Calibrationdata | None = None,
     target_bpw: float | None = None,
+    engine: str = "dynamic",
+    bundle: str | os.PathLike[str] | None = None,
+    tokenizer: Any = None,
+    name: str | None = None,
+    overwrite: bool = False,
+    contexts: Sequence[int] | None = None,
+    query_lengths: Sequence[int] | None = None,
 ) -> AIProgram:
-    """Convert a Hugging Face causal LM into one Core AI program (``AIProgram``) with the
-    entry points ``prefill`` and ``decode`` sharing weights and a KV cache of ``max_context``
-    positions (see the module documentation for the signature); ``max_context`` defaults to
-    the model's own limit (``max_position_embeddings``), at most :data:`DEFAULT_MAX_CONTEXT`.
+    """Convert a Hugging Face causal LM into a Core AI program (``AIProgram``) that Apple's
+    app runtimes run as they are (see the module documentation); ``max_context`` (the most
+    positions a generation holds) defaults to the model's own limit
+    (``max_position_embeddings``), at most :data:`DEFAULT_MAX_CONTEXT`.
 
     ``model_or_dir`` is a ``transformers`` causal LM (``AutoModelForCausalLM``) or a local
-    directory written by ``save_pretrained`` (loaded with ``from_pretrained``, never
-    downloaded).  Mixture-of-experts blocks are made static (:func:`rewrite_moe`) while the
-    model is traced; a model instance gets its own blocks back afterwards.
+    directory written by ``save_pretrained`` (streamed from its checkpoint, never
+    downloaded).  A model instance gets its own mixture-of-experts blocks back afterwards.
 
     ``precision``: the compute precision, ``torch.float16`` / ``torch.bfloat16`` (or
     ``"fp16"`` / ``"bf16"``, or a :class:`~coreai_torch.precision.Precision`): weights, KV
@@ -133,7 +124,18 @@ def export(
     model's own dtype.  ``compress``: the weights stored compressed, a
     :mod:`coreai_torch.compression` configuration or a name (``"int4"``: blocks of 32,
     ``"int8"``: per output channel, ``"palette4"``, ...), compressed before ``optimize()``.
-    ``all_logits=True`` returns the logits of every prompt position instead of the last one.
+
+    ``engine``: ``"dynamic"`` (default) makes ``main`` for the sequential and pipelined
+    engines (macOS); ``"static"`` the static-shape family for the static-shape engine (iOS,
+    the Neural Engine): ``load_embeddings``, ``gather_embeddings_<Q>``, ``extend_<ctx>_<Q>``
+    and ``prompt_opt_<ctx>_<Q>`` for the cache lengths ``contexts`` (default 256 doubling up
+    to ``max_context``, and ``max_context``) and the query lengths ``query_lengths`` (default
+    8, 16 and 64), sharing one copy of the weights.
+
+    ``bundle``: a directory to write the bundle the app loads (the program, the manifest,
+    ``tokenizer/`` from ``tokenizer`` -- a Hugging Face tokenizer or its directory; default
+    the model directory's --, named ``name``, default the directory's name; ``overwrite``
+    replaces an existing bundle).  The program is returned either way.
 
     ``calibration``: data the compressed weights are fitted against (GPTQ, activation-aware
     scales, weighted palettes; :mod:`coreai_torch.compression.calibration`): the path of a text
@@ -141,9 +143,17 @@ def export(
     a ``[samples, tokens]`` tensor); at most 32 sequences of 256 tokens are used.
     ``compress="mixed"`` chooses a form per weight to ``target_bpw`` bits per weight (every
     weight counted) and needs ``calibration``.
+
+    Bad arguments raise before the model is read.
     """
     policy = precision_policy(precision)
     compression = compression_config(compress, target_bpw, calibration)
+    if engine not in ENGINES:
+        raise ValueError(f"llm.export(engine={engine!r}): engine must be one of {ENGINES}")
+    static = _static_options(engine, contexts, query_lengths)
+    directory = None if isinstance(model_or_dir, nn.Module) else model_or_dir
+    if bundle is not None:
+        check_bundle_target(bundle, overwrite, directory, tokenizer)
     listener = progress_events.resolve(None)
     with progress_events.phase(listener, "load", 1, "steps"):
         model = load_causal_lm(model_or_dir)
@@ -151,15 +161,29 @@ def export(
         max_context = default_max_context(model.config)
     check_max_context(model, max_context)
     tokens = calibration_input(model, model_or_dir, calibration)
-    return convert_causal_lm(
+    program = convert_causal_lm(
         model,
         max_context,
         policy,
         compression,
-        all_logits=all_logits,
+        engine=engine,
         restore=isinstance(model_or_dir, nn.Module),
         calibration=tokens,
+        **static,
     )
+    if bundle is not None:
+        save_bundle(
+            bundle,
+            program,
+            model,
+            max_context,
+            compression=compression,
+            model_dir=directory,
+            tokenizer=tokenizer,
+            name=name,
+            overwrite=overwrite,
+        )
+    return program
 
 
 def calibration_input(
@@ -173,57 +197,46 @@ def calibration_input(
 
 
 def convert_causal_lm(
-    model: nn.Module,
+    model: PreTrainedModel,
     max_context: int,
     policy: Precision,
     compression: CompressionConfig | None,
     *,
-    all_logits: bool = False,
-    forward: bool = False,
+    engine: str = "dynamic",
     restore: bool = True,
     calibration: torch.Tensor | None = None,
+    contexts: Sequence[int] | None = None,
+    query_lengths: Sequence[int] | None = None,
 ) -> AIProgram:
     """The optimized program of a loaded causal LM (a model instance, or one whose weights
-    :func:`load_causal_lm` left in its checkpoint): ``prefill`` and ``decode`` as
-    :func:`export` makes them and, with ``forward``, a third entry point ``forward`` taking
-    the ``prefill``'s inputs and returning every position's logits, all sharing the weights
-    and the KV cache.  ``restore`` puts the model's own mixture-of-experts blocks back after
+    :func:`load_causal_lm` left in its checkpoint) for the app engine ``engine`` (see
+    :func:`export`).  ``restore`` puts the model's own mixture-of-experts blocks back after
     tracing (:func:`export` does it for a model it was given)."""
-    # entry points over a prompt of 1..max_context tokens -> whether they return every logit
-    prompts = {"prefill": all_logits, **({"forward": True} if forward else {})}
-    exported: dict[str, torch.export.ExportedProgram] = {}
     listener = progress_events.resolve(None)
     # the checks of half precision and compression read every weight's statistics: a streamed
     # checkpoint is read on the other core while the model is traced
     checked = policy.is_half or compression is not None
+    converter = TorchConverter(compute_precision=policy)
     with (
         lazy.statistics_in_background(model.state_dict(keep_vars=True).values() if checked else ()),
         traceable_attention(model),
         _static_moe(model, restore=restore) as experts,
-        progress_events.phase(listener, "trace", len(prompts) + 1, "entry points") as traced,
+        progress_events.phase(listener, "trace", 1, "entry points") as traced,
+        lazy.tracing(),  # a streamed model's weights are lazy: trace without recording
     ):
-        wrapper = CachedCausalLM(model, max_context).eval()
-        tokens = torch.export.Dim("tokens", min=1, max=max_context)
-        with lazy.tracing():  # a streamed model's weights are lazy: trace without recording
-            experts("dense")
-            for name, every_position in prompts.items():
-                wrapper.all_logits = every_position
-                exported[name] = trace_cached(wrapper, token_args(2), ({1: tokens}, None))
-                traced(len(exported), len(prompts) + 1)
-            wrapper.all_logits = all_logits
-            if experts("gather"):  # the decode step reads its token's experts only
-                exported["decode"] = trace_cached(wrapper, token_args(1), None)
-            else:  # the prefill of one token
-                exported["decode"] = decode_step(exported["prefill"], wrapper)
-    converter = TorchConverter(compute_precision=policy)
-    for name, ep in exported.items():
-        converter.add_exported_program(
-            ep,
-            input_names=list(INPUT_NAMES),
-            output_names=[OUTPUT_NAME],
-            state_names=cache_state_names(ep),
-            entrypoint_name=name,
-        )
+        experts("dense")  # every expert on the call's tokens (T is known only at run time)
+        # the KV states in the compute precision (half precision halves their bytes)
+        states = policy.compute if policy.is_half else model.dtype
+        if engine == "static":
+            from coreai_torch.llm import static_shape
+
+            shapes = static_shape.stage(
+                converter, model, max_context, states, contexts, query_lengths
+            )
+        else:
+            _stage_main(converter, model, max_context, states)
+            shapes = {}
+        traced(1, 1)
     program = converter.to_coreai()
     fitted = None
     if compression is not None and calibration is not None:
@@ -232,6 +245,8 @@ def convert_causal_lm(
         fitted = measured(model, compression, policy.compute, max_context, _source_dir(model))
     if compression is not None:  # before optimize(): no transposed float copies of weights
         program.compress(compression, calibration=fitted)
+    for entrypoint, config in shapes.items():  # the static-shape functions, one per shape
+        program.set_static_shape_config(entrypoint, config)
     return program.optimize()
 
 
@@ -239,6 +254,119 @@ def _source_dir(model: nn.Module) -> Path | None:
     """The directory the model was loaded from (its tokenizer may be there), if known."""
     source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
     return Path(source) if source and Path(source).is_dir() else None
+
+
+def _stage_main(
+    converter: TorchConverter, model: PreTrainedModel, max_context: int, states: torch.dtype
+) -> None:
+    """Trace :class:`~coreai_torch.llm.decoder.Decoder` (``T``, ``P`` and the states' rows of
+    run-time size, the states of ``states``) and stage it as ``main``."""
+    wrapper = main_function.Decoder(model).eval()
+    config = model.config.get_text_config()
+    args = main_function.example_inputs(config, states)
+    ep = export_decomposed(
+        wrapper, args, dynamic_shapes=main_function.dynamic_shapes(max_context), strict=False
+    )
+    converter.add_exported_program(
+        ep,
+        input_names=list(main_function.INPUT_NAMES),
+        output_names=[main_function.OUTPUT_NAME],
+        state_names=list(main_function.STATE_NAMES),
+        entrypoint_name=main_function.FUNCTION_NAME,
+    )
+
+
+def _static_options(
+    engine: str, contexts: Sequence[int] | None, query_lengths: Sequence[int] | None
+) -> dict[str, Any]:
+    if engine == "static":
+        return {"contexts": contexts, "query_lengths": query_lengths}
+    given = [n for n, v in (("contexts", contexts), ("query_lengths", query_lengths)) if v]
+    if given:
+        raise ValueError(
+            f"llm.export({', '.join(given)}=...) shapes the static-shape functions; pass "
+            "engine='static' with it"
+        )
+    return {}
+
+
+# ------------------------------------------------------------------------------ bundles ---
+
+
+def check_bundle_target(
+    bundle: str | os.PathLike[str],
+    overwrite: bool,
+    model_dir: str | os.PathLike[str] | None,
+    tokenizer: Any,
+) -> None:
+    """Refuse, before anything is converted, a bundle directory that exists (without
+    ``overwrite``) or a bundle without a tokenizer."""
+    target = Path(bundle)
+    if target.suffix.lower() in (".aimodel", ".aimodelc"):
+        raise ValueError(
+            f"bundle={str(bundle)!r}: a bundle is a directory that holds the .aimodel (and "
+            "metadata.json, tokenizer/); name a directory without the .aimodel suffix"
+        )
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists; pass overwrite=True to replace the bundle")
+    if tokenizer is None and model_dir is None:
+        raise ValueError(
+            "a bundle embeds the model's tokenizer: pass tokenizer= (a Hugging Face tokenizer "
+            "or its directory) with a model instance"
+        )
+
+
+def save_bundle(
+    directory: str | os.PathLike[str],
+    program: AIProgram,
+    model: PreTrainedModel,
+    max_context: int,
+    *,
+    compression: CompressionConfig | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
+    tokenizer: Any = None,
+    name: str | None = None,
+    overwrite: bool = False,
+) -> Any:
+    """Write the bundle of ``program`` (exported from ``model`` with ``max_context``):
+    :func:`coreai_torch.bundles.write_llm_bundle` with the manifest's ``max_context_length``
+    the exported context and ``compression`` described; returns the
+    :class:`~coreai_torch.bundles.Bundle`."""
+    from coreai_torch.bundles import write_llm_bundle
+
+    with tempfile.TemporaryDirectory(prefix="coreai_torch_configs_") as scratch:
+        return write_llm_bundle(
+            directory,
+            program,
+            model_dir=model_dir,
+            config=model.config,
+            tokenizer=tokenizer,
+            name=name,
+            max_context_length=max_context,
+            compression=compression.describe() if compression is not None else None,
+            files=hf_config_files(model, model_dir, Path(scratch)),
+            overwrite=overwrite,
+        )
+
+
+#: the Hugging Face files a language bundle carries beside what the app reads (the app ignores
+#: them; ``CoreAIModelForCausalLM.from_pretrained`` reads them)
+HF_CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+def hf_config_files(
+    model: PreTrainedModel, model_dir: str | os.PathLike[str] | None, scratch: Path
+) -> dict[str, Path]:
+    """``config.json`` and ``generation_config.json`` of ``model``: the model directory's own,
+    else written from the model into ``scratch``."""
+    if model_dir is not None:
+        found = {name: Path(model_dir) / name for name in HF_CONFIG_FILES}
+        return {name: path for name, path in found.items() if path.is_file()}
+    model.config.save_pretrained(scratch)
+    generation = getattr(model, "generation_config", None)
+    if generation is not None:
+        generation.save_pretrained(scratch)
+    return {name: scratch / name for name in HF_CONFIG_FILES if (scratch / name).is_file()}
 
 
 def precision_policy(precision: torch.dtype | str | Precision | None) -> Precision:
@@ -307,32 +435,28 @@ def _compression_config(
 # ------------------------------------------------------------------------------- the model ---
 
 
-def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Module:
+def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> PreTrainedModel:
     """The model itself, or the one saved in a local directory; its architecture checked
     before any weight is read."""
     if isinstance(model_or_dir, nn.Module):
         name = type(model_or_dir).__name__
         check_architecture(getattr(model_or_dir, "config", None), name)
-        if model_or_dir.get_output_embeddings() is None:
+        model: PreTrainedModel = model_or_dir  # a transformers model, as checked
+        if model.get_output_embeddings() is None:
             raise UnsupportedModelError(
                 f"{name} has no language-model head; llm.export needs a causal LM "
                 "(AutoModelForCausalLM, e.g. LlamaForCausalLM rather than LlamaModel)"
             )
-        return model_or_dir.eval()
+        return model.eval()
     if not isinstance(model_or_dir, (str, os.PathLike)):
         raise TypeError(
             "llm.export expects a transformers causal LM or the path of a directory written by "
             f"save_pretrained, got {type(model_or_dir).__name__}"
         )
     path = Path(model_or_dir)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{path}: not a model directory (no config.json); llm.export loads local "
-            "directories written by save_pretrained and never downloads models"
-        )
-    from transformers import AutoConfig, AutoModelForCausalLM
+    config = load_config(path)
+    from transformers import AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(path, local_files_only=True)
     check_architecture(config, str(path))
     saved = getattr(config, "architectures", None) or []
     if saved and not any(a.endswith("ForCausalLM") for a in saved):
@@ -343,8 +467,21 @@ def load_causal_lm(model_or_dir: nn.Module | str | os.PathLike[str]) -> nn.Modul
     # the weights stay in the checkpoint: read one at a time while the asset is written
     source = WeightSource(path)
     with lazy.empty_parameters():  # in float32, as from_pretrained loads it
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return source.bind(model).eval()
+
+
+def load_config(model_dir: str | os.PathLike[str]) -> Any:
+    """The Hugging Face config of a local model directory (never downloaded)."""
+    path = Path(model_dir)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{path}: not a model directory (no config.json); llm.export loads local "
+            "directories written by save_pretrained and never downloads models"
+        )
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path, local_files_only=True)
 
 
 def check_architecture(config: Any, what: str) -> None:
@@ -374,7 +511,7 @@ def default_max_context(config: Any) -> int:
     return DEFAULT_MAX_CONTEXT
 
 
-def check_max_context(model: nn.Module, max_context: int) -> None:
+def check_max_context(model: PreTrainedModel, max_context: int) -> None:
     """``max_context`` must be an int in [2, the model's max_position_embeddings]."""
     if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 2:
         raise ValueError(f"max_context must be an int >= 2, got {max_context!r}")
@@ -388,121 +525,8 @@ def check_max_context(model: nn.Module, max_context: int) -> None:
         )
 
 
-class CachedCausalLM(nn.Module):
-    """``(input_ids [1, T], start_position [1]) -> logits`` with the KV cache in buffers
-    ``layers.{i}.k_cache`` / ``layers.{i}.v_cache`` (``transformers``' ``StaticLayer``s of
-    ``max_context`` positions), written in place at ``start_position .. + T - 1``."""
-
-    def __init__(self, model: nn.Module, max_context: int, *, all_logits: bool = False) -> None:
-        super().__init__()
-        from transformers.cache_utils import Cache, StaticCache, StaticLayer
-
-        self.model = model
-        self.all_logits = all_logits
-        config = model.config.get_text_config()
-        kv_heads, key_dim, value_dim = cache_dims(config)
-        # A StaticCache (Qwen2-MoE and OLMoE build their masks from the cache's length only
-        # for one) whose every layer keeps all positions (StaticCache(config) would give
-        # sliding-window layers a StaticSlidingWindowLayer, see the module documentation).
-        self.cache = StaticCache.__new__(StaticCache)
-        Cache.__init__(
-            self.cache, layers=[StaticLayer(max_context) for _ in range(config.num_hidden_layers)]
-        )
-        self.cache.early_initialization(1, kv_heads, key_dim, model.dtype, torch.device("cpu"))
-        for layer in self.cache.layers:
-            layer.values = layer.values.new_zeros(1, kv_heads, max_context, value_dim)
-        self.layers = nn.ModuleList(_CacheBuffers(layer) for layer in self.cache.layers)
-
-    def forward(self, input_ids: torch.Tensor, start_position: torch.Tensor) -> torch.Tensor:
-        return self.logits(start_position, input_ids=input_ids)
-
-    def logits(self, start_position: torch.Tensor, **tokens: torch.Tensor) -> torch.Tensor:
-        """The model's logits for ``tokens`` (``input_ids=`` or ``inputs_embeds=``, one
-        prompt of T tokens) written to the cache at ``start_position .. + T - 1``."""
-        # The cache layers write the module's buffers themselves: a non-strict export swaps
-        # the buffers for the tensors it traces with, which the layers must then see too.
-        for layer, buffers in zip(self.cache.layers, self.layers, strict=True):
-            layer.keys, layer.values = buffers.k_cache, buffers.v_cache
-        (prompt,) = tokens.values()
-        positions = start_position + torch.arange(prompt.shape[1])
-        out = self.model(
-            **tokens,
-            position_ids=positions[None],
-            cache_position=positions,
-            past_key_values=self.cache,
-            attention_mask=None,
-            use_cache=True,
-            logits_to_keep=0 if self.all_logits else 1,
-        )
-        return out.logits
-
-
-def cache_dims(config: Any) -> tuple[int, int, int]:
-    """``(kv_heads, key_dim, value_dim)`` of each layer's cache: grouped-query attention's
-    key/value heads; DeepSeek's multi-head latent attention caches every head's full key
-    (``qk_nope_head_dim + qk_rope_head_dim``) and value (``v_head_dim``), as Hugging Face's
-    attention computes them."""
-    heads = config.num_attention_heads
-    if getattr(config, "qk_nope_head_dim", None) is not None:
-        return heads, config.qk_nope_head_dim + config.qk_rope_head_dim, config.v_head_dim
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return kv_heads, head_dim, head_dim
-
-
-class _CacheBuffers(nn.Module):
-    """One layer's cache tensors as buffers ``k_cache`` / ``v_cache`` (the same tensors the
-    cache layer updates in place, so export records the writes as state updates)."""
-
-    def __init__(self, layer: Any) -> None:
-        super().__init__()
-        self.register_buffer("k_cache", layer.keys, persistent=False)
-        self.register_buffer("v_cache", layer.values, persistent=False)
-
-
-def cache_state_names(ep: torch.export.ExportedProgram) -> list[str]:
-    """The states' names: the cache buffers' paths (``layers.3.k_cache``), in state order."""
-    from torch.export.graph_signature import InputKind
-
-    mutated = set(ep.graph_signature.buffers_to_mutate.values())
-    return [
-        spec.target
-        for spec in ep.graph_signature.input_specs
-        if spec.kind == InputKind.BUFFER and spec.target in mutated
-    ]
-
-
-def token_args(tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Example ``(input_ids [1, tokens], start_position [1])`` to trace an entry point with."""
-    return torch.zeros(1, tokens, dtype=torch.int64), torch.zeros(1, dtype=torch.int64)
-
-
-def decode_step(
-    prefill: torch.export.ExportedProgram, wrapper: nn.Module
-) -> torch.export.ExportedProgram:
-    """The ``decode`` entry point: the ``prefill`` program specialized to one token
-    (:func:`~coreai_torch.frontend.specialize.specialize`), or ``wrapper`` traced for one
-    token where the prefill's graph cannot be specialized."""
-    try:
-        return specialize(prefill, token_args(1))
-    except SpecializationError:
-        return trace_cached(wrapper, token_args(1), None)
-
-
-def trace_cached(
-    wrapper: nn.Module, args: tuple[torch.Tensor, ...], dynamic_shapes: Any
-) -> torch.export.ExportedProgram:
-    """Export (decomposed) a module that writes the KV cache of its ``cache`` attribute in
-    place (:class:`CachedCausalLM` and modules like it), traced non-strict as the module
-    documentation explains; the cache is reset afterwards."""
-    try:
-        return export_decomposed(wrapper, args, dynamic_shapes=dynamic_shapes, strict=False)
-    finally:
-        wrapper.cache.reset()  # tracing does not write, but start from a clean cache anyway
-
-
 @contextlib.contextmanager
-def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], bool]]:
+def _static_moe(model: PreTrainedModel, restore: bool) -> Iterator[Callable[[str], bool]]:
     """Trace with the model's sparse-MoE blocks replaced by static ones (:func:`rewrite_moe`),
     then put the user's blocks back if ``restore``.  Yields ``experts(strategy)``, which sets
     how the experts run in the entry point traced next: ``"dense"`` for the prefill (a dynamic
@@ -530,7 +554,7 @@ def _static_moe(model: nn.Module, restore: bool) -> Iterator[Callable[[str], boo
 
 
 @contextlib.contextmanager
-def traceable_attention(model: nn.Module) -> Iterator[None]:
+def traceable_attention(model: PreTrainedModel) -> Iterator[None]:
     """Trace with the model's attention if it is ``sdpa`` or ``eager`` (kernels such as
     flash attention have no export path), then put the user's choice back."""
     config = model.config

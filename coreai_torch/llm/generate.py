@@ -1,4 +1,6 @@
-"""Text generation with a program from :func:`coreai_torch.llm.export` on the Core AI runtime."""
+"""Text generation on the Core AI runtime with a program from :func:`coreai_torch.llm.export`
+(or any program in the calling convention of Apple's app engines: a bundle, an asset, an
+``AIProgram``), called as the app calls it (:mod:`coreai_torch.llm.decoder`)."""
 
 from __future__ import annotations
 
@@ -6,16 +8,19 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from coreai_torch.ir.assets import check_asset
-from coreai_torch.llm.export import INPUT_NAMES, OUTPUT_NAME
-from coreai_torch.runtime import Session, numpy_dtype
+from coreai_torch.llm.decoder import FUNCTION_NAME
+from coreai_torch.runtime import Session, numpy_dtype, to_ndarray, to_numpy
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -46,61 +51,112 @@ class GenerationStats:
 
 
 class Generator:
-    """Generates tokens with an exported LLM (an ``AIProgram`` or a saved ``.aimodel``).
+    """Generates tokens with an exported LLM: a bundle directory (``llm.export(...,
+    bundle=...)``, ``CoreAIModelForCausalLM.save_pretrained``, Apple's exports), a saved
+    ``.aimodel`` or an ``AIProgram`` whose function ``main`` follows the app engines' calling
+    convention (int32 ``input_ids [1, T]`` and ``position_ids [1, P]`` in, float16 logits
+    ``[1, T, vocab]`` out, two KV-cache states that grow).
 
     ``tokenizer`` (optional) turns text prompts into token ids: a ``transformers`` tokenizer,
-    a ``tokenizers.Tokenizer``, or the path of a directory to load one from.  A saved asset is
-    checked before it is loaded (files complete, bytecode matching ``main.hash``;
-    ``verify_hash=False`` skips the hash, see :class:`coreai_torch.runtime.Session`).  Use as a
-    context manager (or call :meth:`close`) to release the runtime.
+    a ``tokenizers.Tokenizer``, or the path of a directory to load one from; a bundle's own
+    ``tokenizer/`` by default.  ``max_context``: the most positions a generation may hold (a
+    bundle's ``max_context_length`` by default; a bare asset or program does not record it,
+    and is then not limited).  A saved asset is checked before it is loaded (files complete,
+    bytecode matching ``main.hash``; ``verify_hash=False`` skips the hash, see
+    :class:`coreai_torch.runtime.Session`).  Use as a context manager (or call :meth:`close`)
+    to release the runtime.
     """
 
     def __init__(
-        self, program_or_asset_path: Any, tokenizer: Any = None, *, verify_hash: bool = True
+        self,
+        program_or_path: Any,
+        tokenizer: Any = None,
+        *,
+        max_context: int | None = None,
+        verify_hash: bool = True,
     ) -> None:
-        if isinstance(program_or_asset_path, (str, os.PathLike)):
-            check_asset(program_or_asset_path, verify_hash=False)  # cheap checks first
+        from coreai_torch.bundles import Bundle, is_bundle_dir
+
+        program, bundle = program_or_path, None
+        if isinstance(program_or_path, (str, os.PathLike)):
+            path = Path(program_or_path)
+            if is_bundle_dir(path):
+                bundle = Bundle.load(path)
+                program = bundle.asset_path("main")
+            check_asset(program, verify_hash=False)  # cheap checks first
+        #: the bundle the generator was loaded from (None for an asset or a program)
+        self.bundle = bundle
+        self._check_program(program, bundle, max_context)
+        if tokenizer is None and bundle is not None:
+            tokenizer = bundle.tokenizer_dir
         self.tokenizer = load_tokenizer(tokenizer)
-        self.session = Session(program_or_asset_path, verify_hash=verify_hash)
+        self.session = Session(program, verify_hash=verify_hash)
         self.session.open()
-        try:
-            self._check_program()
-        except Exception:
-            self.session.close()
-            raise
         #: what the generation started last did (with concurrent generations: the last one
         #: started)
         self.stats = GenerationStats()
         self._active = 0
         self._count_lock = threading.Lock()
 
-    def _check_program(self) -> None:
-        names = list(getattr(self.session.model, "function_names", None) or [])
-        if not {"prefill", "decode"} <= set(names):
+    def _check_program(self, program: Any, bundle: Any, max_context: int | None) -> None:
+        from coreai_torch.bundles import LanguageConfig, check_dynamic_decoder, function_signatures
+
+        if bundle is not None:
+            if bundle.structure == "chunked_static":
+                raise ValueError(
+                    f"{bundle.path} holds the static-shape functions of the iOS engine "
+                    "(extend_<ctx>_<Q>, ...); a Generator calls the function 'main' of the "
+                    "dynamic engines. Run it with coreai_torch.bundles.StaticShapeEngine, or "
+                    "export with engine='dynamic'"
+                )
+            language = bundle.language
+            if max_context is None:
+                max_context = language.max_context_length
+        signatures = function_signatures(program)
+        if {"prefill", "decode"} <= set(signatures):
             raise ValueError(
-                f"the program's entry points are {names}; a Generator needs 'prefill' and "
-                "'decode' (a program from coreai_torch.llm.export)"
+                "this program was exported in the earlier prefill/decode format (int64 ids and "
+                "a start position), which Generator no longer runs; export the model again "
+                "with coreai_torch.llm.export(model_dir, bundle='out/MyModel') (or "
+                "`coreai-torch llm export MODEL_DIR -o out/MyModel`) and load the bundle"
             )
-        desc = self.session.descriptor("decode")
-        if list(desc.input_names) != list(INPUT_NAMES) or OUTPUT_NAME not in desc.output_names:
+        name = bundle.language.main_function if bundle is not None else FUNCTION_NAME
+        function = signatures.get(name)
+        if function is None or not function.outputs:
             raise ValueError(
-                f"'decode' takes {list(desc.input_names)} and returns {list(desc.output_names)}; "
-                f"a Generator needs inputs {list(INPUT_NAMES)} and output '{OUTPUT_NAME}' "
-                "(a program from coreai_torch.llm.export)"
+                f"the program's functions are {sorted(signatures)}; a Generator calls "
+                f"'{name}' (a program from coreai_torch.llm.export)"
             )
-        self._states = {name: desc.state_descriptor(name) for name in desc.state_names}
+        vocab = function.outputs[0].shape[-1]
+        if bundle is None:  # the engines' rules, with what the program itself says
+            language = LanguageConfig(
+                tokenizer="model",
+                vocab_size=vocab if isinstance(vocab, int) else 0,
+                max_context_length=max_context or 2**31 - 1,
+            )
+        decoder = check_dynamic_decoder(signatures, language, where="the program")
+        self._function = decoder.function
         #: token ids the program takes: the width of its logits
-        self.vocab_size = int(list(desc.output_descriptor(OUTPUT_NAME).shape)[-1])
-        #: cache positions the program holds
-        self.max_context = int(next(iter(self._states.values())).shape[2])
+        self.vocab_size = int(language.vocab_size)
+        #: the most positions one generation may hold (None: not known, not limited)
+        self.max_context = max_context
 
     @property
-    def state_bytes(self) -> int:
-        """Bytes of the KV-cache state one generation uses."""
-        return sum(
-            int(np.prod(list(desc.shape))) * numpy_dtype(desc.dtype).itemsize
-            for desc in self._states.values()
-        )
+    def state_bytes(self) -> int | None:
+        """Bytes of the KV-cache states of a generation of :attr:`max_context` positions
+        (None when the context is not known)."""
+        if self.max_context is None:
+            return None
+        return self.max_context * self.bytes_per_position
+
+    @property
+    def bytes_per_position(self) -> int:
+        """Bytes the KV-cache states take per position (every layer's key and value)."""
+        total = 0
+        for state in self._function.states:
+            elements = np.prod([d for d in state.shape if d is not None])
+            total += int(elements) * numpy_dtype(state.dtype).itemsize
+        return total
 
     def __enter__(self) -> Generator:
         return self
@@ -169,7 +225,7 @@ class Generator:
         seed: int | None = None,
         *,
         on_logits: Callable[[np.ndarray], None] | None = None,
-    ) -> AsyncIterator[int]:
+    ) -> AsyncGenerator[int, None]:
         """:meth:`generate` for async code: ``async for token in generator.astream(prompt)``.
 
         The runtime works on its own thread while the caller's event loop keeps running.
@@ -206,13 +262,13 @@ class Generator:
         ids = self._prompt_ids(prompt)
         _check_sampling(max_new_tokens, temperature, top_k, top_p)
         needed = len(ids) + max_new_tokens - 1
-        if needed > self.max_context:
+        if self.max_context is not None and needed > self.max_context:
             raise ValueError(
                 f"a prompt of {len(ids)} tokens plus max_new_tokens={max_new_tokens} needs a "
                 f"context of {needed} positions; the program holds max_context="
                 f"{self.max_context} (export with a larger max_context, or shorten the prompt)"
             )
-        stop = _eos_ids(eos_token_id, self.tokenizer)
+        stop = _eos_ids(eos_token_id, self.tokenizer, self._default_stop())
         _check_token_ids(sorted(stop), self.vocab_size, "eos_token_id", positions=False)
         rng = np.random.default_rng(seed)
 
@@ -230,37 +286,44 @@ class Generator:
 
         return _Decoding(ids, max_new_tokens, pick, stop)
 
+    def _default_stop(self) -> set[int] | None:
+        """The tokens a bundle's app stops on (its tokenizer's stop set), if any."""
+        if self.bundle is None or self.bundle.tokenizer_dir is None:
+            return None
+        return set(self.bundle.tokenizer.stop_token_ids)
+
     def _iterate(self, decoding: _Decoding) -> Iterator[int]:
-        with self._holding_state() as states:
+        with self._holding_state(decoding) as states:
             self.stats = decoding.stats
             while (step := decoding.next_step()) is not None:
                 start = time.perf_counter()
                 outputs = self.session.run(
                     self._step_inputs(step),
-                    entrypoint=step.entrypoint,
+                    entrypoint=self._function.name,
                     state=states,
                     keep_state=False,
                 )
                 yield decoding.take(self._step_logits(outputs), time.perf_counter() - start)
 
-    async def _aiterate(self, decoding: _Decoding) -> AsyncIterator[int]:
-        with self._holding_state() as states:
+    async def _aiterate(self, decoding: _Decoding) -> AsyncGenerator[int, None]:
+        with self._holding_state(decoding) as states:
             self.stats = decoding.stats
             while (step := decoding.next_step()) is not None:
                 start = time.perf_counter()
                 outputs = await self.session.arun(
                     self._step_inputs(step),
-                    entrypoint=step.entrypoint,
+                    entrypoint=self._function.name,
                     state=states,
                     keep_state=False,
                 )
                 yield decoding.take(self._step_logits(outputs), time.perf_counter() - start)
 
     @contextlib.contextmanager
-    def _holding_state(self) -> Iterator[dict[str, Any]]:
-        """A zeroed KV cache for one generation, counted in :attr:`active_generations` until
-        the generation ends (released by the garbage collector once nothing refers to it)."""
-        states = self.session.zero_states("decode")
+    def _holding_state(self, decoding: _Decoding) -> Iterator[dict[str, Any]]:
+        """The KV cache of one generation, with room for all its positions (zeroed), counted
+        in :attr:`active_generations` until the generation ends (released by the garbage
+        collector once nothing refers to it)."""
+        states = self.new_states(len(decoding.ids) + decoding.max_new_tokens)
         with self._count_lock:
             self._active += 1
         try:
@@ -269,20 +332,26 @@ class Generator:
             with self._count_lock:
                 self._active -= 1
 
+    def new_states(self, positions: int) -> dict[str, Any]:
+        """Zeroed runtime buffers for the states of a generation of ``positions`` positions."""
+        return new_states(self._function, positions)
+
     # -- the program's calling convention: one step -------------------------------------------
 
-    @staticmethod
-    def _step_inputs(step: _Step) -> dict[str, np.ndarray]:
-        """The inputs of one call of ``prefill`` / ``decode`` (a batch of one)."""
+    def _step_inputs(self, step: _Step) -> dict[str, np.ndarray]:
+        """The inputs of one call of ``main``, by position as the app passes them: the new
+        token ids ``[1, T]`` and every position so far ``[1, P]`` (int32)."""
+        ids, positions = (spec.name for spec in self._function.inputs)
         return {
-            INPUT_NAMES[0]: np.asarray([step.ids], np.int64),
-            INPUT_NAMES[1]: np.asarray([step.start], np.int64),
+            ids: np.asarray([step.ids], np.int32),
+            positions: np.arange(step.start + len(step.ids), dtype=np.int32)[None],
         }
 
-    @staticmethod
-    def _step_logits(outputs: dict[str, np.ndarray]) -> np.ndarray:
-        """The next token's logits (``[vocab]``) of one step's outputs."""
-        return outputs[OUTPUT_NAME][0, -1]
+    def _step_logits(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The next token's logits (``[vocab]``, float32) of one step's outputs (the last row
+        of the float16 logits)."""
+        logits: np.ndarray = outputs[self._function.outputs[0].name][0, -1].astype(np.float32)
+        return logits
 
     def _prompt_ids(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -302,9 +371,8 @@ class Generator:
 
 @dataclass
 class _Step:
-    """One call of the program: ``entrypoint`` fed ``ids`` at cache position ``start``."""
+    """One call of ``main``: ``ids`` fed at positions ``start .. start + len(ids) - 1``."""
 
-    entrypoint: str
     ids: list[int]
     start: int
 
@@ -331,10 +399,10 @@ class _Decoding:
     def next_step(self) -> _Step | None:
         """The next call to make, or None when the generation is over."""
         if self.token is None:
-            return _Step("prefill", self.ids, 0)
+            return _Step(self.ids, 0)
         if self.produced >= self.max_new_tokens or self.token in self.stop:
             return None
-        return _Step("decode", [self.token], len(self.ids) + self.produced - 1)
+        return _Step([self.token], len(self.ids) + self.produced - 1)
 
     def take(self, logits: np.ndarray, seconds: float) -> int:
         """Choose the token of a step's ``logits`` (the step took ``seconds``)."""
@@ -348,6 +416,41 @@ class _Decoding:
         self.produced += 1
         stats.generated_tokens = self.produced
         return self.token
+
+
+# ------------------------------------------------------------------------------- states ---
+
+
+def new_states(function: Any, positions: int) -> dict[str, Any]:
+    """Zeroed runtime buffers for the states of ``function`` (a
+    :class:`~coreai_torch.bundles.FunctionSignature` of ``main``) with room for ``positions``
+    positions (their dimension of run-time size)."""
+    return {
+        state.name: to_ndarray(
+            np.zeros([positions if d is None else d for d in state.shape], numpy_dtype(state.dtype))
+        )
+        for state in function.states
+    }
+
+
+def ensure_room(states: dict[str, Any], function: Any, positions: int) -> None:
+    """Grow ``states`` (``name -> NDArray``, replaced in the dict) to hold ``positions``
+    positions if they hold fewer: as the app does, the capacity doubles and the rows held are
+    copied."""
+    for state in function.states:
+        for dim in state.dynamic_dims:  # the sequence dim (second-to-last) of a KV cache
+            old = to_numpy(states[state.name])
+            held = old.shape[dim]
+            if held >= positions:
+                continue
+            capacity = max(held, 1)
+            while capacity < positions:
+                capacity *= 2
+            shape = list(old.shape)
+            shape[dim] = capacity
+            grown = np.zeros(shape, old.dtype)
+            grown[(slice(None),) * dim + (slice(0, held),)] = old
+            states[state.name] = to_ndarray(grown)
 
 
 # -------------------------------------------------------------------------------- helpers ---
@@ -377,7 +480,8 @@ def sample(
 
 def _softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - np.max(x))
-    return e / e.sum()
+    probabilities: np.ndarray = e / e.sum()
+    return probabilities
 
 
 def _check_sampling(
@@ -415,7 +519,7 @@ def _token_list(prompt: Any, what: str = "prompt") -> list[int]:
     return ids
 
 
-def _torch_tensor_type() -> type:
+def _torch_tensor_type() -> type[torch.Tensor]:
     import torch
 
     return torch.Tensor
@@ -446,12 +550,18 @@ def _check_logits(logits: np.ndarray, step: int, prompt_tokens: int) -> None:
     raise ValueError(
         f"the program's logits {where} (position {prompt_tokens + step - 1}) hold {count} "
         f"{kind} values of {logits.size}: no token can be chosen. A half-precision program "
-        "may overflow: check it with coreai_torch.verify(..., precision=...) or export in "
-        "float32"
+        "may overflow: check it with coreai_torch.verify.verify(model, args, precision='fp16') "
+        "(or 'bf16') or export in float32"
     )
 
 
-def _eos_ids(eos_token_id: int | Sequence[int] | None, tokenizer: Any) -> set[int]:
+def _eos_ids(
+    eos_token_id: int | Sequence[int] | None, tokenizer: Any, default: set[int] | None = None
+) -> set[int]:
+    """The ids generation stops after: ``eos_token_id``, else ``default`` (a bundle's stop
+    set), else the tokenizer's end-of-sequence token."""
+    if eos_token_id is None and default:
+        return set(default)
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
     if eos_token_id is None:
@@ -483,4 +593,5 @@ def encode(tokenizer: Any, text: str) -> list[int]:
 
 def decode(tokenizer: Any, ids: Sequence[int]) -> str:
     """Text of ``ids`` (``transformers`` tokenizers and ``tokenizers.Tokenizer``)."""
-    return tokenizer.decode(list(ids))
+    text: str = tokenizer.decode(list(ids))
+    return text

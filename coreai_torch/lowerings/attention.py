@@ -19,11 +19,13 @@ from coreai_torch.ir.values import (
     constant,
     dim_size,
     dtype_of,
+    known_sizes,
     rank_of,
     reshape,
     reshape_dynamic,
     shape_of,
     slice_dynamic,
+    static_dim,
     transpose,
     unsqueeze,
 )
@@ -38,19 +40,21 @@ def repeat_kv(x: ir.Value, groups: int) -> ir.Value:
     if groups == 1:
         return x
     shape = shape_of(x)
-    if None in shape:  # dynamic batch / length: runtime shape operands
+    static = known_sizes(shape)
+    if static is None:  # dynamic batch / length: runtime shape operands
         sizes = [dim_size(x, d) for d in range(len(shape))]
         grouped = [*sizes[:-2], groups, *sizes[-2:]]
         expanded = broadcast_dynamic(
             unsqueeze(x, [len(shape) - 2]), grouped, [*shape[:-2], groups, *shape[-2:]]
         )
-        heads = [*sizes[:-3], shape[-3] * groups, *sizes[-2:]]
-        return reshape_dynamic(expanded, heads, [*shape[:-3], shape[-3] * groups, *shape[-2:]])
+        count = static_dim(x, -3) * groups
+        heads = [*sizes[:-3], count, *sizes[-2:]]
+        return reshape_dynamic(expanded, heads, [*shape[:-3], count, *shape[-2:]])
     expanded = cai.broadcast_to(
-        reshape(x, [*shape[:-3], shape[-3], 1, *shape[-2:]]),
-        np.array([*shape[:-3], shape[-3], groups, *shape[-2:]], np.uint32),
+        reshape(x, [*static[:-3], static[-3], 1, *static[-2:]]),
+        np.array([*static[:-3], static[-3], groups, *static[-2:]], np.uint32),
     )
-    return reshape(expanded, [*shape[:-3], shape[-3] * groups, *shape[-2:]])
+    return reshape(expanded, [*static[:-3], static[-3] * groups, *static[-2:]])
 
 
 def _length(x: ir.Value, axis: int) -> ir.Value:
@@ -100,9 +104,9 @@ def attention_values(
             mask = cast(mask, dtype)
     q_shape, k_shape = shape_of(q), shape_of(k)
     if enable_gqa and min(len(q_shape), len(k_shape)) >= 3 and q_shape[-3] != k_shape[-3]:
-        groups = q_shape[-3] // k_shape[-3]
+        groups = static_dim(q, -3) // static_dim(k, -3)
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
-    scale = scale if scale is not None else 1.0 / math.sqrt(q_shape[-1])
+    scale = scale if scale is not None else 1.0 / math.sqrt(static_dim(q, -1))
     k_rank = len(k_shape)
     k_t = transpose(k, [*range(k_rank - 2), k_rank - 1, k_rank - 2])
     scores = cai.broadcasting_batch_matmul(q, k_t)
@@ -168,7 +172,7 @@ def rope(cx: LoweringContext, input: ir.Value, cos: ir.Value, sin: ir.Value) -> 
 
     def body(input: ir.Value, cos: ir.Value, sin: ir.Value) -> ir.Value:
         axis = rank_of(input) - 1
-        half = shape_of(input)[axis] // 2
+        half = static_dim(input, axis) // 2
         first = slice_dynamic(input, axis, 0, half)
         second = neg_values(slice_dynamic(input, axis, half, None))
         rotated = cai.concat(np.int32(axis), [second, first])

@@ -19,10 +19,12 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
+    known_sizes,
     normalize_dims,
     rank_of,
     reshape,
     shape_of,
+    static_dim,
     transpose,
 )
 from coreai_torch.lowerings.helpers.arithmetic import (
@@ -197,7 +199,7 @@ def float64_bits(x: ir.Value) -> ir.Value:
 def xor_reduce_last(x: ir.Value) -> ir.Value:
     """XOR over the (static) last axis, by halving: (..., L) -> (..., 1)."""
     axis = rank_of(x) - 1
-    length = shape_of(x)[-1]
+    length = static_dim(x, -1)
     while length > 1:
         half = length // 2
         folded = cai.broadcasting_bitwise_xor(
@@ -221,8 +223,8 @@ def hash_tensor(
     to int64 / uint64), as uint64."""
     if mode != 0:
         raise cx.unsupported(f"hash_tensor mode={mode} (only mode 0, xor, exists)")
-    shape = shape_of(self)
-    if None in shape:
+    shape = known_sizes(shape_of(self))
+    if shape is None:
         raise cx.unsupported("hash_tensor needs static shapes")
     dtype = dtype_of(self)
     if dtype.is_floating_point:

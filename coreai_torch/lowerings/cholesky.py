@@ -14,7 +14,7 @@ from coreai_torch.ir.values import (
     broadcast_to,
     constant,
     dtype_of,
-    shape_of,
+    static_shape_of,
     swap_last_axes,
 )
 from coreai_torch.lowerings.helpers.matrices import (
@@ -39,7 +39,7 @@ from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 def cholesky_lower(a: ir.Value) -> tuple[ir.Value, ir.Value]:
     """``L`` with ``A = L Lᵀ`` from the lower triangle of ``a``, and LAPACK's ``info``."""
-    shape = shape_of(a)
+    shape = static_shape_of(a)
     n, dtype = shape[-1], dtype_of(a)
     cols: list[ir.Value] = []
     info = info_zeros(shape[:-2])
@@ -76,7 +76,7 @@ def linalg_cholesky(
 
 @lowering("aten::cholesky.default")
 def cholesky(cx: LoweringContext, self: ir.Value, upper: bool = False) -> ir.Value:
-    return linalg_cholesky(cx, self, upper)  # type: ignore[return-value]
+    return linalg_cholesky(cx, self, upper)
 
 
 def _cholesky_solve(b: ir.Value, factor: ir.Value, upper: bool) -> ir.Value:
@@ -100,6 +100,6 @@ def cholesky_inverse(cx: LoweringContext, self: ir.Value, upper: bool = False) -
     require_static(cx, self)
     dtype = require_float(cx, self)
     require_square(cx, self)
-    shape = shape_of(self)
+    shape = static_shape_of(self)
     identity = broadcast_to(eye(shape[-1], shape[-1], dtype), shape)
     return _cholesky_solve(identity, self, upper)

@@ -70,7 +70,10 @@ def subgraph_outputs(gm: torch.fx.GraphModule) -> list[Any]:
     return list(returned) if isinstance(returned, (list, tuple)) else [returned]
 
 
-def _operand_values(values_map: dict[str, ir.Value], args: Sequence[Any]) -> list[Any]:
+def _operand_values(values_map: dict[str, ir.Value], args: torch.fx.node.Argument) -> list[Any]:
+    """The values of a list of operands of a higher-order op (nodes and Python scalars)."""
+    if not isinstance(args, (list, tuple)):
+        raise ValueError(f"expected a list of operands, got {type(args).__name__}")
     return [values_map[a.name] if isinstance(a, torch.fx.Node) else a for a in args]
 
 
@@ -202,7 +205,7 @@ def lower_cond(
             _, rebuilt, _ = _build_if(values_map, pred, types, branches, operands, computed)
             for k, value in zip(computed, rebuilt, strict=True):
                 results[k] = value
-    return results  # type: ignore[return-value]
+    return results
 
 
 def _build_if(

@@ -20,9 +20,12 @@ from coreai_torch.ir.values import (
     reshape,
     shape_of,
     squeeze,
+    static_dim,
+    static_shape_of,
     u32,
     unsqueeze,
 )
+from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
 from coreai_torch.lowerings.helpers.layout import (
     contract_axis,
     flatten_window_gather,
@@ -51,7 +54,7 @@ def _pad_spatial(x: ir.Value, pads: Sequence[tuple[int, int]], value: float | in
 def _bias(out: ir.Value, bias: ir.Value | None, spatial: int) -> ir.Value:
     if bias is None:
         return out
-    return cai.broadcasting_add(out, reshape(bias, [shape_of(bias)[0]] + [1] * spatial))
+    return cai.broadcasting_add(out, reshape(bias, [static_dim(bias, 0)] + [1] * spatial))
 
 
 # --------------------------------------------------------------------------- convolution ----
@@ -201,7 +204,7 @@ def max_with_indices(
 ) -> tuple[ir.Value, ir.Value]:
     """Maximum and PyTorch-style flat spatial index of each window of a constant table."""
     k = len(sizes)
-    shape = shape_of(x)
+    shape = static_shape_of(x)
     lead = shape[: len(shape) - k]
     windows = flatten_window_gather(x, k, table, lowest(dtype_of(x)))  # (*lead, P, W)
     values = cai.reduce_max(windows, i32([-1]))
@@ -382,14 +385,15 @@ def adaptive_avg_pool(
         total = fn(x, u32(kernel), u32(kernel), cai.constant(u32([1] * k)))
         y = cai.broadcasting_divide(total, constant(float(np.prod(kernel)), dtype))
     else:  # separable: one averaging matrix per dim
-        y = x
+        y = cast(x, accumulation_dtype(cx, dtype))  # 16-bit: float32 inside, rounded once
         for a, (n, o) in enumerate(zip(sizes, out, strict=True)):
             if n == o:
                 continue
             weights = np.zeros((o, n))
             for i, window in enumerate(adaptive_windows(n, o)):
                 weights[i, window] = 1.0 / len(window)
-            y = contract_axis(y, 2 + a, weights)
+            y = contract_axis(y, 2 + a, weights, compute=dtype_of(y))
+        y = cast(y, dtype)
     return squeeze(y, [0]) if unbatched else y
 
 

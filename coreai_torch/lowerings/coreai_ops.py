@@ -35,7 +35,7 @@ from coreai_torch import dtypes
 from coreai_torch._mlir import cai, ir
 from coreai_torch.frontend.schema import bind_arguments
 from coreai_torch.ir import compressed
-from coreai_torch.ir.values import cast, reshape, shape_of
+from coreai_torch.ir.values import cast, known_sizes, reshape, shape_of
 from coreai_torch.lowerings.helpers.weights import emit_compressed, weight_tensor
 from coreai_torch.lowerings.registry import LoweringContext, lowering
 
@@ -194,8 +194,8 @@ def _affine(
     out: torch.dtype,
 ) -> ir.Value:
     """The run-time form (data computed by the program): float32 arithmetic per block."""
-    shape = shape_of(data)
-    if None in shape:
+    shape = known_sizes(shape_of(data))
+    if shape is None:
         raise cx.unsupported("blockwise dequantization of a value with a dynamic shape")
     split: list[int] = []
     block_shape: list[int] = []
@@ -205,10 +205,10 @@ def _affine(
         raise cx.unsupported("blockwise parameters must have the data's rank")
     for axis, size in enumerate(shape):
         count = shape_of(scale)[axis]
-        if count is None or size % count:  # type: ignore[operator]
+        if count is None or size % count:
             raise cx.unsupported("the scale's shape must divide the data's shape")
-        split += [count, size // count]  # type: ignore[list-item, operator]
-        block_shape += [count, 1]  # type: ignore[list-item]
+        split += [count, size // count]
+        block_shape += [count, 1]
     values = reshape(cast(data, torch.float32), split)
 
     def per_block(param: ir.Value) -> ir.Value:
@@ -224,7 +224,7 @@ def _affine(
     values = cai.broadcasting_mul(values, per_block(scale))
     if minval is not None:
         values = cai.broadcasting_add(values, per_block(minval))
-    return cast(reshape(values, shape), out)  # type: ignore[arg-type]
+    return cast(reshape(values, shape), out)
 
 
 # ---------------------------------------------------------------------------- palettes ---
@@ -270,7 +270,7 @@ def lut_to_dense(
         if _scaled_palette(cx, user) is not None:
             # the scale's lowering decompresses the scaled palette; this value is unused
             element = dtypes.to_mlir(cx.out_dtype)
-            ttype = ir.RankedTensorType.get(cx.out_shape, element)  # type: ignore[arg-type]
+            ttype = ir.RankedTensorType.get(cx.out_shape, element)
             return cai.ConstantOp(value=compressed.splat_attr(ttype, 0)).result
     palette = _palette(cx, cx.node)
     if palette is None:
@@ -361,9 +361,9 @@ def _layout(
 
 
 def _code_type(cx: LoweringContext, dtype: torch.dtype | None) -> tuple[torch.dtype, int]:
-    if dtype not in (torch.int8, torch.uint8):
+    if dtype is None or dtype not in (torch.int8, torch.uint8):
         raise cx.unsupported(f"activations are quantized to int8 or uint8, not {dtype}")
-    return dtype, compressed.integer_bounds(dtype)[0]  # type: ignore[index]
+    return dtype, compressed.code_range(8, dtype == torch.int8)[0]
 
 
 @lowering("coreai::quantize.default")

@@ -81,7 +81,10 @@ def scalar_tensor(cx: LoweringContext, s: Scalar | ir.Value, **_: object) -> ir.
 def _constant_result(cx: LoweringContext) -> ir.Value:
     """The node's result computed by PyTorch at conversion time (its inputs are scalars)."""
     kwargs = {k: v for k, v in cx.node.kwargs.items() if k not in ("device", "pin_memory")}
-    values = cx.node.target(*cx.node.args, **kwargs)
+    target = cx.node.target
+    if not callable(target):
+        raise cx.unsupported(f"{target!r} is not a function PyTorch can run")
+    values = target(*cx.node.args, **kwargs)
     return tensor_constant(values)
 
 

@@ -18,6 +18,7 @@ Bin tensors are taken to be increasing, as PyTorch requires.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -31,12 +32,14 @@ from coreai_torch.ir.values import (
     dtype_of,
     equal,
     i32,
+    known_sizes,
     less,
     mul,
     pick,
     reshape,
     shape_of,
     squeeze,
+    static_shape_of,
     sub,
     unsqueeze,
 )
@@ -53,7 +56,7 @@ from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 def _column(x: ir.Value, d: int) -> ir.Value:
     """Column ``d`` of the (M, D) values, as (M,)."""
-    return reshape(slice_axis(x, 1, d, d + 1), [shape_of(x)[0]])
+    return reshape(slice_axis(x, 1, d, d + 1), [static_shape_of(x)[0]])
 
 
 def _extreme(x: ir.Value, largest: bool) -> ir.Value:
@@ -103,7 +106,7 @@ def bin_edges(x: ir.Value, bins: Sequence[int], span: Sequence[float] | None) ->
 
 def _in_bins(column: ir.Value, edges: ir.Value) -> ir.Value:
     """(M, bins) bool: ``edges[b] <= x < edges[b+1]``, ``<=`` for the last bin."""
-    n = shape_of(edges)[0] - 1
+    n = static_shape_of(edges)[0] - 1
     x = unsqueeze(column, [1])
     lower, upper = slice_axis(edges, 0, 0, n), slice_axis(edges, 0, 1, n + 1)
     last = constant(np.arange(n) == n - 1, torch.bool)
@@ -119,9 +122,9 @@ def histogram_values(
     density: bool,
 ) -> ir.Value:
     """The D-dimensional histogram of the (M, D) values over ``edges`` (one per column)."""
-    m, dims = shape_of(x)
+    m, dims = static_shape_of(x)
     dtype = dtype_of(x)
-    counts = [shape_of(e)[0] - 1 for e in edges]
+    counts = [static_shape_of(e)[0] - 1 for e in edges]
     size = m * int(np.prod(counts, dtype=np.int64))
     if size > PAIRWISE_LIMIT:
         raise cx.unsupported(
@@ -154,8 +157,8 @@ def histogram_values(
 
 
 def _as_matrix(cx: LoweringContext, self: ir.Value, one_dimensional: bool) -> ir.Value:
-    shape = shape_of(self)
-    if None in shape:
+    shape = known_sizes(shape_of(self))
+    if shape is None:
         raise cx.unsupported("histograms need static shapes")
     dtype = dtype_of(self)
     if dtype not in (torch.float32, torch.float64):
@@ -168,10 +171,10 @@ def _as_matrix(cx: LoweringContext, self: ir.Value, one_dimensional: bool) -> ir
 def _flat_weight(weight: ir.Value | None) -> ir.Value | None:
     if weight is None:
         return None
-    return reshape(weight, [int(np.prod(shape_of(weight), dtype=np.int64))])
+    return reshape(weight, [int(np.prod(static_shape_of(weight), dtype=np.int64))])
 
 
-Bins = int | ir.Value | Sequence[int] | Sequence[ir.Value]
+Bins: TypeAlias = int | ir.Value | Sequence[int] | Sequence[ir.Value]
 
 
 def _histogram(
@@ -185,8 +188,8 @@ def _histogram(
     """(hist, edges) for bin counts or bin tensors, 1-D (``histogram``) or per column."""
     one_dimensional = not isinstance(bins, (list, tuple))
     x = _as_matrix(cx, self, one_dimensional)
-    bins = [bins] if one_dimensional else list(bins)
-    edges = bins if isinstance(bins[0], ir.Value) else bin_edges(x, bins, span)
+    per_column: list[Any] = list(bins) if isinstance(bins, (list, tuple)) else [bins]
+    edges = per_column if isinstance(per_column[0], ir.Value) else bin_edges(x, per_column, span)
     return histogram_values(cx, x, edges, _flat_weight(weight), density), edges
 
 

@@ -26,6 +26,7 @@ from coreai_torch.ir.values import (
     transpose,
     unsqueeze,
 )
+from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
 from coreai_torch.lowerings.helpers.layout import (
     broadcast_sizes,
     index_layout,
@@ -196,8 +197,6 @@ def embedding_bag(
     dtype = dtype_of(weight)
     dim = static_shape(cx, weight, "weight")[1]
     rows = cai.gather_nd(weight, unsqueeze(cast(indices, torch.int32), [1]))  # (count, dim)
-    if per_sample_weights is not None:
-        rows = cai.broadcasting_mul(rows, unsqueeze(cast(per_sample_weights, dtype), [1]))
     # member[b, i]: offsets[b] <= i < offsets[b + 1] (the last bag runs to the end).
     pos = cai.constant(np.arange(count, dtype=np.int32)[None, :])
     starts = cast(offsets, torch.int32)
@@ -214,20 +213,25 @@ def embedding_bag(
             cast(indices, torch.int32), constant(padding_idx, torch.int32)
         )
         member = cai.and_(member, broadcast_to(unsqueeze(keep, [0]), [bags, count]))
-    if mode == 2:  # max: masked maximum over the bag; empty bags give 0
+    if mode == 2:  # max: masked maximum over the bag; empty bags give 0 (no sample weights)
         masked = cai.broadcasting_where(
             unsqueeze(member, [2]), unsqueeze(rows, [0]), constant(float("-inf"), dtype)
         )
         best = reshape(cai.reduce_max(masked, i32([1])), [bags, dim])
         empty = cai.broadcasting_equal(best, constant(float("-inf"), dtype))
         out = cai.broadcasting_where(empty, constant(0.0, dtype), best)
-    else:
-        weights = cast(member, dtype)
-        out = cai.broadcasting_batch_matmul(weights, rows)  # (bags, dim)
+    else:  # sums of 16-bit rows accumulate in float32 and are rounded once, as in ATen
+        compute = accumulation_dtype(cx, dtype)
+        values = cast(rows, compute)
+        if per_sample_weights is not None:
+            values = cai.broadcasting_mul(values, unsqueeze(cast(per_sample_weights, compute), [1]))
+        weights = cast(member, compute)
+        out = cai.broadcasting_batch_matmul(weights, values)  # (bags, dim)
         if mode == 1:
             sizes = cai.reduce_sum(weights, i32([1]))
-            sizes = cai.broadcasting_maximum(sizes, constant(1.0, dtype))
+            sizes = cai.broadcasting_maximum(sizes, constant(1.0, compute))
             out = cai.broadcasting_divide(out, sizes)
+        out = cast(out, dtype)
     return [out, None, None, None]
 
 

@@ -36,6 +36,7 @@ from coreai_torch.ir.values import (
     pick,
     rank_of,
     shape_of,
+    static_shape_of,
     sub,
     swap_last_axes,
 )
@@ -78,13 +79,13 @@ def _nonzero(x: ir.Value) -> ir.Value:
 
 def _select_row(a: ir.Value, index: ir.Value) -> ir.Value:
     """``a[..., index, :]`` for a per-matrix (B..., 1, 1) int32 ``index``: (B..., 1, n)."""
-    n = shape_of(a)[-2]
+    n = static_shape_of(a)[-2]
     hit = cai.broadcasting_equal(_iota(n, column=True), index)
     return _reduce(cai.reduce_sum, pick(hit, a, 0.0, a), [-2])
 
 
 def _select_column(a: ir.Value, index: ir.Value) -> ir.Value:
-    n = shape_of(a)[-1]
+    n = static_shape_of(a)[-1]
     hit = cai.broadcasting_equal(_iota(n, column=False), index)
     return _reduce(cai.reduce_sum, pick(hit, a, 0.0, a), [-1])
 
@@ -92,7 +93,7 @@ def _select_column(a: ir.Value, index: ir.Value) -> ir.Value:
 def _swap_symmetric(a: ir.Value, i: ir.Value, j: ir.Value, region: np.ndarray) -> ir.Value:
     """The lower-triangle matrix ``a`` with rows and columns ``i`` and ``j`` (per matrix)
     of its symmetric completion swapped, written where the static ``region`` is true."""
-    n = shape_of(a)[-1]
+    n = static_shape_of(a)[-1]
     rows, cols = np.indices((n, n))
     full = cai.broadcasting_where(_mask(rows >= cols), a, swap_last_axes(a))
     iota = _iota(n, column=True)
@@ -101,7 +102,7 @@ def _swap_symmetric(a: ir.Value, i: ir.Value, j: ir.Value, region: np.ndarray) -
         j,
         cai.broadcasting_where(cai.broadcasting_equal(iota, j), i, iota),
     )  # (B..., n, 1)
-    shape = shape_of(a)
+    shape = static_shape_of(a)
     full = cai.gather_along_axis(full, broadcast_to(perm, shape), i32(-2))
     full = cai.gather_along_axis(full, broadcast_to(swap_last_axes(perm), shape), i32(-1))
     return cai.broadcasting_where(_mask(region & (rows >= cols)), full, a)
@@ -112,7 +113,7 @@ def _swap_symmetric(a: ir.Value, i: ir.Value, j: ir.Value, region: np.ndarray) -
 
 def ldl_factor(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
     """``(LD, pivots, info)`` of the lower triangles of the (B..., n, n) matrices ``a``."""
-    shape = shape_of(a)
+    shape = static_shape_of(a)
     n = shape[-1]
     batch = shape[:-2]
     dtype = dtype_of(a)
@@ -195,7 +196,7 @@ def _squeeze_matrix(x: ir.Value) -> ir.Value:
 
 def _one_by_one_update(a: ir.Value, k: int) -> ir.Value:
     """``dsyr`` of the trailing block with column ``k`` scaled by ``1 / a[k, k]``."""
-    n = shape_of(a)[-1]
+    n = static_shape_of(a)[-1]
     rows, cols = np.indices((n, n))
     d11 = div(1.0, _at(a, k, k))
     x = pick(_mask(np.arange(n).reshape(n, 1) > k), _column(a, k), 0.0, a)  # (B..., n, 1)
@@ -209,7 +210,7 @@ def _one_by_one_update(a: ir.Value, k: int) -> ir.Value:
 
 def _two_by_two_update(a: ir.Value, k: int) -> ir.Value:
     """The trailing update of a 2x2 pivot in columns ``k`` and ``k + 1``."""
-    n = shape_of(a)[-1]
+    n = static_shape_of(a)[-1]
     rows, cols = np.indices((n, n))
     d21 = _at(a, k + 1, k)
     d11 = div(_at(a, k + 1, k + 1), d21)
@@ -233,14 +234,14 @@ def _two_by_two_update(a: ir.Value, k: int) -> ir.Value:
 def _eliminate(b: ir.Value, column: ir.Value, pivot_row: ir.Value, below: int) -> ir.Value:
     """``b[i] - column[i] b[pivot]`` for the rows ``i > below`` (``dger``); other rows, and
     columns where ``b[pivot]`` is 0, are not touched, like the reference BLAS."""
-    n = shape_of(b)[-2]
+    n = static_shape_of(b)[-2]
     rows = cai.broadcasting_and(_mask(np.arange(n).reshape(n, 1) > below), _nonzero(pivot_row))
     return cai.broadcasting_where(rows, add(b, mul(column, sub(0.0, pivot_row))), b)
 
 
 def _dot_below(column: ir.Value, b: ir.Value, below: int) -> ir.Value:
     """``Σ_{i > below} column[i] b[i]`` (``dgemv``), (B..., 1, columns)."""
-    n = shape_of(b)[-2]
+    n = static_shape_of(b)[-2]
     rows = _mask(np.arange(n).reshape(n, 1) > below)
     return _reduce(cai.reduce_sum, pick(rows, mul(column, b), 0.0, b), [-2])
 
@@ -248,7 +249,7 @@ def _dot_below(column: ir.Value, b: ir.Value, below: int) -> ir.Value:
 def _swap_rows(b: ir.Value, i: int, j: ir.Value) -> ir.Value:
     """Rows ``i`` (static) and ``j`` (per matrix, (B..., 1, 1)) of ``b`` swapped; an index
     out of range (from the pivot of the other block kind) swaps nothing."""
-    n = shape_of(b)[-2]
+    n = static_shape_of(b)[-2]
     iota = _iota(n, column=True)
     index = constant(np.int32(i), torch.int32)
     inside = all_of(cai.not_(less(j, 0)), less(j, n))
@@ -258,12 +259,12 @@ def _swap_rows(b: ir.Value, i: int, j: ir.Value) -> ir.Value:
         j,
         cai.broadcasting_where(cai.broadcasting_equal(iota, j), index, iota),
     )
-    return cai.gather_along_axis(b, broadcast_to(perm, shape_of(b)), i32(-2))
+    return cai.gather_along_axis(b, broadcast_to(perm, static_shape_of(b)), i32(-2))
 
 
 def ldl_solve(ld: ir.Value, pivots: ir.Value, b: ir.Value) -> ir.Value:
     """``dsytrs`` (lower): ``X`` with ``A X = B`` for ``A = P L D Lᵀ Pᵀ`` packed in ``ld``."""
-    n = shape_of(ld)[-1]
+    n = static_shape_of(ld)[-1]
     dtype = dtype_of(b)
     ld = cast(ld, dtype)
     pivots = cast(pivots, torch.int32)
@@ -314,7 +315,7 @@ def ldl_solve(ld: ir.Value, pivots: ir.Value, b: ir.Value) -> ir.Value:
 
 def _forward_pair(ld: ir.Value, b: ir.Value, pivot: ir.Value, k: int) -> ir.Value:
     """The forward step of a 2x2 block in rows ``k`` and ``k + 1``."""
-    n = shape_of(ld)[-1]
+    n = static_shape_of(ld)[-1]
     rows = np.arange(n).reshape(n, 1)
     kp = sub(sub(0, pivot), 1)
     b = _swap_rows(b, k + 1, kp)
@@ -363,8 +364,10 @@ def linalg_ldl_solve(
     cx: LoweringContext, LD: ir.Value, pivots: ir.Value, B: ir.Value, hermitian: bool = False
 ) -> ir.Value:
     _check(cx, LD, B)
-    batch = list(torch.broadcast_shapes(tuple(shape_of(LD)[:-2]), tuple(shape_of(B)[:-2])))
-    n, columns = shape_of(B)[-2:]
+    batch = list(
+        torch.broadcast_shapes(tuple(static_shape_of(LD)[:-2]), tuple(static_shape_of(B)[:-2]))
+    )
+    n, columns = static_shape_of(B)[-2:]
     ld = broadcast_to(LD, [*batch, n, n])
     piv = broadcast_to(pivots, [*batch, n])
     b = broadcast_to(B, [*batch, n, columns])

@@ -58,7 +58,7 @@ def _per_sample(
 
 def _reject_gradients(cx: LoweringContext) -> None:
     for user in cx.node.users:
-        if user.target.__name__ != "getitem" or user.args[1] != 0:
+        if getattr(user.target, "__name__", None) != "getitem" or user.args[1] != 0:
             raise cx.unsupported(
                 "the gradients linear_cross_entropy's training op returns are not computed"
             )

@@ -21,8 +21,8 @@ from coreai_torch.ir.values import (
     dtype_of,
     i32,
     rank_of,
-    shape_of,
     squeeze,
+    static_shape_of,
     swap_last_axes,
     unsqueeze,
 )
@@ -71,7 +71,7 @@ def lu_factor(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
     (..., k) are LAPACK's 1-based row swaps (int32); ``perm`` (..., m, 1) is the resulting row
     order, ``A[perm] = L U``.
     """
-    shape = shape_of(a)
+    shape = static_shape_of(a)
     m, n = shape[-2:]
     batch = shape[:-2]
     dtype = dtype_of(a)
@@ -110,7 +110,7 @@ def lu_factor(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value, ir.Value]:
 
 def permutation_from_pivots(pivots: ir.Value, m: int) -> ir.Value:
     """Row order (..., m, 1) produced by applying LAPACK's 1-based ``pivots`` (..., k)."""
-    shape = shape_of(pivots)
+    shape = static_shape_of(pivots)
     batch, k = shape[:-1], shape[-1]
     iota = constant(row_indices(m), torch.int32)
     perm = broadcast_to(iota, [*batch, m, 1])
@@ -126,7 +126,7 @@ def permutation_from_pivots(pivots: ir.Value, m: int) -> ir.Value:
 
 def permutation_matrix(perm: ir.Value, dtype: torch.dtype) -> ir.Value:
     """``P`` with ``P[perm[i], i] = 1``, so that ``A = P L U`` when ``A[perm] = L U``."""
-    m = shape_of(perm)[-2]
+    m = static_shape_of(perm)[-2]
     return cast(
         cai.broadcasting_equal(constant(row_indices(m), torch.int32), swap_last_axes(perm)), dtype
     )
@@ -134,7 +134,7 @@ def permutation_matrix(perm: ir.Value, dtype: torch.dtype) -> ir.Value:
 
 def permute_rows(b: ir.Value, perm: ir.Value) -> ir.Value:
     """``b[..., perm, :]`` for a row order ``perm`` (..., m, 1) of the same batch."""
-    return cai.gather_along_axis(b, broadcast_to(perm, shape_of(b)), i32(-2))
+    return cai.gather_along_axis(b, broadcast_to(perm, static_shape_of(b)), i32(-2))
 
 
 def lu_solve(lu: ir.Value, perm: ir.Value, b: ir.Value) -> ir.Value:
@@ -145,7 +145,7 @@ def lu_solve(lu: ir.Value, perm: ir.Value, b: ir.Value) -> ir.Value:
 
 def swap_parity(pivots: ir.Value) -> ir.Value:
     """-1/+1 (int32, (..., 1, 1)) for an odd/even number of row swaps."""
-    k = shape_of(pivots)[-1]
+    k = static_shape_of(pivots)[-1]
     steps = constant(np.arange(1, k + 1, dtype=np.int32), torch.int32)
     swapped = cast(cai.broadcasting_not_equal(pivots, steps), torch.int32)
     count = unsqueeze(cai.reduce_sum(swapped, i32([-1])), [rank_of(pivots)])
@@ -156,7 +156,7 @@ def swap_parity(pivots: ir.Value) -> ir.Value:
 
 
 def _vector_case(a: ir.Value, b: ir.Value) -> bool:
-    sa, sb = shape_of(a), shape_of(b)
+    sa, sb = static_shape_of(a), static_shape_of(b)
     return len(sb) == 1 or (len(sb) == len(sa) - 1 and sb == sa[:-1])
 
 
@@ -182,7 +182,7 @@ def linalg_lu_factor(
 
 
 def _unpack(lu: ir.Value, perm: ir.Value, dtype: torch.dtype) -> list[ir.Value]:
-    m, n = shape_of(lu)[-2:]
+    m, n = static_shape_of(lu)[-2:]
     k = min(m, n)
     lower = cai.broadcasting_add(
         masked(np.tril(np.ones((m, k), bool), -1), column_slice(lu, 0, k)), eye(m, k, dtype)
@@ -213,11 +213,11 @@ def lu_unpack(
     dtype = require_float(cx, LU_data)
     if not (unpack_data and unpack_pivots):
         raise cx.unsupported("lu_unpack returns empty tensors unless it unpacks everything")
-    m = shape_of(LU_data)[-2]
+    m = static_shape_of(LU_data)[-2]
     lu, pivots = LU_data, LU_pivots
-    batch = broadcast_batch(shape_of(lu)[:-2], shape_of(pivots)[:-1])
-    lu = broadcast_to(lu, [*batch, *shape_of(lu)[-2:]])
-    pivots = broadcast_to(pivots, [*batch, shape_of(pivots)[-1]])
+    batch = broadcast_batch(static_shape_of(lu)[:-2], static_shape_of(pivots)[:-1])
+    lu = broadcast_to(lu, [*batch, *static_shape_of(lu)[-2:]])
+    pivots = broadcast_to(pivots, [*batch, static_shape_of(pivots)[-1]])
     return _unpack(lu, permutation_from_pivots(pivots, m), dtype)
 
 
@@ -232,12 +232,14 @@ def linalg_lu_solve(
 ) -> ir.Value:
     require_static(cx, LU, pivots, B)
     dtype = require_float(cx, LU)
-    n = shape_of(LU)[-1]
+    n = static_shape_of(LU)[-1]
     if not left:  # X A = B  <=>  Aᴴ Xᴴ = Bᴴ
         return swap_last_axes(linalg_lu_solve(cx, LU, pivots, swap_last_axes(B), True, not adjoint))
-    batch = broadcast_batch(shape_of(LU)[:-2], shape_of(pivots)[:-1], shape_of(B)[:-2])
+    batch = broadcast_batch(
+        static_shape_of(LU)[:-2], static_shape_of(pivots)[:-1], static_shape_of(B)[:-2]
+    )
     lu = broadcast_to(LU, [*batch, n, n])
-    b = broadcast_to(B, [*batch, *shape_of(B)[-2:]])
+    b = broadcast_to(B, [*batch, *static_shape_of(B)[-2:]])
     perm = permutation_from_pivots(broadcast_to(pivots, [*batch, n]), n)
     if not adjoint:
         return lu_solve(lu, perm, b)
@@ -277,7 +279,7 @@ def linalg_inv(
     require_static(cx, A)
     dtype = require_float(cx, A)
     require_square(cx, A)
-    shape = shape_of(A)
+    shape = static_shape_of(A)
     lu, _, info, perm = lu_factor(A)
     inverse = lu_solve(lu, perm, broadcast_to(eye(shape[-1], shape[-1], dtype), shape))
     return [inverse, info] if isinstance(cx.out, (list, tuple)) else inverse
@@ -286,10 +288,10 @@ def linalg_inv(
 @lowering("aten::linalg_tensorinv.default")
 def linalg_tensorinv(cx: LoweringContext, self: ir.Value, ind: int = 2) -> ir.Value:
     require_static(cx, self)
-    shape = shape_of(self)
+    shape = static_shape_of(self)
     rows = int(np.prod(shape[:ind]))
     square = cai.reshape(self, i32([rows, -1]))
-    if shape_of(square) != [rows, rows]:
+    if static_shape_of(square) != [rows, rows]:
         raise cx.unsupported(f"tensorinv needs prod(shape[:ind]) == prod(shape[ind:]), got {shape}")
     inverse = linalg_inv(cx, square)
     return cai.reshape(inverse, i32([*shape[ind:], *shape[:ind]]))

@@ -19,11 +19,13 @@ from coreai_torch.ir.values import (
     constant,
     i32,
     rank_of,
+    shape_of,
     squeeze,
     transpose,
     unsqueeze,
 )
 from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
+from coreai_torch.lowerings.helpers.layout import static_out_shape
 from coreai_torch.lowerings.helpers.matrices import (
     batched_matmul,
     matmul_values,
@@ -76,7 +78,9 @@ def _accumulate(
     compute = accumulation_dtype(cx, dtype)
     product = _scaled(product(compute), alpha, compute)
     if beta == 0:
-        return cast(broadcast_to(product, cx.out_shape), dtype)
+        if shape_of(product) != cx.out_shape:
+            product = broadcast_to(product, static_out_shape(cx))
+        return cast(product, dtype)
     return cast(cai.broadcasting_add(product, _scaled(cast(self, compute), beta, compute)), dtype)
 
 

@@ -30,12 +30,14 @@ from coreai_torch.ir.values import (
     dtype_of,
     greater,
     i32,
+    known_sizes,
     less,
     mul,
     not_nan,
     pick,
     reshape,
     shape_of,
+    static_shape_of,
 )
 from coreai_torch.lowerings.helpers.arithmetic import ceil_values
 from coreai_torch.lowerings.helpers.loops import elementwise_loop
@@ -85,7 +87,7 @@ def _combination(matrices: list[ir.Value], coefficients: list[float]) -> ir.Valu
 
 def _powers(a: ir.Value, count: int) -> list[ir.Value]:
     """``[I, A, A², A³, A⁶][:count]`` (ATen's ``_fill_matrix_powers``)."""
-    n = shape_of(a)[-1]
+    n = static_shape_of(a)[-1]
     out = [constant(np.eye(n), dtype_of(a)), a]
     if count > 2:
         out.append(matrix_product(a, a))
@@ -155,7 +157,7 @@ def matrix_exp(a: ir.Value) -> ir.Value:
     thetas = THETAS[torch.float64 if dtype_of(a) == torch.float64 else torch.float32]
     norm = cai.reduce_max(cai.reduce_sum(cai.abs_(a), i32([-2])), i32([-1]))  # (B, 1, 1)
     large = _scaled_and_squared(a, norm, thetas[-1])
-    if shape_of(a)[0] > 1:
+    if static_shape_of(a)[0] > 1:
         return large
     out = cai.broadcasting_where(cai.not_(not_nan(norm)), mul(a, math.nan), large)
     lower = -1.0
@@ -168,8 +170,8 @@ def matrix_exp(a: ir.Value) -> ir.Value:
 
 @lowering("aten::linalg_matrix_exp.default")
 def linalg_matrix_exp(cx: LoweringContext, self: ir.Value) -> ir.Value:
-    shape = shape_of(self)
-    if None in shape:
+    shape = known_sizes(shape_of(self))
+    if shape is None:
         raise cx.unsupported("matrix_exp needs static shapes")
     dtype = cx.out_dtype
     if not dtype.is_floating_point:

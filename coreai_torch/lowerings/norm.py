@@ -24,11 +24,13 @@ from coreai_torch.ir.values import (
     dim_size,
     dtype_of,
     i32,
+    known_sizes,
     normalize_dim,
     rank_of,
     reshape,
     reshape_dynamic,
     shape_of,
+    static_dim,
 )
 from coreai_torch.lowerings.helpers.composite import aten_composite
 from coreai_torch.lowerings.helpers.operands import opmath
@@ -37,7 +39,7 @@ from coreai_torch.lowerings.registry import LoweringContext, lowering
 
 def _channel_shaped(v: ir.Value, rank: int) -> ir.Value:
     """A per-channel (C,) vector reshaped to broadcast over N, C, *spatial."""
-    return reshape(v, [1, shape_of(v)[0]] + [1] * (rank - 2)) if rank >= 2 else v
+    return reshape(v, [1, static_dim(v, 0)] + [1] * (rank - 2)) if rank >= 2 else v
 
 
 def _channel_affine(
@@ -142,7 +144,7 @@ def _batch_statistics(x: ir.Value, eps: float) -> tuple[ir.Value, ir.Value, ir.V
     statistics are (C,) vectors."""
     axes = [0, *range(2, rank_of(x))]
     y, *statistics = _moments_and_variance(x, axes, eps)
-    channels = [shape_of(x)[1]]
+    channels = [static_dim(x, 1)]
     mean, rstd, var = (reshape(v, channels) for v in statistics)
     return y, mean, rstd, var
 
@@ -158,8 +160,8 @@ def _updated_running_stats(
 ) -> tuple[ir.Value, ir.Value]:
     """PyTorch's running-stat update: ``(1 - m) * running + m * batch`` with the unbiased
     batch variance."""
-    shape = shape_of(x)
-    if None in shape:
+    shape = known_sizes(shape_of(x))
+    if shape is None:
         raise cx.unsupported("updating running statistics of an input with dynamic shape")
     count = math.prod(shape) // shape[1]
     correction = count / (count - 1) if count > 1 else math.inf
@@ -380,8 +382,8 @@ def native_group_norm(
 ) -> list[ir.Value]:
     """``group_norm`` plus its ``(N, group)`` mean and rstd (inline: not a composite op; in
     float32 for 16-bit inputs)."""
-    shape = shape_of(input)
-    if None in shape:
+    shape = known_sizes(shape_of(input))
+    if shape is None:
         raise cx.unsupported("native_group_norm with dynamic shapes is not supported yet")
     x = cast(input, opmath(dtype_of(input)))
     grouped = reshape(x, [shape[0], group, math.prod(shape[1:]) // group])
@@ -404,14 +406,16 @@ def _group_norm(
 ) -> ir.Value:
     shape = shape_of(input)
     rank = len(shape)
-    if None in shape:  # dynamic batch / spatial dims: runtime shape operands
+    static = known_sizes(shape)
+    if static is None:  # dynamic batch / spatial dims: runtime shape operands
         sizes = [dim_size(input, d) for d in range(rank)]
-        inner = None if None in shape[1:] else math.prod(shape[1:]) // num_groups
+        features = known_sizes(shape[1:])
+        inner = None if features is None else math.prod(features) // num_groups
         grouped = reshape_dynamic(input, [sizes[0], num_groups, -1], [shape[0], num_groups, inner])
         y = reshape_dynamic(normalize(grouped, [2], eps), sizes, shape)
         return _channel_affine(y, weight, bias, rank)
-    grouped = reshape(input, [shape[0], num_groups, math.prod(shape[1:]) // num_groups])
-    y = reshape(normalize(grouped, [2], eps), shape)
+    grouped = reshape(input, [static[0], num_groups, math.prod(static[1:]) // num_groups])
+    y = reshape(normalize(grouped, [2], eps), static)
     return _channel_affine(y, weight, bias, rank)
 
 

@@ -30,10 +30,13 @@ def pad_dims(
     """Pad (or crop, for negative amounts) every dim by its (before, after) pair."""
     shape = shape_of(x)
     for axis, (before, after) in enumerate(pairs):  # crop first
-        if (before < 0 or after < 0) and shape[axis] is None:  # dynamic dim: Python bounds
+        if before >= 0 and after >= 0:
+            continue
+        size = shape[axis]
+        if size is None:  # dynamic dim: Python bounds
             x = slice_dynamic(x, axis, max(0, -before), after if after < 0 else None)
-        elif before < 0 or after < 0:
-            start, end = max(0, -before), shape[axis] - max(0, -after)
+        else:
+            start, end = max(0, -before), size - max(0, -after)
             x = slice_axis(x, axis, start, end)
             shape[axis] = end - start
     flat = [max(0, a) for pair in pairs for a in pair]

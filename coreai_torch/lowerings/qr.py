@@ -12,8 +12,8 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
-    shape_of,
     squeeze,
+    static_shape_of,
     swap_last_axes,
     unsqueeze,
 )
@@ -38,7 +38,7 @@ def householder_qr(a: ir.Value) -> tuple[ir.Value, ir.Value]:
     Returns ``(a, tau)``: ``R`` in the upper triangle, the Householder vectors (with an
     implicit leading 1) below the diagonal, and ``tau`` (..., k).
     """
-    shape = shape_of(a)
+    shape = static_shape_of(a)
     m, n = shape[-2:]
     dtype = dtype_of(a)
     zero, one = constant(0.0, dtype), constant(1.0, dtype)
@@ -79,9 +79,9 @@ def householder_qr(a: ir.Value) -> tuple[ir.Value, ir.Value]:
 
 def householder_q(reflectors: ir.Value, tau: ir.Value, columns: int) -> ir.Value:
     """``Q = H_0 H_1 ... H_{k-1}`` (LAPACK ``orgqr``), its first ``columns`` columns."""
-    shape = shape_of(reflectors)
+    shape = static_shape_of(reflectors)
     m = shape[-2]
-    k = shape_of(tau)[-1]
+    k = static_shape_of(tau)[-1]
     dtype = dtype_of(reflectors)
     batch = shape[:-2]
     q = broadcast_to(eye(m, columns, dtype), [*batch, m, columns])
@@ -110,7 +110,7 @@ def geqrf(cx: LoweringContext, self: ir.Value) -> list[ir.Value]:
 def householder_product(cx: LoweringContext, input: ir.Value, tau: ir.Value) -> ir.Value:
     require_static(cx, input, tau)
     require_float(cx, input)
-    return householder_q(input, tau, shape_of(input)[-1])
+    return householder_q(input, tau, static_shape_of(input)[-1])
 
 
 @lowering("aten::ormqr.default")
@@ -124,7 +124,7 @@ def ormqr(
 ) -> ir.Value:
     require_static(cx, self, input2, input3)
     require_float(cx, self)
-    m = shape_of(self)[-2]
+    m = static_shape_of(self)[-2]
     q = householder_q(self, input2, m)
     if transpose:
         q = swap_last_axes(q)
@@ -137,7 +137,7 @@ def linalg_qr(cx: LoweringContext, A: ir.Value, mode: str = "reduced") -> list[i
     require_float(cx, A)
     if mode not in ("reduced", "complete"):
         raise cx.unsupported(f"mode={mode!r} (its Q is an empty tensor)")
-    m, n = shape_of(A)[-2:]
+    m, n = static_shape_of(A)[-2:]
     k = min(m, n)
     reflectors, tau = householder_qr(A)
     columns = m if mode == "complete" else k

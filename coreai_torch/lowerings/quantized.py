@@ -25,7 +25,7 @@ import torch.fx
 from coreai_torch._mlir import cai, ir
 from coreai_torch.frontend.schema import bind_arguments
 from coreai_torch.ir import compressed
-from coreai_torch.ir.values import cast, constant, reshape, shape_of
+from coreai_torch.ir.values import cast, constant, known_sizes, reshape, shape_of, static_shape_of
 from coreai_torch.lowerings.helpers.arithmetic import clamp_values
 from coreai_torch.lowerings.helpers.weights import emit_compressed, weight_tensor
 from coreai_torch.lowerings.registry import LoweringContext, lowering
@@ -117,7 +117,7 @@ def _affine_values(
 ) -> ir.Value:
     """``(x - zero_point) * scale`` per block of shape ``blocks``, computed at run time in
     float32 (as PyTorch's reference implementations do) and converted to ``dtype``."""
-    shape = shape_of(x)
+    shape = static_shape_of(x)
     split: list[int] = []
     param_shape: list[int] = []
     for size, block in zip(shape, blocks, strict=True):
@@ -131,10 +131,10 @@ def _affine_values(
 
 
 def _static_shape(cx: LoweringContext, x: ir.Value) -> list[int]:
-    shape = shape_of(x)
-    if None in shape:
+    shape = known_sizes(shape_of(x))
+    if shape is None:
         raise cx.unsupported("dequantization of a value with a dynamic shape is not supported")
-    return shape  # type: ignore[return-value]
+    return shape
 
 
 # ------------------------------------------------------------------------------- torchao ---
@@ -215,6 +215,8 @@ def _dequantize_weight(
     numbers, not weights."""
     args = bind_arguments(cx.node)
     data = weight_tensor(cx, args["input"])
+    scale: torch.Tensor | None
+    zero_point: torch.Tensor | None
     if params is not None:
         scale, zero_point = params
         zp_arg = None

@@ -38,8 +38,11 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
+    known_sizes,
     reshape,
     shape_of,
+    static_dim,
+    static_shape_of,
     transpose,
     u32,
     unsqueeze,
@@ -68,7 +71,7 @@ class Weights:
 
 def _split(x: ir.Value, parts: int) -> list[ir.Value]:
     """Split the last axis of ``x`` into ``parts`` equal chunks."""
-    size = shape_of(x)[-1] // parts
+    size = static_dim(x, -1) // parts
     pieces = cai.split(x, np.uint32(size), np.int32(-1))
     return list(pieces) if parts > 1 else [pieces]
 
@@ -117,9 +120,9 @@ RNN_RELU = Cell("rnn_relu", False, _rnn_step(cai.relu))
 
 def _rows(x: ir.Value) -> list[ir.Value]:
     """``x[k]`` for every k of the first axis (static)."""
-    n = shape_of(x)[0]
+    n = static_dim(x, 0)
     pieces = list(cai.split(x, np.uint32(1), np.int32(0))) if n > 1 else [x]
-    return [reshape(p, shape_of(p)[1:]) for p in pieces]
+    return [reshape(p, static_shape_of(p)[1:]) for p in pieces]
 
 
 def _recurrent(
@@ -137,8 +140,8 @@ def _recurrent(
 ) -> list[ir.Value]:
     if train and dropout > 0.0 and num_layers > 1:
         raise cx.unsupported("dropout between recurrent layers (export the model in eval mode)")
-    shape = shape_of(input)
-    if None in shape:
+    shape = known_sizes(shape_of(input))
+    if shape is None:
         raise cx.unsupported("recurrent layers with dynamic input shapes")
     if len(shape) != 3:
         raise cx.unsupported("unbatched recurrent input (add a batch dimension)")
@@ -151,7 +154,7 @@ def _recurrent(
     dtype = dtype_of(input)
     compute = accumulation_dtype(cx, dtype)  # float32 for 16-bit layers (module docstring)
     x = cast(transpose(input, [1, 0, 2]) if batch_first else input, compute)  # (T, B, I)
-    steps = shape_of(x)[0]
+    steps = static_dim(x, 0)
     h0 = _rows(cast(hx[0], compute))
     c0 = _rows(cast(hx[1], compute)) if cell.has_cell_state else [None] * len(h0)
     h_last: list[ir.Value] = []
@@ -205,7 +208,9 @@ def _time_loop(
     if any, runs backwards).  Returns per direction: outputs (T, B, H_out), last h, last c."""
     dirs = len(projected)
     dtype = dtype_of(h0[0])
-    outputs0 = [cai.broadcast_to(constant(0.0, dtype), u32([steps, *shape_of(h)])) for h in h0]
+    outputs0 = [
+        cai.broadcast_to(constant(0.0, dtype), u32([steps, *static_shape_of(h)])) for h in h0
+    ]
     cells0 = [c for c in c0 if c is not None]
     inits = [cai.constant(np.int32(0)), *h0, *cells0, *outputs0]
     types = [v.type for v in inits]

@@ -30,6 +30,7 @@ from coreai_torch.ir.values import (
     dim_size,
     dtype_of,
     i32,
+    known_sizes,
     normalize_dim,
     normalize_dims,
     rank_of,
@@ -258,8 +259,9 @@ def _correction(correction: float | None, unbiased: bool = True) -> float:
 
 def _shaped(cx: LoweringContext, value: ir.Value) -> ir.Value:
     """``value`` reshaped to the node's (static) result shape when ranks differ (0-d input)."""
-    if len(shape_of(value)) != len(cx.out_shape) and None not in cx.out_shape:
-        return cai.reshape(value, i32(cx.out_shape)) if cx.out_shape else squeeze(value, [0])
+    sizes = known_sizes(cx.out_shape)
+    if rank_of(value) != len(cx.out_shape) and sizes is not None:
+        return cai.reshape(value, i32(sizes)) if sizes else squeeze(value, [0])
     return value
 
 
@@ -302,7 +304,7 @@ def var_dim(
     unbiased: bool = True,
     keepdim: bool = False,
 ) -> list[ir.Value]:
-    what = "std" if cx.node.target.__name__.startswith("std") else "var"
+    what = "std" if getattr(cx.node.target, "__name__", "").startswith("std") else "var"
     return _variance_outputs(cx, self, dim, _correction(None, unbiased), keepdim, what)
 
 

@@ -240,6 +240,14 @@ class LoweringContext:
             val = val[0]
         return [d if isinstance(d, int) else None for d in val.shape]
 
+    def input_example(self, index: int) -> Any:
+        """The example value (a FakeTensor) of the node's positional tensor argument
+        ``index``, as PyTorch traced it."""
+        arg = self.node.args[index]
+        if not isinstance(arg, torch.fx.Node):
+            raise self.unsupported(f"argument {index} is not a tensor")
+        return arg.meta["val"]
+
     def unsupported(self, why: str) -> UnsupportedOpError:
         """An error to raise when the rule cannot lower this particular use of the op."""
 

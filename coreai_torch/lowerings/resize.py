@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,10 +23,12 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
+    rank_of,
     reshape,
-    shape_of,
+    static_shape_of,
     transpose,
 )
+from coreai_torch.lowerings.helpers.accumulation import accumulation_dtype
 from coreai_torch.lowerings.helpers.layout import (
     contract_axis,
     static_out_shape,
@@ -89,12 +92,13 @@ def _repeat_factor(table: np.ndarray, n: int) -> int | None:
 
 
 def _resample_nearest(x: ir.Value, tables: Sequence[np.ndarray]) -> ir.Value:
-    shape = shape_of(x)
+    shape = static_shape_of(x)
     k = len(tables)
     lead = shape[: len(shape) - k]
     sizes = shape[len(shape) - k :]
-    factors = [_repeat_factor(t, n) for t, n in zip(tables, sizes, strict=True)]
-    if all(f is not None for f in factors) and any(f != 1 for f in factors):
+    repeats = [_repeat_factor(t, n) for t, n in zip(tables, sizes, strict=True)]
+    factors = [f for f in repeats if f is not None]
+    if len(factors) == len(repeats) and any(f != 1 for f in factors):
         # Integer upscale: (..., n, 1, ...) broadcast to (..., n, s, ...), then merged.
         split = [d for n, f in zip(sizes, factors, strict=True) for d in (n, 1)]
         wide = [d for n, f in zip(sizes, factors, strict=True) for d in (n, f)]
@@ -111,7 +115,7 @@ def _linear_interpolate(
 ) -> ir.Value | None:
     """Core AI ``interpolate`` for (bi/tri)linear when its coordinate map matches PyTorch's."""
     k = len(in_sizes)
-    rank = len(shape_of(x))
+    rank = rank_of(x)
     scale, offset = [1.0] * (rank - k), [0.0] * (rank - k)
     for n, m, s in zip(in_sizes, out_sizes, scales, strict=True):
         if align:
@@ -123,7 +127,7 @@ def _linear_interpolate(
         else:
             scale.append(float(s) if s else m / n)
             offset.append(0.0)
-    out_shape = [*shape_of(x)[: rank - k], *out_sizes]
+    out_shape = [*static_shape_of(x)[: rank - k], *out_sizes]
     mode = ir.Attribute.parse("#coreai.interpolation_mode<linear>")
     return cai.interpolate(
         x, i32(out_shape), np.array(scale, np.float32), np.array(offset, np.float32), mode
@@ -154,10 +158,12 @@ def _upsample(
         if y is not None:
             return y
     rank = len(in_shape)
+    dtype = dtype_of(x)
+    x = cast(x, accumulation_dtype(cx, dtype))  # 16-bit inputs: float32 inside, rounded once
     for a, w in enumerate(maps):
         if w.shape[0] != w.shape[1] or not np.array_equal(w, np.eye(w.shape[0])):
-            x = contract_axis(x, rank - k + a, w)
-    return x
+            x = contract_axis(x, rank - k + a, w, compute=dtype_of(x))
+    return cast(x, dtype)
 
 
 def _scales(
@@ -174,16 +180,16 @@ def _register(family: str, k: int, op: str, align: bool) -> None:
     names = {1: ["scales"], 2: ["scales_h", "scales_w"], 3: ["scales_d", "scales_h", "scales_w"]}
 
     @lowering(vec)
-    def upsample_vec(cx: LoweringContext, input: ir.Value, **args: object) -> ir.Value:
+    def upsample_vec(cx: LoweringContext, input: ir.Value, **args: Any) -> ir.Value:
         align_corners = args.get("align_corners") if align else None
-        scales = _scales(k, args["scale_factors"], ())  # type: ignore[arg-type]
-        return _upsample(cx, family, input, align_corners, scales)  # type: ignore[arg-type]
+        scales = _scales(k, args["scale_factors"], ())
+        return _upsample(cx, family, input, align_corners, scales)
 
     @lowering(default)
-    def upsample_default(cx: LoweringContext, self: ir.Value, **args: object) -> ir.Value:
+    def upsample_default(cx: LoweringContext, self: ir.Value, **args: Any) -> ir.Value:
         align_corners = args.get("align_corners") if align else None
         scales = _scales(k, None, [args.get(n) for n in names[k]])
-        return _upsample(cx, family, self, align_corners, scales)  # type: ignore[arg-type]
+        return _upsample(cx, family, self, align_corners, scales)
 
 
 for _k in (1, 2, 3):
@@ -338,6 +344,7 @@ def grid_sampler(
         return transpose(out, [0, k + 1, *range(1, k + 1)])
     # Separable taps per dim: (coordinate, weight) pairs.
     taps = []
+    offsets: tuple[int, ...]
     for a, p in enumerate(coords):
         low = _floor(p)
         t = cai.broadcasting_sub(p, low)

@@ -1,5 +1,10 @@
 """Writing by index: scatter (src/value/reduce), scatter_add, scatter_reduce, index_put,
-slice_scatter, select_scatter, diagonal_scatter and masked_scatter."""
+slice_scatter, select_scatter, diagonal_scatter and masked_scatter.
+
+``index_put`` (hence ``index_copy``, ``x[i] = v`` and the in-place forms), ``slice_scatter``
+(``x[a:b] = v``, ``x[a:b].copy_(v)``) and ``select_scatter`` also write into tensors whose
+dims have a run-time size, at runtime offsets: a KV cache that grows, written where the new
+tokens go."""
 
 from __future__ import annotations
 
@@ -17,17 +22,26 @@ from coreai_torch.ir.values import (
     broadcast_to,
     cast,
     constant,
+    dim_size,
     dtype_of,
     i32,
+    is_symbolic,
+    known_sizes,
     normalize_dim,
     rank_of,
     refine,
     reshape,
+    reshape_dynamic,
     shape_of,
+    shape_vector,
+    size_product,
+    static_shape_of,
+    static_sizes,
     transpose,
     unsqueeze,
 )
 from coreai_torch.lowerings.helpers.layout import (
+    bound_vector,
     broadcast_sizes,
     diagonal_table,
     highest,
@@ -35,6 +49,7 @@ from coreai_torch.lowerings.helpers.layout import (
     inverse,
     lowest,
     result_permutation,
+    slice_bound,
     slice_region,
     stacked_indices,
     static_shape,
@@ -53,25 +68,39 @@ def _mode(name: str) -> ir.Attribute:
 
 
 def scatter_along(
-    x: ir.Value, axis: int, index: ir.Value, updates: ir.Value, mode: str = "update"
+    x: ir.Value,
+    axis: int,
+    index: ir.Value,
+    updates: ir.Value,
+    mode: str = "update",
+    *,
+    covers: bool = False,
 ) -> ir.Value:
     """``scatter_along_axis`` where ``index``/``updates`` may be smaller than ``x`` in the
-    other dims (PyTorch's rule): only that leading corner of ``x`` is scattered into."""
+    other dims (PyTorch's rule): only that leading corner of ``x`` is scattered into.
+    ``covers``: the caller knows ``index`` spans ``x`` in every other dim (their sizes may be
+    runtime values)."""
     xshape, ishape = shape_of(x), shape_of(index)
-    region = [ishape[d] if d != axis else xshape[d] for d in range(len(xshape))]
-    base = slice_region(x, region)
+    rank = len(xshape)
+    if covers:
+        region: list[Size] = _sizes(x)
+        updates_region: list[Size] = [dim_size(index, d) for d in range(rank)]
+    else:
+        region = [dim_size(index if d != axis else x, d) for d in range(rank)]
+        updates_region = [dim_size(index, d) for d in range(rank)]
+    whole = covers or (None not in xshape + ishape and region == xshape)
+    base = x if whole else slice_region(x, region)
     out = cai.scatter_along_axis(
         base.type,
         base,
         cast(index, torch.int32),
-        slice_region(updates, ishape),
+        slice_region(updates, updates_region),
         i32(axis),
         _mode(mode),
     )
-    if region == xshape:
+    if whole:
         return out
-    rank = len(xshape)
-    return cai.slice_update(x, i32([0] * rank), i32(region), i32([1] * rank), out)
+    return cai.slice_update(x, i32([0] * rank), shape_vector(region), i32([1] * rank), out)
 
 
 def _prepare(
@@ -147,16 +176,16 @@ def reduce_into(
 ) -> ir.Value:
     """``scatter_reduce`` semantics (sum/prod/mean/amax/amin, with or without ``x``)."""
     dtype = dtype_of(x)
-    ishape = shape_of(idx)
     base = x
     if not include_self:  # scattered positions start from the reduction's identity
-        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), ishape)
+        fill = broadcast_to(constant(_identity(reduce, dtype), dtype), static_shape_of(idx))
         base = scatter_along(x, axis, idx, fill)
     if reduce != "mean":
         return scatter_along(base, axis, idx, updates, _REDUCE_MODES[reduce])
     total = scatter_along(base, axis, idx, updates, "add")
     count_dtype = dtype if dtype.is_floating_point else torch.int32
-    ones = broadcast_to(constant(1, count_dtype), shape_of(x))
+    ishape = static_shape_of(idx)
+    ones = broadcast_to(constant(1, count_dtype), static_shape_of(x))
     if not include_self:
         ones = scatter_along(ones, axis, idx, broadcast_to(constant(0, count_dtype), ishape))
     counts = scatter_along(ones, axis, idx, broadcast_to(constant(1, count_dtype), ishape), "add")
@@ -211,22 +240,29 @@ def _mask_put(
     accumulate: bool,
 ) -> ir.Value:
     """``x[mask] = v``: values that broadcast over the selected rows are an elementwise
-    select; one row per selected position (``v.shape[0] > 1``) fills them in order."""
-    shape = static_shape(cx, self)
+    select (``x`` and the mask may have dims of run-time size); one row per selected position
+    (``v.shape[0] > 1``) fills them in order."""
+    shape = shape_of(self)
     (pos,) = [i for i, ix in enumerate(indices) if ix is not None]
     mask = cast(indices[pos], torch.bool)
     mrank = rank_of(mask)
     rest = shape[pos + mrank :]
-    mask = reshape(mask, [1] * pos + shape_of(mask) + [1] * len(rest))
-    mask = broadcast_to(mask, shape)
+    lead, trail = list(range(pos)), list(range(pos + mrank, len(shape)))
+    mask = unsqueeze(mask, lead + trail) if lead or trail else mask
+    mask = broadcast_dynamic(mask, _sizes(self), shape)
     dtype = dtype_of(self)
     vshape = static_shape(cx, values, "values")
     v = cast(values, dtype)
     if len(vshape) <= len(rest) or (len(vshape) == len(rest) + 1 and vshape[0] == 1):
         v = reshape(v, vshape[len(vshape) - len(rest) :] if len(vshape) > len(rest) else vshape)
-        new = broadcast_to(reshape(v, [1] * (len(shape) - rank_of(v)) + shape_of(v)), shape)
+        v = reshape(v, [1] * (len(shape) - rank_of(v)) + static_shape_of(v))
+        new = broadcast_dynamic(v, _sizes(self), shape)
+    elif None in shape:
+        raise cx.unsupported(
+            "x[mask] = values with one row per masked position, where x has dynamic dimensions"
+        )
     elif pos == 0 and mrank == len(shape) - len(rest):
-        new = masked_values(mask, broadcast_to(v, [vshape[0], *rest]), shape)
+        new = masked_values(mask, broadcast_to(v, [vshape[0], *static_sizes(rest)]), shape)
     else:
         raise cx.unsupported("x[..., mask] = values with one row per masked position")
     if accumulate:
@@ -245,16 +281,18 @@ def masked_values(mask: ir.Value, source: ir.Value, shape: Sequence[int | None])
         cai.broadcasting_sub(running, constant(1, torch.int32)), constant(0, torch.int32)
     )
     picked = cai.gather_nd(_flatten(source), unsqueeze(position, [1]))
-    if None in shape:
+    sizes = known_sizes(shape)
+    if sizes is None:
         return refine(cai.reshape(picked, cai.get_shape(mask)), shape)
-    return reshape(picked, list(shape))
+    return reshape(picked, sizes)
 
 
 def _flatten(value: ir.Value) -> ir.Value:
     """``value`` as a 1-D tensor (its length dynamic when a dim is)."""
-    if None in shape_of(value):
+    sizes = known_sizes(shape_of(value))
+    if sizes is None:
         return cai.reshape(value, i32([-1]))
-    return reshape(value, [int(np.prod(shape_of(value)))])
+    return reshape(value, [int(np.prod(sizes))])
 
 
 @lowering("aten::index_put.default", "aten::_unsafe_index_put.default")
@@ -265,6 +303,8 @@ def index_put(
     values: ir.Value,
     accumulate: bool = False,
 ) -> ir.Value:
+    """``self[indices] = values`` (or ``+=``); any dim of ``self``, ``values`` and the index
+    tensors may have a run-time size (a scatter with runtime indices and shapes)."""
     present = [ix for ix in indices if ix is not None]
     if isinstance(values, EmptyTensor) or any(isinstance(ix, EmptyTensor) for ix in present):
         return self  # no positions to write
@@ -272,45 +312,60 @@ def index_put(
         if len(present) == 1:
             return _mask_put(cx, self, indices, values, accumulate)
         raise cx.unsupported("index_put mixing a boolean mask with other indices")
-    shape = static_shape(cx, self)
+    shape = shape_of(self)
+    rank = len(shape)
+    dtype = dtype_of(self)
     positions, bshape, perm = index_layout(cx, self, indices)
     if not positions:
-        return broadcast_to(cast(values, dtype_of(self)), shape)
-    if None in bshape and accumulate:
-        raise cx.unsupported("accumulating index tensors with dynamic shapes is not supported")
-    rank = len(shape)
+        return broadcast_dynamic(cast(values, dtype), _sizes(self), shape)
     rest = [shape[d] for d in perm[len(positions) :]]
+    rest_sizes = [dim_size(self, d) for d in perm[len(positions) :]]
     sizes = broadcast_sizes(indices, positions, bshape)
     # Values broadcast to the shape `self[indices]` has, then to (broadcast dims, rest).
     to_torch = result_permutation(positions, len(bshape), rank)
-    gathered: list[Size] = [*sizes, *rest]
-    torch_sizes = [gathered[p] for p in to_torch]
-    torch_shape = [[*bshape, *rest][p] for p in to_torch]
-    updates = broadcast_dynamic(cast(values, dtype_of(self)), torch_sizes, torch_shape)
+    gathered_sizes: list[Size] = [*sizes, *rest_sizes]
+    gathered_shape = [*bshape, *rest]
+    torch_sizes = [gathered_sizes[p] for p in to_torch]
+    torch_shape = [gathered_shape[p] for p in to_torch]
+    updates = broadcast_dynamic(cast(values, dtype), torch_sizes, torch_shape)
     updates = transpose(updates, inverse(to_torch))
     xt = transpose(self, perm)
     if not accumulate:
         out = cai.scatter_nd(xt, stacked_indices(indices, positions, sizes, bshape), updates)
         return transpose(out, inverse(perm))
     # Accumulate: flatten the indexed dims into one axis and scatter-add along it.
-    indexed = [shape[p] for p in positions]
+    indexed = [dim_size(self, p) for p in positions]
     flat_index = None
-    stride = 1
+    stride: Size = 1
     for p, size in reversed(list(zip(positions, indexed, strict=True))):
-        ix = broadcast_to(cast(indices[p], torch.int32), bshape)
+        ix = broadcast_dynamic(cast(indices[p], torch.int32), sizes, bshape)
+        bound = size if isinstance(size, ir.Value) else constant(size, torch.int32)
         negative = cai.broadcasting_greater(constant(0, torch.int32), ix)
-        ix = cai.broadcasting_where(
-            negative, cai.broadcasting_add(ix, constant(size, torch.int32)), ix
-        )
-        term = ix if stride == 1 else cai.broadcasting_mul(ix, constant(stride, torch.int32))
-        flat_index = term if flat_index is None else cai.broadcasting_add(flat_index, term)
-        stride *= size
-    count = int(np.prod(bshape))
-    flat_index = broadcast_to(reshape(flat_index, [count] + [1] * len(rest)), [count, *rest])
-    flat = reshape(xt, [stride, *rest])
-    mode = "max" if dtype_of(self) == torch.bool else "add"  # bool "sum" is a logical or
-    out = scatter_along(flat, 0, flat_index, reshape(updates, [count, *rest]), mode)
-    return transpose(reshape(out, indexed + rest), inverse(perm))
+        ix = cai.broadcasting_where(negative, cai.broadcasting_add(ix, bound), ix)
+        if stride != 1:
+            scale = stride if isinstance(stride, ir.Value) else constant(stride, torch.int32)
+            ix = cai.broadcasting_mul(ix, scale)
+        flat_index = ix if flat_index is None else cai.broadcasting_add(flat_index, ix)
+        stride = size_product([stride, size])
+    count = size_product(sizes)
+    ones = [1] * len(rest)
+    flat_index = reshape_dynamic(flat_index, [count, *ones], _static([count, *ones]))
+    flat_index = broadcast_dynamic(flat_index, [count, *rest_sizes], _static([count, *rest]))
+    flat = reshape_dynamic(xt, [stride, *rest_sizes], _static([stride, *rest]))
+    flat_updates = reshape_dynamic(updates, [count, *rest_sizes], _static([count, *rest]))
+    mode = "max" if dtype == torch.bool else "add"  # bool "sum" is a logical or
+    out = scatter_along(flat, 0, flat_index, flat_updates, mode, covers=True)
+    unflat = reshape_dynamic(out, [*indexed, *rest_sizes], [shape[p] for p in perm])
+    return transpose(unflat, inverse(perm))
+
+
+def _sizes(value: ir.Value) -> list[Size]:
+    return [dim_size(value, d) for d in range(rank_of(value))]
+
+
+def _static(sizes: Sequence[Size | None]) -> list[int | None]:
+    """The static shape of a list of sizes (``None`` where a size is a runtime value)."""
+    return [s if isinstance(s, int) else None for s in sizes]
 
 
 EMPTY_INPUT_OPS["aten::index_put.default"] = (1, 2)
@@ -325,22 +380,45 @@ def slice_scatter(
     self: ir.Value,
     src: ir.Value | EmptyTensor,
     dim: int = 0,
-    start: int | None = None,
-    end: int | None = None,
+    start: Size | None = None,
+    end: Size | None = None,
     step: int = 1,
 ) -> ir.Value:
     if isinstance(src, EmptyTensor):  # writing nothing
         return self
-    shape = static_shape(cx, self)
+    shape = shape_of(self)
     rank = len(shape)
     d = normalize_dim(dim, rank)
-    lo, hi, stride = slice(start, end, step).indices(shape[d])
-    starts, ends, strides = [0] * rank, list(shape), [1] * rank
+    if None in shape or is_symbolic([start, end]):
+        # dims or bounds known at run time (a KV cache written at a runtime offset)
+        size = dim_size(self, d)
+        begin = slice_bound(start, size, 0)
+        stop = slice_bound(end, size, size)
+        return update_region(self, d, begin, stop, step, cast(src, dtype_of(self)))
+    sizes = static_sizes(shape)
+    lo, hi, stride = slice(start, end, step).indices(sizes[d])
+    starts, ends, strides = [0] * rank, list(sizes), [1] * rank
     starts[d], ends[d], strides[d] = lo, max(hi, lo), stride
-    update = broadcast_to(cast(src, dtype_of(self)), _slice_shape(shape, d, lo, hi, stride))
+    update = broadcast_to(cast(src, dtype_of(self)), _slice_shape(sizes, d, lo, hi, stride))
     if shape_of(update) == shape:
         return update
     return cai.slice_update(self, i32(starts), i32(ends), i32(strides), update)
+
+
+def update_region(
+    x: ir.Value, axis: int, begin: Size, end: Size, step: int, update: ir.Value
+) -> ir.Value:
+    """``x`` with ``update`` written along ``axis`` at ``begin:end:step`` (whole extent in
+    the other dims), for dims and bounds known only at run time (``slice_update`` with
+    runtime bounds).  The bounds are in range and ``update`` has as many positions as they
+    select: no size of ``update`` is read (bounds computed from the runtime shape of a
+    broadcast source made the runtime fail once ``optimize()`` had run, docs/errors.md)."""
+    rank = rank_of(x)
+    starts = [0] * axis + [begin] + [0] * (rank - axis - 1)
+    ends = [dim_size(x, a) if a != axis else end for a in range(rank)]
+    strides = [step if a == axis else 1 for a in range(rank)]
+    out = cai.slice_update(x, shape_vector(starts), shape_vector(ends), i32(strides), update)
+    return refine(out, shape_of(x))
 
 
 EMPTY_INPUT_OPS["aten::slice_scatter.default"] = (1,)
@@ -354,16 +432,22 @@ def _slice_shape(shape: Sequence[int], d: int, lo: int, hi: int, step: int) -> l
 
 @lowering("aten::select_scatter.default")
 def select_scatter(
-    cx: LoweringContext, self: ir.Value, src: ir.Value, dim: int, index: int
+    cx: LoweringContext, self: ir.Value, src: ir.Value, dim: int, index: Size
 ) -> ir.Value:
-    shape = static_shape(cx, self)
+    shape = shape_of(self)
     rank = len(shape)
     d = normalize_dim(dim, rank)
-    i = index % shape[d]
-    starts, ends = [0] * rank, list(shape)
-    starts[d], ends[d] = i, i + 1
     update = unsqueeze(cast(src, dtype_of(self)), [d])
-    update = broadcast_to(update, _slice_shape(shape, d, i, i + 1, 1))
+    if None in shape or isinstance(index, ir.Value):
+        begin = slice_bound(index, dim_size(self, d), 0)  # negative indices wrap
+        if isinstance(begin, int):
+            return update_region(self, d, begin, begin + 1, 1, update)
+        return update_region(self, d, begin, cai.add(begin, bound_vector(1)), 1, update)
+    sizes = static_sizes(shape)
+    i = index % sizes[d]
+    starts, ends = [0] * rank, list(sizes)
+    starts[d], ends[d] = i, i + 1
+    update = broadcast_to(update, _slice_shape(sizes, d, i, i + 1, 1))
     return cai.slice_update(self, i32(starts), i32(ends), i32([1] * rank), update)
 
 
@@ -397,13 +481,14 @@ def masked_scatter(
 ) -> ir.Value:
     """Masked positions take consecutive elements of ``source`` (row-major order)."""
     shape = list(cx.out_shape)
-    if None in shape:  # broadcast on the runtime to the shape self and mask broadcast to
+    sizes = known_sizes(shape)
+    if sizes is None:  # broadcast on the runtime to the shape self and mask broadcast to
         target = cai.broadcast_shapes(cai.get_shape(self), cai.get_shape(mask))
         m = refine(cai.broadcast_to(cast(mask, torch.bool), target), shape)
         self = refine(cai.broadcast_to(self, target), shape)
     else:
-        m = broadcast_to(cast(mask, torch.bool), shape)
-        self = broadcast_to(self, shape)
+        m = broadcast_to(cast(mask, torch.bool), sizes)
+        self = broadcast_to(self, sizes)
     picked = masked_values(m, cast(source, dtype_of(self)), shape)
     return cai.broadcasting_where(m, picked, self)
 
@@ -434,7 +519,7 @@ def as_strided_scatter(
     ``src`` (written through a constant index table)."""
     shape = static_shape(cx, self)
     try:
-        table = strided_table(cx.node.args[0].meta["val"], size, stride, storage_offset)
+        table = strided_table(cx.input_example(0), size, stride, storage_offset)
     except ValueError as error:
         raise cx.unsupported(f"as_strided_scatter: {error}") from None
     total = int(np.prod(shape))

@@ -25,6 +25,7 @@ from coreai_torch.ir.values import (
     div,
     equal,
     i32,
+    known_sizes,
     normalize_dim,
     not_nan,
     pick,
@@ -32,6 +33,7 @@ from coreai_torch.ir.values import (
     reshape,
     shape_of,
     squeeze,
+    static_dim,
     unsqueeze,
 )
 from coreai_torch.lowerings.helpers.arithmetic import ge
@@ -60,7 +62,7 @@ def _bounds(lengths: ir.Value | None, offsets: ir.Value | None) -> tuple[ir.Valu
         return cai.broadcasting_sub(ends, lengths), ends
     assert offsets is not None
     offsets = cast(offsets, torch.int64)
-    count = shape_of(offsets)[-1] - 1
+    count = static_dim(offsets, -1) - 1
     last = rank_of(offsets) - 1
     return slice_axis(offsets, last, 0, count), slice_axis(offsets, last, 1, count + 1)
 
@@ -76,8 +78,8 @@ def segment_reduce(
     unsafe: bool = False,
     initial: Scalar | None = None,
 ) -> ir.Value:
-    shape = shape_of(data)
-    if None in shape:
+    shape = known_sizes(shape_of(data))
+    if shape is None:
         raise cx.unsupported("segment_reduce needs static shapes")
     if reduce not in _START:
         raise cx.unsupported(f"reduce={reduce!r}")
@@ -86,7 +88,7 @@ def segment_reduce(
     dtype = cx.out_dtype
     axis = normalize_dim(axis, len(shape))
     starts, ends = _bounds(lengths, offsets)  # (*shape[:axis], S)
-    segments, positions, inner = shape_of(starts)[-1], shape[axis], shape[axis + 1 :]
+    segments, positions, inner = static_dim(starts, -1), shape[axis], shape[axis + 1 :]
     size = int(np.prod([*shape, segments], dtype=np.int64))
     if size > PAIRWISE_LIMIT:
         raise cx.unsupported(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from coreai_torch._mlir import cai, ir
 from coreai_torch.ir.values import (
@@ -18,6 +19,7 @@ from coreai_torch.ir.values import (
     i32,
     index_value,
     is_symbolic,
+    known_sizes,
     normalize_dim,
     rank_of,
     refine,
@@ -26,6 +28,7 @@ from coreai_torch.ir.values import (
     shape_of,
     slice_dynamic,
     squeeze,
+    static_shape_of,
     transpose,
     unsqueeze,
 )
@@ -185,9 +188,10 @@ def slice_(
     d = normalize_dim(dim, len(shape))
     if step <= 0:
         raise cx.unsupported(f"slice step must be positive, got {step}")
-    if None in shape or is_symbolic([start, end]):
+    sizes = known_sizes(shape)
+    if sizes is None or is_symbolic([start, end]):
         return refine(slice_dynamic(self, d, start, end, step), cx.out_shape)
-    lo, hi, stride = slice(start, end, step).indices(shape[d])
+    lo, hi, stride = slice(start, end, step).indices(sizes[d])
     return slice_axis(self, d, lo, max(hi, lo), stride)
 
 
@@ -203,9 +207,10 @@ def narrow(cx: LoweringContext, self: ir.Value, dim: int, start: int, length: in
 def select(cx: LoweringContext, self: ir.Value, dim: int, index: Size) -> ir.Value:
     shape = shape_of(self)
     d = normalize_dim(dim, len(shape))
-    if None in shape or isinstance(index, ir.Value):
+    sizes = known_sizes(shape)
+    if sizes is None or isinstance(index, ir.Value):
         return select_dynamic(self, d, index, cx.out_shape)
-    i = index % shape[d]
+    i = index % sizes[d]
     return squeeze(slice_axis(self, d, i, i + 1), [d])
 
 
@@ -243,9 +248,12 @@ def _split_dynamic(cx: LoweringContext, x: ir.Value, d: int, args: dict) -> list
         last = k == len(cx.out) - 1
         size = val.shape[d]
         if not isinstance(size, int):
-            if not isinstance(sizes, (list, tuple)) and not last:
+            if last:
+                size = None
+            elif isinstance(sizes, (list, tuple)):
+                size = sizes[k]
+            else:
                 raise cx.unsupported("splitting a dynamic dimension into equal chunks")
-            size = None if last else sizes[k]
         if size == 0:
             results.append(None)
             continue
@@ -299,7 +307,7 @@ def flip(cx: LoweringContext, self: ir.Value, dims: Sequence[int]) -> ir.Value:
 
 
 def _roll_axis(x: ir.Value, shift: int, axis: int) -> ir.Value:
-    size = shape_of(x)[axis]
+    size = static_shape_of(x)[axis]
     shift %= size
     if shift == 0:
         return x
@@ -398,7 +406,7 @@ def as_strided(
     """A strided view of the input's storage, gathered through a constant index table."""
     total = int(np.prod(static_shape(cx, self), dtype=np.int64))
     try:
-        table = strided_table(cx.node.args[0].meta["val"], size, stride, storage_offset)
+        table = strided_table(cx.input_example(0), size, stride, storage_offset)
     except ValueError as error:
         raise cx.unsupported(f"as_strided: {error}") from None
     flat = reshape(self, [total])
@@ -445,6 +453,22 @@ def copy(cx: LoweringContext, self: ir.Value, src: ir.Value, non_blocking: bool 
     dtype = dtype_of(self)
     value = cast(wrap_integer(src, dtype), dtype)
     if None in shape_of(self):
+        if _same_shapes(cx.node.args[0], cx.node.args[1]):
+            return refine(value, shape_of(self))  # no broadcast (its shape would be read)
         sizes = [dim_size(self, d) for d in range(rank_of(self))]
         return broadcast_dynamic(value, sizes, shape_of(self))
     return broadcast_to(value, static_shape(cx, self))
+
+
+def _same_shapes(a: object, b: object) -> bool:
+    """Whether the FX values ``a`` and ``b`` are known (from the export's symbolic shapes) to
+    have the same shape, runtime sizes included."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    left = getattr(a, "meta", {}).get("val")
+    right = getattr(b, "meta", {}).get("val")
+    if not isinstance(left, torch.Tensor) or not isinstance(right, torch.Tensor):
+        return False
+    return left.dim() == right.dim() and all(
+        statically_known_true(x == y) for x, y in zip(left.shape, right.shape, strict=True)
+    )

@@ -17,8 +17,8 @@ from coreai_torch.ir.values import (
     dtype_of,
     i32,
     rank_of,
-    shape_of,
     squeeze,
+    static_shape_of,
     swap_last_axes,
     unsqueeze,
 )
@@ -91,7 +91,7 @@ def _jacobi_loop(
 
 def _rotation(e_p: ir.Value, e_q: ir.Value, c: ir.Value, s: ir.Value) -> ir.Value:
     """``J`` (..., n, n): the identity with ``[[c, s], [-s, c]]`` in rows/columns p, q."""
-    n = shape_of(e_p)[-2]
+    n = static_shape_of(e_p)[-2]
     dtype = dtype_of(c)
     one = constant(1.0, dtype)
     diag = cai.broadcasting_add(
@@ -113,7 +113,7 @@ def _quadratic(e_a: ir.Value, m: ir.Value, e_b: ir.Value) -> ir.Value:
 
 def jacobi_eigh(a: ir.Value) -> tuple[ir.Value, ir.Value]:
     """Eigenvalues (ascending, (..., n)) and eigenvectors (columns) of symmetric ``a``."""
-    shape = shape_of(a)
+    shape = static_shape_of(a)
     n, batch = shape[-1], shape[:-2]
     dtype = dtype_of(a)
 
@@ -136,7 +136,7 @@ def jacobi_eigh(a: ir.Value) -> tuple[ir.Value, ir.Value]:
 def jacobi_svd(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
     """One-sided Jacobi SVD of (..., m, n): ``U`` (..., m, k), ``S`` (..., k) descending,
     ``V`` (..., n, k) with ``A = U diag(S) Vᵀ``."""
-    shape = shape_of(a)
+    shape = static_shape_of(a)
     m, n = shape[-2:]
     if m < n:
         v, s, u = jacobi_svd(swap_last_axes(a))
@@ -172,7 +172,7 @@ def jacobi_svd(a: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
 
 def _symmetric(a: ir.Value, uplo: str) -> ir.Value:
     """The symmetric matrix PyTorch reads from the ``uplo`` triangle of ``a``."""
-    n = shape_of(a)[-1]
+    n = static_shape_of(a)[-1]
     lower = np.tril(np.ones((n, n), bool), -1)
     strict = masked(lower, a) if uplo.upper() == "L" else masked(lower, swap_last_axes(a))
     return cai.broadcasting_add(
@@ -201,7 +201,7 @@ def linalg_svd(
 ) -> list[ir.Value | None]:
     require_static(cx, A)
     require_float(cx, A)
-    m, n = shape_of(A)[-2:]
+    m, n = static_shape_of(A)[-2:]
     if compute_uv and full_matrices and m != n:
         raise cx.unsupported("full_matrices=True for non-square matrices")
     u, s, v = jacobi_svd(A)
@@ -257,7 +257,7 @@ def linalg_pinv(
 ) -> ir.Value:
     require_static(cx, self)
     dtype = require_float(cx, self)
-    m, n = shape_of(self)[-2:]
+    m, n = static_shape_of(self)[-2:]
     rank = rank_of(self)
     zero = constant(0.0, dtype)
     if hermitian:

@@ -26,6 +26,7 @@ from coreai_torch.ir.values import (
     dim_size,
     dtype_of,
     index_value,
+    known_sizes,
     normalize_dim,
     rank_of,
     shape_of,
@@ -100,7 +101,8 @@ def sym_storage_offset(cx: LoweringContext, self: ir.Value) -> ir.Value:
 )
 def item(cx: LoweringContext, self: ir.Value) -> ir.Value:
     """``tensor.item()``: the single element as a 0-d symbolic value."""
-    if None in shape_of(self) or math.prod(shape_of(self)) != 1:
+    sizes = known_sizes(shape_of(self))
+    if sizes is None or math.prod(sizes) != 1:
         raise cx.unsupported("item() needs a tensor with exactly one element")
     value = squeeze(self, list(range(rank_of(self))))
     dtype = dtype_of(value)
@@ -249,7 +251,7 @@ def sym_float(a: SymOperand) -> ir.Value:
     return cast(sym_scalar(a), torch.float32)
 
 
-@_sym_rule(torch._sym_sqrt)
+@_sym_rule(torch._sym_sqrt)  # type: ignore[attr-defined]  # not in torch's stubs
 def sym_sqrt(a: SymOperand) -> ir.Value:
     return cai.sqrt(cast(sym_scalar(a), torch.float32))
 

@@ -71,7 +71,7 @@ def _weights_behind(value: ir.Value, store: WeightStore) -> list[str]:
     computed from constants only, by a short expression (``w * 2``, a cast, a transpose);
     else none."""
     found: dict[str, int] = {}
-    pending, seen = [value], set()
+    pending, seen = [value], set[int]()
     while pending:
         owner = pending.pop().owner
         if isinstance(owner, ir.Block):
@@ -114,8 +114,8 @@ def name_folded_weights(module: ir.Module, store: WeightStore, readers: Readers)
     made: dict[str, ir.Attribute] = {}  # anonymous resource -> the store's attribute
     replaced = 0
     for constant in _constants(module):
-        anonymous = resource_name(constant)
-        if anonymous in store.by_name or anonymous in store.derived_by_name:
+        anonymous = resource_name(constant)  # (every one of _constants has a resource)
+        if anonymous is None or anonymous in store.by_name or anonymous in store.derived_by_name:
             continue
         reads = _reads(constant)
         element = ir.ShapedType(constant.result.type).element_type

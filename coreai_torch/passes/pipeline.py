@@ -5,7 +5,9 @@
 * :data:`PLACEMENT`: where compressed weights are decompressed, run by
   ``AIProgram.compress()`` after replacing the weights and at the end of :data:`OPTIMIZE`;
 * :data:`OPTIMIZE`: ``AIProgram.optimize()``, on a copy of the module that replaces the
-  program's only when every pass succeeded.
+  program's only when every pass succeeded;
+* :data:`BEFORE_REWRITE` / :data:`AFTER_REWRITE`: around Core AI's pre-compilation rewrite
+  wherever it runs (in :data:`OPTIMIZE`, and in ``AIProgram.set_static_shape_config()``).
 
 A pass is a function ``fn(module, context) -> int`` (how many changes it made) that rewrites
 the MLIR module, and the program's :class:`~coreai_torch.ir.weights.WeightStore` through the
@@ -135,13 +137,20 @@ PLACEMENT: tuple[Pass, ...] = (
     Pass("lookups before decompression", _module_pass(lookups_before_decompression), "changed"),
 )
 
-OPTIMIZE: tuple[Pass, ...] = (
+#: What runs before Core AI's pre-compilation rewrite, wherever it runs (``optimize()``,
+#: ``set_static_shape_config()``), and after it.
+BEFORE_REWRITE: tuple[Pass, ...] = (
     Pass("rewrite misfold guards", _module_pass(protect_from_misfolds)),
     Pass("transposed gathered weights", _transposed_gathered),
     Pass("weights the rewrite folds", _folded_weights),
     Pass("weight readers noted", _noted_readers),
+)
+AFTER_REWRITE: tuple[Pass, ...] = (Pass("folded weights named", _named_folded_weights, "changed"),)
+
+OPTIMIZE: tuple[Pass, ...] = (
+    *BEFORE_REWRITE,
     Pass("pre-compilation rewrite", _pre_compilation_rewrite, "always", fallible=True),
-    Pass("folded weights named", _named_folded_weights, "changed"),
+    *AFTER_REWRITE,
     Pass("transposed weights", _transposed, "changed"),
     *PLACEMENT,
 )

@@ -25,6 +25,7 @@ from coreai_torch.ir.values import (
     reshape_dynamic,
     shape_of,
     splat_value,
+    static_shape_of,
 )
 from coreai_torch.passes.pretranspose import is_row_lookup, lookup_batch
 from coreai_torch.passes.weight_reads import MATMULS
@@ -228,9 +229,9 @@ def _palette_rows(indices: ir.Value, lut: ir.Value, ids: ir.Value) -> ir.Value:
     ``lut_to_dense`` takes indices of a static shape only): the palettes of the rows looked
     up, flattened per row, read at each gathered index plus the offset of its palette along
     the other axes (no reshape of a stored constant, which Core AI folds into a copy)."""
-    shape = shape_of(indices)
+    shape = static_shape_of(indices)  # stored tables: static shapes
     rest, rank = shape[1:], len(shape)
-    *groups, entries, _ = shape_of(lut)
+    *groups, entries, _ = static_shape_of(lut)
     codes = cai.gather_nd(indices, ids)
     si32 = ir.IntegerType.get_signed(32)
     flat = cai.cast(codes, ir.RankedTensorType.get(ir.RankedTensorType(codes.type).shape, si32))
@@ -256,14 +257,14 @@ def _lookup(decompress: ir.Operation, ids: ir.Value) -> ir.Value:
     """``decompress`` applied to the rows ``ids`` (``[n, 1]`` si32) of its table only.
     For a dynamic number of ids: ``lut_to_dense`` becomes a gather of palette entries and
     ``dequantize`` (whose parameters must have a static shape) ``blockwise_shift_scale``."""
-    rows = shape_of(decompress.result)[0]
+    rows = static_shape_of(decompress.result)[0]  # a stored table: static
     dynamic = shape_of(ids)[0] is None
     data, *params = decompress.operands
     if decompress.name == "coreai.lut_to_dense":
         lut, axis = params
         if dynamic:
             return _palette_rows(data, lut, ids)
-        groups = shape_of(lut)[0]
+        groups = static_shape_of(lut)[0]
         if groups not in (1, rows):
             size = rows // groups
             ids_type = ir.RankedTensorType(ids.type)

@@ -29,6 +29,7 @@ from coreai_torch.ir.values import (
     broadcast_dynamic,
     dim_size,
     i32,
+    known_sizes,
     permutation,
     reshape_dynamic,
     shape_of,
@@ -81,7 +82,7 @@ def _classify(
 
     With ``transposes_read_by``, the transposes must be the only readers (no row lookups) and
     read only by ops it accepts."""
-    perms: set[tuple[int, ...] | None] = set()
+    perms: set[tuple[int, ...]] = set()
     constants = []
     for op in ops:
         transposes, lookups = [], []
@@ -92,19 +93,22 @@ def _classify(
                     transposes_read_by(u.owner.operation) for u in user.result.uses
                 ):
                     return None
-                perms.add(permutation(user))
+                perm = permutation(user)
+                if perm is None:
+                    return None
+                perms.add(perm)
                 transposes.append(user)
             elif use.operand_number == 0 and is_row_lookup(user) and transposes_read_by is None:
                 lookups.append(user)
             else:
                 return None
         constants.append((op, transposes, lookups))
-    if len(perms) != 1 or None in perms:
+    if len(perms) != 1:
         return None
-    perm = perms.pop()
-    if perm != (1, 0) and any(lookups for _, _, lookups in constants):
+    (common,) = perms
+    if common != (1, 0) and any(lookups for _, _, lookups in constants):
         return None
-    return _Readers(perm, constants)  # type: ignore[arg-type]
+    return _Readers(common, constants)
 
 
 def weight_constants(module: ir.Module, store: WeightStore) -> dict[str, list[ir.Operation]]:
@@ -141,7 +145,8 @@ def lookup_batch(indices: ir.Value) -> tuple[list[Size], list[int | None], int |
     sizes :func:`reshape_dynamic` takes (run-time values only when more than one of them is
     dynamic), as a shape (None: dynamic), and their number of rows (None: dynamic)."""
     batch = shape_of(indices)[:-1]
-    count = None if None in batch else math.prod(batch)
+    known = known_sizes(batch)
+    count = None if known is None else math.prod(known)
     if batch.count(None) <= 1:
         return [-1 if d is None else d for d in batch], batch, count
     return [dim_size(indices, axis) for axis in range(len(batch))], batch, count

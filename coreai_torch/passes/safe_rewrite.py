@@ -127,7 +127,9 @@ def _protect_constant_shifts(module: ir.Module, ops: list[ir.Operation]) -> int:
                 added = cai.broadcasting_add(lhs, negated)
             if added.type != op.result.type:  # keep the program's types exactly as they were
                 for value in (added, negated, minus_one):
-                    _owner(value).erase()
+                    made = _owner(value)  # the op just built above
+                    if made is not None:
+                        made.erase()
                 continue
             op.result.replace_all_uses_with(added)
             op.erase()

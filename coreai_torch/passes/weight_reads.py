@@ -165,8 +165,8 @@ def _read(
         and is_row_lookup(user, rank=3)
         and axes[0] >= 0
     ):
-        batch = len(shape_of(user.operands[1])) - 1
-        return _reads(user.result, (-1,) * batch + axes[1:], (axes[0],))
+        lookups = len(shape_of(user.operands[1])) - 1
+        return _reads(user.result, (-1,) * lookups + axes[1:], (axes[0],))
     return f"read by {name} ({_ONLY})"
 
 
@@ -179,9 +179,12 @@ def _absorbed_transposes(constants: list[ir.Operation]) -> tuple[list[ir.Operati
             user = operation(use.owner)
             if user.name != "coreai.transpose" or use.operand_number != 0:
                 return [], ()
+            perm = permutation(user)
+            if perm is None:
+                return [], ()
             transposes.append(user)
-            perms.add(permutation(user))
-    if len(perms) != 1 or None in perms:
+            perms.add(perm)
+    if len(perms) != 1:
         return [], ()
     return transposes, perms.pop()
 

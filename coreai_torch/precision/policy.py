@@ -17,8 +17,9 @@ A :class:`Precision` says
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 import torch.fx
@@ -87,7 +88,9 @@ def _summed_elements(node: torch.fx.Node) -> float:
     val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return float("inf")
-    dims = node.args[1] if len(node.args) > 1 and node.args[1] else range(val.dim())
+    # sum.dim_IntList(self, dim, ...): the summed dims, all of them when absent or empty
+    given = cast("Sequence[int] | None", node.args[1] if len(node.args) > 1 else None)
+    dims = given if given else range(val.dim())
     count = 1
     for d in dims:
         size = val.shape[d]
@@ -120,7 +123,7 @@ def _check_dtype(value: object, what: str, allow_none: bool = False) -> torch.dt
         raise ValueError(
             f"{what} must be one of {allowed} (or 'fp16'/'bf16'/'fp32'), got {value!r}"
         )
-    return value  # type: ignore[return-value]
+    return value
 
 
 def _op_names(ops: Iterable[object]) -> frozenset[str]:

@@ -22,6 +22,7 @@ softmax over those k; clamped SwiGLU experts with biases). Any other module hold
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -91,6 +92,8 @@ class GroupLimitedRouter(nn.Module):
 
     ``forward(x)`` with ``x`` ``(tokens, dim)`` returns ``(indices, weights, router_logits)``.
     """
+
+    bias: torch.Tensor | None
 
     def __init__(
         self,
@@ -199,13 +202,18 @@ class SparseMoE(nn.Module):
 # ---------------------------------------------------------- Hugging Face blocks → SparseMoE
 
 
-def _stack_experts(block: nn.Module, names: tuple[str, str, str], strategy: str) -> GatedExperts:
+def _stack_experts(block: Any, names: tuple[str, str, str], strategy: str) -> GatedExperts:
     """One :class:`GatedExperts` from a ``ModuleList`` of gated MLPs whose ``names`` are the
     gate, up and down ``nn.Linear`` (and which share one ``act_fn``)."""
     experts = block.experts
-    linears = [[getattr(e, n, None) for n in names] for e in experts]
-    if not all(isinstance(lin, nn.Linear) for row in linears for lin in row):
-        raise _unexpected(block, f"each expert should have nn.Linear {', '.join(names)}")
+
+    def linear(expert: Any, name: str) -> nn.Linear:
+        found = getattr(expert, name, None)
+        if not isinstance(found, nn.Linear):
+            raise _unexpected(block, f"each expert should have nn.Linear {', '.join(names)}")
+        return found
+
+    linears = [[linear(e, n) for n in names] for e in experts]
     acts = {type(getattr(e, "act_fn", None)) for e in experts}
     if len(acts) != 1 or type(None) in acts:
         raise _unexpected(block, "the experts should share one act_fn")
@@ -219,11 +227,14 @@ def _stack_experts(block: nn.Module, names: tuple[str, str, str], strategy: str)
         with torch.no_grad():
             return torch.stack([t.detach() for t in tensors])
 
-    gate, up, down = (stacked(i, "weight") for i in range(3))
+    def weights(i: int) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.stack([row[i].weight.detach() for row in linears])
+
     return GatedExperts(
-        gate,
-        up,
-        down,
+        weights(0),
+        weights(1),
+        weights(2),
         GatedActivation(experts[0].act_fn),
         gate_bias=stacked(0, "bias"),
         up_bias=stacked(1, "bias"),
@@ -233,7 +244,7 @@ def _stack_experts(block: nn.Module, names: tuple[str, str, str], strategy: str)
 
 
 def _softmax_topk_block(
-    block: nn.Module,
+    block: Any,
     strategy: str,
     *,
     normalize: bool,
@@ -249,19 +260,19 @@ def _softmax_topk_block(
     )
 
 
-def _mixtral(block: nn.Module, strategy: str) -> SparseMoE:
+def _mixtral(block: Any, strategy: str) -> SparseMoE:
     return _softmax_topk_block(block, strategy, normalize=True, names=("w1", "w3", "w2"))
 
 
-def _qwen_or_olmoe(block: nn.Module, strategy: str) -> SparseMoE:
+def _qwen_or_olmoe(block: Any, strategy: str) -> SparseMoE:
     return _softmax_topk_block(block, strategy, normalize=bool(block.norm_topk_prob))
 
 
-def _jamba(block: nn.Module, strategy: str) -> SparseMoE:
+def _jamba(block: Any, strategy: str) -> SparseMoE:
     return _softmax_topk_block(block, strategy, normalize=False, router="router")
 
 
-def _deepseek_v2(block: nn.Module, strategy: str) -> SparseMoE:
+def _deepseek_v2(block: Any, strategy: str) -> SparseMoE:
     gate = block.gate
     if gate.topk_method not in ("greedy", "group_limited_greedy"):
         raise _unexpected(block, f"unknown topk_method {gate.topk_method!r}")
@@ -277,7 +288,7 @@ def _deepseek_v2(block: nn.Module, strategy: str) -> SparseMoE:
     return _deepseek_block(block, router, strategy)
 
 
-def _deepseek_v3(block: nn.Module, strategy: str) -> SparseMoE:
+def _deepseek_v3(block: Any, strategy: str) -> SparseMoE:
     gate = block.gate
     router = GroupLimitedRouter(
         gate.weight,
@@ -293,7 +304,7 @@ def _deepseek_v3(block: nn.Module, strategy: str) -> SparseMoE:
     return _deepseek_block(block, router, strategy)
 
 
-def _deepseek_block(block: nn.Module, router: GroupLimitedRouter, strategy: str) -> SparseMoE:
+def _deepseek_block(block: Any, router: GroupLimitedRouter, strategy: str) -> SparseMoE:
     return SparseMoE(
         router,
         _stack_experts(block, ("gate_proj", "up_proj", "down_proj"), strategy),
@@ -317,7 +328,7 @@ class ClampedSwiGLU(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
-def _gpt_oss(block: nn.Module, strategy: str) -> SparseMoE:
+def _gpt_oss(block: Any, strategy: str) -> SparseMoE:
     router, experts = block.router, block.experts
     if not isinstance(getattr(experts, "gate_up_proj", None), torch.Tensor):
         raise _unexpected(
@@ -367,7 +378,7 @@ def _qualified_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _unexpected(block: nn.Module, what: str) -> UnsupportedMoEError:
+def _unexpected(block: Any, what: str) -> UnsupportedMoEError:
     import transformers
 
     return UnsupportedMoEError(

@@ -78,7 +78,7 @@ class ScanRecurrent(nn.Module):
         if unbatched:
             out = out.squeeze(0 if self.batch_first else 1)
             last = tuple(s.squeeze(1) for s in last)
-        return out, (last if self.mode == "LSTM" else last[0])
+        return out, ((last[0], last[1]) if self.mode == "LSTM" else last[0])
 
     def _initial_state(
         self, x: Tensor, hx: Tensor | tuple[Tensor, Tensor] | None, unbatched: bool

@@ -61,7 +61,8 @@ def to_numpy(array: Any) -> np.ndarray:
     protocol only on the old exception, so that fallback is done here.
     """
     try:
-        return array.numpy()
+        converted: np.ndarray = array.numpy()
+        return converted
     except BufferError:
         from coreai.runtime import _ndarray
 
@@ -77,7 +78,8 @@ def numpy_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        bfloat16: np.dtype = np.dtype(ml_dtypes.bfloat16)
+        return bfloat16
     return np.dtype(name)
 
 
@@ -153,9 +155,9 @@ class Session:
             )
         self._program = program
         self._verify_hash = verify_hash
-        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
         #: the program compiled for the runtime (Linux), while the session is open
-        self._compiled: tempfile.TemporaryDirectory | None = None
+        self._compiled: tempfile.TemporaryDirectory[str] | None = None
         self._exec_cm: Any = None
         self.model: Any = None
         self._functions: dict[str, Any] = {}
@@ -363,7 +365,14 @@ class Session:
             self._sizes[entrypoint].check(feeds, entrypoint)
         return self._call(fn, feeds, states, serialized=bool(states) and keep_state)
 
-    async def _call(self, fn: Any, feeds: dict, states: dict, *, serialized: bool) -> dict:
+    async def _call(
+        self,
+        fn: Any,
+        feeds: dict[str, Any],
+        states: dict[str, Any],
+        *,
+        serialized: bool,
+    ) -> dict[str, Any]:
         """On the runtime loop: one runtime call, after the previous call on the stored states
         when it uses them."""
         call = fn(feeds, state=states) if states else fn(feeds)
@@ -374,7 +383,9 @@ class Session:
         async with self._stored_states_lock:
             return await loop.shielded(call)
 
-    def _finish(self, entrypoint: str, outputs: Callable[[], dict]) -> dict[str, np.ndarray]:
+    def _finish(
+        self, entrypoint: str, outputs: Callable[[], dict[str, Any]]
+    ) -> dict[str, np.ndarray]:
         try:
             out = outputs()
         except RuntimeError as error:  # e.g. a failed .item() range check (frontend.sizes)

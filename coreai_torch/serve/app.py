@@ -21,7 +21,7 @@ import hmac
 import json
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +59,9 @@ def create_app(engine: Engine, options: ServerOptions | None = None) -> Starlett
         finally:
             engine.close()
 
-    def guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
+    def guarded(
+        handler: Callable[[Request], Awaitable[Response]],
+    ) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
                 _authorize(request, options.api_key)
@@ -332,7 +334,8 @@ def run_server(
     config = uvicorn.Config(
         app,
         log_level=log_level,
-        timeout_graceful_shutdown=shutdown_timeout,
+        # annotated int by uvicorn, used as asyncio.wait_for's timeout (seconds, a float)
+        timeout_graceful_shutdown=shutdown_timeout,  # type: ignore[arg-type]
         lifespan="on",
     )
     server = uvicorn.Server(config)

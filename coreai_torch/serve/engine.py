@@ -6,7 +6,7 @@ found across token boundaries, never half a UTF-8 character)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 from coreai_torch.llm.generate import Generator, encode
@@ -40,12 +40,20 @@ class Engine:
         max_queue: int = 16,
         max_tokens: int | None = None,
     ) -> None:
+        if generator.max_context is None:
+            raise ValueError(
+                "the server checks each request against the model's context, which this "
+                "generator does not know (a bare asset): load a bundle, or pass "
+                "Generator(..., max_context=N)"
+            )
         self.generator = generator
+        #: the most positions a generation holds (the program's context)
+        self.context: int = generator.max_context
         self.tokenizer = generator.tokenizer
         self.name = name
         self.queue = RequestQueue(concurrency, max_queue)
         #: the most tokens a request may ask for (default: the program's context)
-        self.max_tokens_limit = max_tokens or generator.max_context
+        self.max_tokens_limit = max_tokens or self.context
         #: generations that ended early: a client gone, an error
         self.interrupted = 0
 
@@ -85,7 +93,7 @@ class Engine:
 
     def prepare(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
         """Check the request against the program's context and the server's limits."""
-        context = self.generator.max_context
+        context = self.context
         room = context - len(prompt_ids) + 1
         if room < 1:
             raise RequestError(
@@ -119,7 +127,7 @@ class Engine:
 
     # -- generating ---------------------------------------------------------------------------
 
-    async def stream(self, generation: Generation) -> AsyncIterator[str]:
+    async def stream(self, generation: Generation) -> AsyncGenerator[str, None]:
         """The text of ``generation`` as it is produced, once a slot is free (raises
         :class:`~coreai_torch.serve.queue.QueueFull` at once if the queue is full).  Closing
         the iterator early (a client that disconnects) stops the generation and frees its

@@ -210,7 +210,9 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def _envelope(rid: str, model: str, kind: str, choices: list, **extra: Any) -> dict[str, Any]:
+def _envelope(
+    rid: str, model: str, kind: str, choices: list[dict[str, Any]], **extra: Any
+) -> dict[str, Any]:
     """What every response and chunk carries around its choices."""
     return {
         "id": rid,

@@ -253,8 +253,8 @@ class _Search:
         if node.target is operator.getitem:
             node, result = node.args
         inputs = [lo_errors[a.name] for a in node.all_input_nodes if a.name in lo_errors]
-        half = self.precision is not None and self.precision.is_half
-        name = self.precision.name if half else None
+        precision = self.precision
+        name = precision.name if precision is not None and precision.is_half else None
         return Divergence(node, culprit, inputs, self.probes, result, name)
 
     def probe(self, k: int) -> dict[str, OutputError]:

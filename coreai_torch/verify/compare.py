@@ -25,7 +25,8 @@ def to_numpy(value: Any) -> np.ndarray:
         value = value.detach().cpu()
         if value.dtype == torch.bfloat16:
             value = value.float()
-        return value.numpy()
+        array: np.ndarray = value.numpy()
+        return array
     return np.asarray(value)
 
 
@@ -128,11 +129,11 @@ def compare(
     inf_mismatch = (np.isinf(e64) | np.isinf(a64)) & ~either_nan & (e64 != a64)
     finite = np.isfinite(e64) & np.isfinite(a64)
     with np.errstate(invalid="ignore"):  # inf - inf where both are inf; masked out below
-        diff = np.abs(e64 - a64)[finite]
-    max_abs = float(diff.max()) if diff.size else 0.0
+        errors = np.abs(e64 - a64)[finite]
+    max_abs = float(errors.max()) if errors.size else 0.0
     scale = max(1.0, float(np.abs(e64[finite]).max()) if finite.any() else 1.0)
     max_rel = max_abs / scale
-    ok = bool(np.all(diff <= atol + rtol * np.abs(e64[finite]))) if diff.size else True
+    ok = bool(np.all(errors <= atol + rtol * np.abs(e64[finite]))) if errors.size else True
     problem = ""
     if nan_mismatch.any() or inf_mismatch.any():
         ok = False

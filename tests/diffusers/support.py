@@ -13,6 +13,12 @@ import torch
 PROMPT = "a photograph of an astronaut riding a horse"
 
 
+def saved(pipe: Any, out: Path) -> Path:
+    """``pipe`` saved with diffusers' ``save_pretrained`` to ``out``."""
+    pipe.save_pretrained(out)
+    return out
+
+
 def clip_tokenizer(directory: Path, max_length: int = 77) -> Any:
     """A byte-level ``CLIPTokenizer`` (one token per byte, no merges) saved in ``directory``."""
     from transformers import CLIPTokenizer
@@ -107,9 +113,7 @@ def sd_pipeline(directory: Path, scheduler: str = "PNDMScheduler") -> Path:
         feature_extractor=None,
         requires_safety_checker=False,
     )
-    out = directory / "sd"
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / "sd")
 
 
 def sdxl_pipeline(directory: Path) -> Path:
@@ -152,9 +156,7 @@ def sdxl_pipeline(directory: Path) -> Path:
             timestep_spacing="leading",
         ),
     )
-    out = directory / "sdxl"
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / "sdxl")
 
 
 def t5_tokenizer(directory: Path) -> Any:
@@ -216,9 +218,136 @@ def sd3_pipeline(directory: Path, t5: bool = False) -> Path:
         text_encoder_3=_t5_encoder() if t5 else None,
         tokenizer_3=t5_tokenizer(directory / "_t5") if t5 else None,
     )
-    out = directory / ("sd3_t5" if t5 else "sd3")
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / ("sd3_t5" if t5 else "sd3"))
+
+
+#: the tiny FLUX transformers' shared sizes: one double- and one single-stream block of two
+#: 16-wide heads over 16 packed latent channels (4 latent channels in 2x2 patches)
+TINY_FLUX_TRANSFORMER: dict[str, Any] = dict(
+    patch_size=1,
+    in_channels=16,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=2,
+)
+
+#: the tiny FLUX pipelines are exported (and compared) at 32x32 with 16 T5 tokens
+FLUX_EXPORT: dict[str, Any] = {"height": 32, "width": 32, "max_sequence_length": 16}
+
+
+def flux_pipeline(directory: Path, guidance_embeds: bool = True) -> Path:
+    """A FLUX.1-shaped pipeline (a double- and a single-stream transformer block with rotary
+    embeddings, CLIP for the pooled prompt, T5 for the tokens, a 16-channel-packed VAE),
+    random weights; 32x32 images (16x16 latents, 8x8 packed tokens)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel
+
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        **TINY_FLUX_TRANSFORMER,
+        joint_attention_dim=64,
+        pooled_projection_dim=32,
+        guidance_embeds=guidance_embeds,
+        axes_dims_rope=(4, 6, 6),
+    ).eval()
+    pipe = FluxPipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=tiny_vae(shift_factor=0.1159, scaling_factor=0.3611, use_quant_conv=False),
+        text_encoder=CLIPTextModel(clip_text_config()).eval(),
+        tokenizer=clip_tokenizer(directory / "_tokenizer"),
+        text_encoder_2=_t5_encoder(),
+        tokenizer_2=t5_tokenizer(directory / "_t5"),
+    )
+    return saved(pipe, directory / ("flux" if guidance_embeds else "flux_schnell"))
+
+
+def qwen_tokenizer(directory: Path) -> Any:
+    """A byte-level ``Qwen2TokenizerFast`` (one token per byte, no merges) with a ChatML
+    template, saved in ``directory``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import Qwen2TokenizerFast
+    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    model = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = decoders.ByteLevel()
+    tokenizer = Qwen2TokenizerFast(
+        tokenizer_object=model,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    tokenizer.save_pretrained(directory)
+    return Qwen2TokenizerFast.from_pretrained(directory)
+
+
+#: the tiny FLUX.2 pipeline is exported (and compared) at 32x32 with 32 text tokens
+FLUX2_EXPORT: dict[str, Any] = {"height": 32, "width": 32, "max_sequence_length": 32}
+
+
+def flux2_pipeline(directory: Path) -> Path:
+    """A FLUX.2 [klein]-shaped pipeline (a Qwen3 text encoder read at layers 9, 18 and 27, a
+    double- and a single-stream transformer block with 4-axis rotary embeddings, a VAE with a
+    latent batch norm), random weights, not distilled (classifier-free guidance); 32x32
+    images."""
+    from diffusers import (
+        AutoencoderKLFlux2,
+        FlowMatchEulerDiscreteScheduler,
+        Flux2KleinPipeline,
+        Flux2Transformer2DModel,
+    )
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = qwen_tokenizer(directory / "_qwen")
+    text_encoder = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=27,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=8,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+        )
+    ).eval()
+    transformer = Flux2Transformer2DModel(
+        **TINY_FLUX_TRANSFORMER,
+        joint_attention_dim=48,
+        timestep_guidance_channels=32,
+        axes_dims_rope=(4, 4, 4, 4),
+        guidance_embeds=False,
+    ).eval()
+    vae = AutoencoderKLFlux2(
+        block_out_channels=(32, 32),
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        latent_channels=4,
+        norm_num_groups=32,
+        sample_size=32,
+    ).eval()
+    with torch.no_grad():  # statistics the pipeline must read from the bundle
+        vae.bn.running_mean.normal_(0, 0.1)
+        vae.bn.running_var.uniform_(0.5, 1.5)
+    pipe = Flux2KleinPipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+        transformer=transformer,
+        is_distilled=False,
+    )
+    return saved(pipe, directory / "flux2")
 
 
 def _t5_encoder() -> Any:
@@ -248,7 +377,7 @@ def psnr(actual: Any, expected: Any) -> float:
 def generate(pipe: Any, steps: int = 4, **kwargs: Any) -> Any:
     """The images of ``pipe`` (ours or diffusers') for :data:`PROMPT`, seed 0."""
     return pipe(
-        PROMPT,
+        prompt=PROMPT,
         num_inference_steps=steps,
         guidance_scale=7.5,
         generator=torch.Generator().manual_seed(0),
@@ -290,6 +419,4 @@ def controlnet_pipeline(directory: Path) -> Path:
         controlnet=controlnet.eval(),
     )
     pipe.register_to_config(requires_safety_checker=False)
-    out = directory / "controlnet"
-    pipe.save_pretrained(out)
-    return out
+    return saved(pipe, directory / "controlnet")

@@ -83,13 +83,23 @@ def test_export_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 @pytest.mark.slow
-def test_llm_export_defaults_to_the_models_context(tmp_path: Path) -> None:
-    from tests.llm.support import causal_lm
+def test_text_generation_exports_write_bundles_of_the_models_context(tmp_path: Path) -> None:
+    """``llm export`` and ``export --task text-generation`` write the bundle the app loads,
+    its context the model's own limit when ``--max-context`` is not given."""
+    from coreai_torch import bundles
+    from coreai_torch.llm import Generator
+    from tests.bundles.support import assert_doctor_clean
+    from tests.llm.support import causal_lm, tiny_tokenizer
 
     causal_lm("llama", max_position_embeddings=48).save_pretrained(tmp_path / "llama")
-    asset = tmp_path / "model.aimodel"
-    assert main(["llm", "export", str(tmp_path / "llama"), "-o", str(asset)]) == 0
-    from coreai_torch.llm import Generator
-
-    with Generator(asset) as generator:
+    tiny_tokenizer().save_pretrained(tmp_path / "llama")
+    bundle = tmp_path / "bundle"
+    assert main(["llm", "export", str(tmp_path / "llama"), "-o", str(bundle)]) == 0
+    with Generator(bundle) as generator:
         assert generator.max_context == 48
+    out = tmp_path / "out"
+    args = ["export", "--task", "text-generation", str(tmp_path / "llama"), "-o", str(out)]
+    assert main(args) == 0
+    assert bundles.Bundle.load(out).language.max_context_length == 48
+    for written in (bundle, out):
+        assert_doctor_clean(written)

@@ -16,7 +16,7 @@ import torch
 
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.hf import CoreAIModelForFeatureExtraction, pool
-from coreai_torch.ir import lazy
+from coreai_torch.tensors import lazy
 from tests.hf.support import assert_streamed, bert_tokenizer, recording_binds
 from tests.models.test_encoder_lms import encoder
 

@@ -31,6 +31,18 @@ ARCHITECTURES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", "sdpa", {}),
     **{k: SLOW_MODELS[k] for k in ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3")},
     "smollm": ("LlamaConfig", "LlamaForCausalLM", "sdpa", dict(tie_word_embeddings=True)),
+    # Gemma 3's text model: a sliding layer and a global one, each with its rotary base
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        "eager",
+        dict(
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
+    ),
 }
 
 #: The mixture-of-experts architectures, the configs of the MoE model tests (4 experts, top 2;
@@ -58,13 +70,15 @@ PROMPTS = [
 
 
 def causal_lm(name: str, seed: int = 0, **overrides: Any) -> nn.Module:
-    """A small random-weight model of architecture ``name`` (no end-of-sequence token, so
-    greedy generation always runs ``max_new_tokens`` steps)."""
+    """A small random-weight model of architecture ``name`` (its generation config has no
+    end-of-sequence token, so greedy generation always runs ``max_new_tokens`` steps)."""
     import transformers
 
     config_name, model_name, attn, extra = {**ARCHITECTURES, **MOE_ARCHITECTURES}[name]
+    # the end-of-sequence token is the tokenizer's (</s>; some configs default to ids beyond
+    # the vocabulary, which a bundle refuses)
     config = getattr(transformers, config_name)(
-        **{**SMALL, "use_cache": True, **extra, **overrides}
+        **{**SMALL, "use_cache": True, "bos_token_id": 1, "eos_token_id": 2, **extra, **overrides}
     )
     config._attn_implementation = attn
     torch.manual_seed(seed)
@@ -118,6 +132,45 @@ def reference(
     return Reference(out.sequences[0, len(ids) :].tolist(), [s[0] for s in out.logits])
 
 
+#: the logits are float16 (the app's convention): their rounding, relative to the largest
+HALF_LOGITS = 2.0**-10
+
+
+def check_steps(
+    tokens: list[int],
+    steps: list[np.ndarray],
+    expected: Reference,
+    ids: list[int],
+    tolerance: float = MODEL_TOLERANCE,
+) -> None:
+    """``tokens`` (and each step's logits ``steps``) equal the reference's token for token,
+    every step's logits within ``tolerance * max(1, max|ref|)`` of eager PyTorch's plus the
+    float16 logits' rounding.
+
+    The tokens may part only where the reference's two best logits are closer than the
+    comparison can tell apart: within the float16 logits' rounding, or (a half-precision or
+    compressed program against the eager model in the same precision with the same weights)
+    within the tolerance.  The comparison stops there, after checking it is such a near tie."""
+    assert len(tokens) == len(expected.tokens) and len(steps) == len(tokens), (
+        tokens,
+        expected.tokens,
+    )
+    for step, (actual, ref) in enumerate(zip(steps, expected.logits, strict=True)):
+        ref = ref.float()
+        largest = max(1.0, float(ref.abs().max()))
+        tol = tolerance * largest + HALF_LOGITS * largest
+        err = float(np.abs(actual.astype(np.float32) - ref.numpy()).max())
+        assert err <= tol, f"prompt {ids}, step {step}: max|err| {err:.3e} > {tol:.3e}"
+        if tokens[step] != expected.tokens[step]:
+            margin = float(ref[expected.tokens[step]] - ref[tokens[step]])
+            tie = HALF_LOGITS * largest if tolerance <= MODEL_TOLERANCE else 2 * tol
+            assert margin <= tie, (
+                f"prompt {ids}: {tokens} != {expected.tokens} (step {step}: logit margin "
+                f"{margin:.3e}, tolerance {tie:.3e})"
+            )
+            return
+
+
 def check_generation(
     generator: Any,
     model: nn.Module,
@@ -125,29 +178,45 @@ def check_generation(
     new_tokens: int = NEW_TOKENS,
     tolerance: float = MODEL_TOLERANCE,
 ) -> None:
-    """Greedy generation on the runtime equals Hugging Face's token for token, and every
-    step's logits are within ``tolerance * max(1, max|ref|)`` of eager PyTorch's.
-
-    With a ``tolerance`` above float32's (a half-precision or compressed program against the
-    eager model in the same precision with the same weights), the tokens may part where the
-    reference's two best logits are closer than the tolerance allows to tell apart: the
-    comparison stops there, after checking that it is such a near tie."""
+    """Greedy generation with a :class:`~coreai_torch.llm.Generator` equals Hugging Face's
+    (:func:`check_steps`)."""
     expected = reference(model, ids, new_tokens)
     steps: list[np.ndarray] = []
     tokens = list(generator.generate(ids, new_tokens, eos_token_id=[], on_logits=steps.append))
-    assert len(tokens) == new_tokens and len(steps) == new_tokens
-    for step, (actual, ref) in enumerate(zip(steps, expected.logits, strict=True)):
-        ref = ref.float()
-        tol = tolerance * max(1.0, float(ref.abs().max()))
-        err = float(np.abs(actual.astype(np.float32) - ref.numpy()).max())
-        assert err <= tol, f"prompt {ids}, step {step}: max|err| {err:.3e} > {tol:.3e}"
-        if tokens[step] != expected.tokens[step]:
-            margin = float(ref[expected.tokens[step]] - ref[tokens[step]])
-            assert tolerance > MODEL_TOLERANCE and margin <= 2 * tol, (
-                f"prompt {ids}: {tokens} != {expected.tokens} (step {step}: logit margin "
-                f"{margin:.3e}, tolerance {tol:.3e})"
-            )
-            return
+    check_steps(tokens, steps, expected, ids, tolerance)
+
+
+def check_engine(
+    engine: Any,
+    model: nn.Module,
+    ids: list[int],
+    new_tokens: int = NEW_TOKENS,
+    tolerance: float = MODEL_TOLERANCE,
+) -> list[int]:
+    """Greedy generation by an engine of the reference driver (as the app runs the bundle;
+    opened with ``stop_token_ids=[]``) equals Hugging Face's (:func:`check_steps`); returns
+    the tokens."""
+    expected = reference(model, ids, new_tokens)
+    steps: list[np.ndarray] = []
+    tokens = engine.generate(ids, new_tokens, on_logits=steps.append)
+    check_steps(tokens, steps, expected, ids, tolerance)
+    return tokens
+
+
+def export_bundle(
+    model: nn.Module, root: Path, name: str = "bundle", **options: Any
+) -> tuple[Path, Any]:
+    """``llm.export(model, bundle=root / name, tokenizer=...)`` with :func:`tiny_tokenizer`
+    (``options`` passed on; ``max_context`` :data:`MAX_CONTEXT` by default): ``(bundle
+    directory, program)``."""
+    from coreai_torch import llm
+
+    tokenizer_dir = root / "tokenizer_source"
+    if not tokenizer_dir.is_dir():
+        tiny_tokenizer().save_pretrained(tokenizer_dir)
+    options = {"max_context": MAX_CONTEXT, **options}
+    program = llm.export(model, bundle=root / name, tokenizer=tokenizer_dir, **options)
+    return root / name, program
 
 
 def save_model_dir(root: Path, **overrides: Any) -> tuple[nn.Module, Any, Path]:

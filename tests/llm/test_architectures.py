@@ -1,86 +1,93 @@
-"""Every architecture ``llm.export`` supports (small configs, random weights): greedy
-generation of 32 tokens after prompts of three lengths equals ``model.generate`` token for
-token, every step's logits within 1e-4 * max(1, max|ref|) of eager PyTorch; composite ops and
-cache states as documented.  Slow: one export per architecture."""
+"""Every architecture ``llm.export`` supports (small configs, random weights), written as a
+bundle and run by the reference driver exactly as the app runs it (the pipelined engine: the
+function ``main``, int32 ids and positions by order, float16 logits, KV states that grow into
+memory nobody zeroed): greedy generation of 32 tokens after prompts of three lengths equals
+``model.generate`` token for token, every step's logits within 1e-4 * max(1, max|ref|) of
+eager PyTorch (plus the float16 logits' rounding); ``coreai doctor`` finds nothing wrong with
+the bundle.
+
+Fast: Llama, Gemma 2 (a sliding window, soft-capped attention and logits) and Mixtral (a
+mixture of experts); the others are slow (one export each)."""
 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
 
-from coreai_torch import llm
+from coreai_torch import bundles, llm
+from tests.bundles.support import assert_doctor_clean
 from tests.llm.support import (
     ARCHITECTURES,
-    MAX_CONTEXT,
+    MOE_ARCHITECTURES,
     PROMPTS,
     causal_lm,
-    check_generation,
+    check_engine,
+    export_bundle,
+    reference,
     tiny_tokenizer,
 )
 
+FAST = ("llama", "gemma2", "mixtral")
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_generation_matches_transformers(name: str) -> None:
+
+def _params(names: list[str]) -> list[object]:
+    return [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in names]
+
+
+def check_bundle(name: str, root: Path, fresh_memory: str = "noise") -> None:
     model, tokenizer = causal_lm(name), tiny_tokenizer()
-    program = llm.export(model, max_context=MAX_CONTEXT)
-    composites = set(re.findall(r'composite_declaration<"(\w+)"', str(program)))
-    # Gemma 2 soft-caps attention scores: its attention stays plain ops
-    attention = set() if name == "gemma2" else {"scaled_dot_product_attention"}
-    assert {"rms_norm", "rope"} | attention <= composites
-    states = [s.name for s in program.signatures["decode"].states]
-    assert states == [f"layers.{i}.{k}_cache" for i in range(2) for k in ("k", "v")]
-    with llm.Generator(program, tokenizer=tokenizer) as generator:
+    bundle, program = export_bundle(model, root)
+    assert program.function_names == ["main"], program.function_names
+    if name in ARCHITECTURES:
+        composites = set(re.findall(r'composite_declaration<"(\w+)"', str(program)))
+        # eager attention (soft-capping, Gemma 3's) stays plain ops
+        eager = model.config._attn_implementation == "eager"
+        attention = set() if eager else {"scaled_dot_product_attention"}
+        assert {"rms_norm", "rope"} | attention <= composites, composites
+    with bundles.open_engine(
+        bundle, "pipelined", stop_token_ids=[], fresh_memory=fresh_memory
+    ) as engine:
         for prompt in PROMPTS:
-            check_generation(generator, model, tokenizer.encode(prompt))
+            check_engine(engine, model, tokenizer.encode(prompt))
+    assert_doctor_clean(bundle)
 
 
-@pytest.mark.slow
-def test_all_logits_and_a_prompt_filling_the_context() -> None:
-    """``all_logits=True`` returns every prompt position's logits; a prompt of max_context
-    tokens (the largest prefill) still generates its one token."""
-    from coreai_torch.runtime import Session
+@pytest.mark.parametrize("name", _params(list(ARCHITECTURES)))
+def test_dense_bundle_matches_transformers(name: str, tmp_path: Path) -> None:
+    check_bundle(name, tmp_path)
 
-    model = causal_lm("mistral")
-    program = llm.export(model, max_context=MAX_CONTEXT, all_logits=True)
-    ids = torch.randint(0, 100, (1, MAX_CONTEXT))
-    with torch.no_grad():
-        expected = model(ids).logits
-    states = {
-        name: torch.zeros_like(value)
-        for name, value in program.signatures["prefill"].initial_states.items()
-    }
-    with Session(program) as session:
-        out = session.run(
-            {"input_ids": ids, "start_position": torch.tensor([0])},
-            entrypoint="prefill",
-            state=states,
-        )["logits"]
-    assert out.shape == (1, MAX_CONTEXT, 128)
-    tol = 1e-4 * max(1.0, float(expected.abs().max()))
-    assert float((torch.from_numpy(out) - expected).abs().max()) <= tol
-    with llm.Generator(program) as generator:
-        (token,) = generator.generate(ids[0].tolist(), max_new_tokens=1)
-        assert token == int(expected[0, -1].argmax())
+
+@pytest.mark.parametrize("name", _params(list(MOE_ARCHITECTURES)))
+def test_moe_bundle_matches_transformers(name: str, tmp_path: Path) -> None:
+    """Mixtures of experts (DeepSeek-V3's latent attention caches keys and values of
+    different widths); the experts run dense on every call's tokens."""
+    check_bundle(name, tmp_path)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_a_half_precision_model_keeps_its_dtype(dtype: torch.dtype) -> None:
+def test_a_half_precision_model_keeps_its_dtype(dtype: torch.dtype, tmp_path: Path) -> None:
     """``precision=None`` exports the model as it is: a bfloat16 / float16 model gives a
-    program computing (and caching) in that dtype, generating what PyTorch generates."""
-    from tests.llm.support import reference
-
+    program computing (and caching) in that dtype, generating what PyTorch generates; the
+    logits are float16 either way."""
     model = causal_lm("llama").to(dtype)
-    program = llm.export(model, max_context=MAX_CONTEXT)
+    bundle, program = export_bundle(model, tmp_path)
+    main = bundles.function_signatures(program)["main"]
+    assert {s.dtype for s in main.states} == {str(dtype).removeprefix("torch.")}
+    assert main.outputs[0].dtype == "float16"
     ids = [5, 6, 7, 8]
     expected = reference(model, ids, 8)
-    with llm.Generator(program) as generator:
-        cache = generator.session.descriptor("decode").state_descriptor("layers.0.k_cache")
-        assert cache.dtype == str(dtype).removeprefix("torch.")
-        steps: list = []
-        tokens = list(generator.generate(ids, 8, eos_token_id=[], on_logits=steps.append))
-    assert tokens == expected.tokens
-    assert steps[0].dtype.name == str(dtype).removeprefix("torch.")
+    with bundles.open_engine(bundle, "sequential", stop_token_ids=[]) as engine:
+        assert engine.generate(ids, 8) == expected.tokens
+    assert_doctor_clean(bundle)
+
+
+def test_every_architecture_is_tested() -> None:
+    assert sorted(llm.ARCHITECTURES) == sorted(
+        {"smollm": "llama", "gemma3": "gemma3_text"}.get(n, n)
+        for n in {*ARCHITECTURES, *MOE_ARCHITECTURES}
+        if n != "smollm"
+    )

@@ -33,7 +33,7 @@ REQUESTS: list[tuple[list[int], dict[str, Any]]] = [
 def generator(tmp_path_factory: pytest.TempPathFactory) -> Any:
     path: Path = tmp_path_factory.mktemp("gen_async") / "model.aimodel"
     llm.export(causal_lm("llama"), max_context=32).save_asset(path)
-    with llm.Generator(path) as generator:
+    with llm.Generator(path, max_context=32) as generator:
         yield generator
 
 

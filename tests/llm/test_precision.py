@@ -12,9 +12,10 @@ the program's precision.  Logits are compared within ``tol * max(1, max|ref|)``:
   keeps 8 significant bits to float16's 11);
 * float32 with compressed weights: ``tol = 1e-4``, as for every float32 program.
 
-Greedy tokens equal ``model.generate`` on that reference token for token, except that they
-may part at a near tie of the reference's two best logits (closer than the tolerance), where
-the comparison stops (``check_generation``).
+Greedy tokens (the reference driver running the bundle as the app does) equal
+``model.generate`` on that reference token for token, except that they may part at a near tie
+of the reference's two best logits (closer than the tolerance), where the comparison stops
+(``check_steps``).  The logits are float16 whatever the precision (the app's convention).
 """
 
 from __future__ import annotations
@@ -33,14 +34,16 @@ import pytest
 import torch
 import torch.nn as nn
 
-from coreai_torch import compression, llm
+from coreai_torch import bundles, compression, llm
 from coreai_torch.cli import main
+from tests.bundles.support import assert_doctor_clean
 from tests.llm.support import (
     MAX_CONTEXT,
     PROMPTS,
     asset_bytes,
     causal_lm,
-    check_generation,
+    check_engine,
+    export_bundle,
     save_model_dir,
     tiny_tokenizer,
 )
@@ -53,11 +56,11 @@ pytestmark = pytest.mark.xdist_group("llm_export_fp16_int4")
 WIDE = dict(hidden_size=128, intermediate_size=256)
 FP16_TOLERANCE = 4e-3
 BF16_TOLERANCE = 3e-2
-#: the asset beyond its weights: the program of two entry points, metadata (about 54 KB
-#: here; an uncompressed float16 embedding table would add 23 KB more and exceed it)
+#: the asset beyond its weights: the program, metadata (an uncompressed float16 embedding
+#: table would add 23 KB more and exceed it)
 ASSET_OVERHEAD = 64 * 1024
 #: the weights compress() stores compressed: those the Llama's matmuls read and the
-#: embedding table (looked up by a dynamic number of tokens in the prefill, one in decode)
+#: embedding table (looked up by a dynamic number of tokens)
 COMPRESSED = re.compile(r"(proj|lm_head|embed_tokens)\.weight$")
 
 
@@ -97,11 +100,18 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     printed (JSON)."""
     root = tmp_path_factory.mktemp("llm_fp16_int4")
     model, tokenizer, model_dir = save_model_dir(root, **WIDE)
-    asset = root / "model.aimodel"
-    args = ["--json", "llm", "export", str(model_dir), "-o", str(asset), "--max-context", "64"]
+    bundle = root / "bundle"
+    args = ["--json", "llm", "export", str(model_dir), "-o", str(bundle), "--max-context", "64"]
     with contextlib.redirect_stdout(io.StringIO()) as out:
         code = main([*args, "--precision", "fp16", "--compress", "int4"])
-    return {"model": model, "tokenizer": tokenizer, "asset": asset, "code": code, "out": out}
+    return {
+        "model": model,
+        "tokenizer": tokenizer,
+        "bundle": bundle,
+        "asset": bundle / "bundle.aimodel",  # <name>.aimodel
+        "code": code,
+        "out": out,
+    }
 
 
 def test_cli_export_fp16_int4_stores_the_weights_in_4_bits(exported: dict[str, Any]) -> None:
@@ -124,6 +134,9 @@ def test_cli_export_fp16_int4_stores_the_weights_in_4_bits(exported: dict[str, A
     size = asset_bytes(exported["asset"])
     assert size <= bound, f"asset {size} B > {bound:.0f} B"
     assert printed["asset_bytes"] == size
+    manifest = json.loads((exported["bundle"] / "metadata.json").read_text())
+    assert manifest["compression"] == printed["compression"]
+    assert_doctor_clean(exported["bundle"])
 
 
 def _preset_bits(name: str, weight: torch.Tensor) -> float:
@@ -152,53 +165,65 @@ def test_fp16_int4_generation_matches_the_same_model_in_fp16_with_int4_weights(
     reference = fake_quantized(
         model, names, lambda name, w: fake_linear(w, _preset_form(name)), torch.float16
     )
-    with llm.Generator(exported["asset"]) as generator:
-        # the KV cache in float16: half the state bytes of the float32 program
-        cache = generator.session.descriptor("decode").state_descriptor("layers.0.k_cache")
-        assert cache.dtype == "float16"
+    main_fn = bundles.function_signatures(exported["asset"])["main"]
+    # the KV cache in float16: half the state bytes of the float32 program
+    assert [s.dtype for s in main_fn.states] == ["float16", "float16"]
+    assert main_fn.outputs[0].dtype == "float16"
+    with llm.Generator(exported["bundle"]) as generator:
         assert generator.state_bytes == state_bytes(model, 2)
-        for prompt in PROMPTS:
-            check_generation(
-                generator, reference, tokenizer.encode(prompt), tolerance=FP16_TOLERANCE
-            )
         logits: list[np.ndarray] = []
         list(generator.generate([5, 6], 1, on_logits=logits.append))
-        assert logits[0].dtype == np.float32  # the logits output stays float32
+        assert logits[0].dtype == np.float32  # the float16 logits, as float32
+    with bundles.open_engine(exported["bundle"], stop_token_ids=[]) as engine:
+        for prompt in PROMPTS:
+            check_engine(engine, reference, tokenizer.encode(prompt), tolerance=FP16_TOLERANCE)
 
 
 def check_variant(
-    precision: Any, compress: Any, tolerance: float, dtype: torch.dtype, fake: Any = None
+    root: Path,
+    precision: Any,
+    compress: Any,
+    tolerance: float,
+    dtype: torch.dtype,
+    fake: Any = None,
 ) -> None:
-    """Export the Llama with ``precision`` / ``compress``; its greedy generation against the
-    eager model in ``dtype`` with the compressed weights ``fake``-quantized."""
+    """Export the Llama's bundle with ``precision`` / ``compress``; its greedy generation
+    against the eager model in ``dtype`` with the compressed weights ``fake``-quantized."""
     model, tokenizer = causal_lm("llama", **WIDE), tiny_tokenizer()
-    program = llm.export(model, max_context=MAX_CONTEXT, precision=precision, compress=compress)
+    bundle, program = export_bundle(model, root, precision=precision, compress=compress)
     names = compressed_weights(str(program)) if compress is not None else set()
     selected = {n for n, _ in model.named_parameters() if COMPRESSED.search(n)}
     assert selected <= names if compress is not None else not names
     reference = fake_quantized(model, names, fake and fake(program), dtype)
-    with llm.Generator(program) as generator:
+    with llm.Generator(program, max_context=MAX_CONTEXT) as generator:
         itemsize = torch.empty((), dtype=dtype).element_size()
         assert generator.state_bytes == state_bytes(model, itemsize)
+    with bundles.open_engine(bundle, stop_token_ids=[]) as engine:
         for prompt in PROMPTS:
-            check_generation(generator, reference, tokenizer.encode(prompt), tolerance=tolerance)
+            check_engine(engine, reference, tokenizer.encode(prompt), tolerance=tolerance)
+    assert_doctor_clean(bundle)
 
 
 @pytest.mark.slow
-def test_bf16() -> None:
-    check_variant(torch.bfloat16, None, BF16_TOLERANCE, torch.bfloat16)
+def test_bf16(tmp_path: Path) -> None:
+    check_variant(tmp_path, torch.bfloat16, None, BF16_TOLERANCE, torch.bfloat16)
 
 
 @pytest.mark.slow
-def test_fp16_int8_per_channel() -> None:
+def test_fp16_int8_per_channel(tmp_path: Path) -> None:
     config = compression.LinearQuantization(bits=8, scale_dtype=torch.float16)
     check_variant(
-        "fp16", config, FP16_TOLERANCE, torch.float16, lambda _: lambda n, w: fake_linear(w, config)
+        tmp_path,
+        "fp16",
+        config,
+        FP16_TOLERANCE,
+        torch.float16,
+        lambda _: lambda n, w: fake_linear(w, config),
     )
 
 
 @pytest.mark.slow
-def test_fp32_palette4() -> None:
+def test_fp32_palette4(tmp_path: Path) -> None:
     def fake(program: Any) -> Any:
         def replace(name: str, w: torch.Tensor) -> torch.Tensor:
             # compressed before optimize(), the indices are stored as the matmul reads the
@@ -210,7 +235,7 @@ def test_fp32_palette4() -> None:
 
         return replace
 
-    check_variant(None, "palette4", 1e-4, torch.float32, fake)
+    check_variant(tmp_path, None, "palette4", 1e-4, torch.float32, fake)
 
 
 def test_precision_and_compress_are_checked_before_the_model_is_read(tmp_path: Path) -> None:
@@ -218,6 +243,6 @@ def test_precision_and_compress_are_checked_before_the_model_is_read(tmp_path: P
         llm.export(tmp_path / "missing", precision="fp12")
     with pytest.raises(ValueError, match="unknown compression"):
         llm.export(tmp_path / "missing", compress="int16")
-    args = ["llm", "export", str(tmp_path / "missing"), "-o", str(tmp_path / "m.aimodel")]
+    args = ["llm", "export", str(tmp_path / "missing"), "-o", str(tmp_path / "m")]
     assert main([*args, "--block-size", "64"]) == 2  # --block-size needs --compress
     assert main([*args, "--keep-fp32", "lm_head"]) == 2  # --keep-fp32 needs --precision

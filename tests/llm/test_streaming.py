@@ -10,19 +10,26 @@ tensor before anything is traced.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import struct
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
-from coreai_torch import llm
+from coreai_torch import bundles, llm
 from coreai_torch.errors import CheckpointError
+from coreai_torch.hf.base import load_for_export
 from coreai_torch.ir.weights import PendingLazy
-from tests.llm.support import causal_lm
+from coreai_torch.llm.export import load_causal_lm
+from tests.bundles.support import assert_doctor_clean
+from tests.llm.support import causal_lm, check_engine, tiny_tokenizer
 
 MAX_CONTEXT = 32
 
@@ -88,6 +95,21 @@ def test_a_streamed_export_writes_the_in_memory_asset(
     streamed_files = _asset_bytes(tmp_path / "streamed.aimodel")
     assert set(streamed_files) == {"main.mlirb", "main.hash"}
     assert streamed_files == _asset_bytes(tmp_path / "in_memory.aimodel")
+
+
+def test_a_streamed_export_writes_a_bundle(tmp_path: Path) -> None:
+    """``llm.export(model_dir, bundle=...)``: the weights are read from the checkpoint while
+    the asset is written into the bundle, with the directory's tokenizer and configs."""
+    checkpoint = _checkpoint(tmp_path, "smollm")
+    tiny_tokenizer().save_pretrained(checkpoint)
+    llm.export(checkpoint, max_context=MAX_CONTEXT, bundle=tmp_path / "b")
+    bundle = bundles.Bundle.load(tmp_path / "b")
+    assert bundle.language.max_context_length == MAX_CONTEXT
+    assert (tmp_path / "b" / "config.json").read_text() == (checkpoint / "config.json").read_text()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, torch_dtype=torch.float32)
+    with bundles.open_engine(bundle, stop_token_ids=[]) as engine:
+        check_engine(engine, model, [5, 6, 7], 8)
+    assert_doctor_clean(tmp_path / "b")
 
 
 # --------------------------------------------------------------------- bad checkpoints ---
@@ -162,19 +184,63 @@ def test_a_directory_without_safetensors_is_an_error(tmp_path: Path) -> None:
         llm.export(directory, max_context=MAX_CONTEXT)
 
 
-@pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_prefill_and_decode_read_one_copy_of_each_streamed_weight(
-    tmp_path: Path, precision: str
+@pytest.mark.parametrize(
+    ("precision", "engine"),
+    [("fp16", "dynamic"), pytest.param("bf16", "static", marks=pytest.mark.slow)],
+)
+def test_every_function_reads_one_copy_of_each_streamed_weight(
+    tmp_path: Path, precision: str, engine: str
 ) -> None:
-    """Each entry point's trace detaches the weights it reads; the half-precision copy of a
-    streamed weight is still made once and both entry points read that one resource."""
+    """Each function's trace detaches the weights it reads; the half-precision copy of a
+    streamed weight is made once, and the functions of the static-shape engine (prefill
+    chunks and single-token steps of every cache length) all read that one resource."""
+    options: dict = {"contexts": [32], "query_lengths": [1, 8]} if engine == "static" else {}
     program = llm.export(
-        _checkpoint(tmp_path, "llama"), max_context=MAX_CONTEXT, precision=precision
+        _checkpoint(tmp_path, "llama"),
+        max_context=MAX_CONTEXT,
+        precision=precision,
+        engine=engine,
+        **options,
     )
     graphs = str(program.structural_module).split("coreai.graph")[1:]
     read = {
         graph.split("(")[0].strip(): set(re.findall(r"dense_resource<([^>]+)>", graph))
         for graph in graphs
     }
-    assert read["@prefill"] and read["@prefill"] == read["@decode"]
-    assert len(program.weights.pending) == len(read["@prefill"])
+    decoders = [n for n in read if n == "@main" or n.startswith(("@extend_", "@prompt_opt_"))]
+    assert len(decoders) == (1 if engine == "dynamic" else 3), sorted(read)
+    first = read[decoders[0]]
+    assert first and all(read[n] == first for n in decoders)
+    assert len(program.weights.pending) >= len(first)
+
+
+@contextlib.contextmanager
+def transformers_log() -> Iterator[list[str]]:
+    """The messages transformers logs inside the block (its ``warning_once`` cache cleared, so
+    that a warning an earlier test already printed shows again)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logging.Logger.warning_once.cache_clear()
+    logger, handler = logging.getLogger("transformers"), Collect()
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_loading_a_checkpoint_uses_no_deprecated_transformers_argument(tmp_path: Path) -> None:
+    """``llm.export`` and the ``coreai_torch.hf`` classes build the model from its config with
+    ``dtype=`` (transformers deprecates ``torch_dtype=`` and says so on every export)."""
+    directory = _checkpoint(tmp_path, "llama")
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    with transformers_log() as messages, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_causal_lm(directory)
+        load_for_export(AutoModelForCausalLM, config, directory)
+    said = messages + [str(w.message) for w in caught]
+    assert not [m for m in said if "deprecated" in m], said

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -32,6 +33,17 @@ def check_fn(fn: Callable[..., Any], *args: Any, **tolerance: float) -> VerifyRe
 def convert_fn(fn: Callable[..., Any], *args: Any) -> Any:
     """Export and convert ``fn`` (for tests that expect a conversion error)."""
     return convert(Fn(fn).eval(), args)
+
+
+def runtime_outputs(fn: Callable[..., Any], *args: Any) -> list[np.ndarray]:
+    """Export and convert ``fn``, run it once on the runtime; its outputs in return order (for
+    results only some of whose properties are defined, compared by the test itself)."""
+    from coreai_torch.runtime import Session
+    from coreai_torch.verify import run_entrypoint
+
+    program = convert_fn(fn, *args)
+    with Session(program) as session:
+        return run_entrypoint(session, program, args)
 
 
 def rand(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -8,7 +8,7 @@ dtypes of one entry on one process).
 
 At the end, every process writes its summaries to a partial file; the last one to finish
 merges them, and when they cover every swept entry (``make test-all``) writes
-``tests/opinfo/results.json`` for ``python -m coreai_torch.lowerings.coverage``.
+``tests/opinfo/results.json`` for ``python -m tools.ops_table``.
 """
 
 from __future__ import annotations

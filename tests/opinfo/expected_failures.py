@@ -12,6 +12,8 @@ itself is computed differently (say why next to each entry).
 
 from __future__ import annotations
 
+from coreai_torch import torch_compat
+
 _COMPLEX = "complex numbers: Core AI has no complex dtype"
 _CUDA_ONLY = "CUDA-only op: no CPU kernel to compare with"
 _SPARSE = "sparse tensors: PyTorch cannot run the samples on CPU"
@@ -25,7 +27,6 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "cdouble": _COMPLEX,
     "cfloat": _COMPLEX,
     "chalf": _COMPLEX,
-    "combinations": "masked_select has a data-dependent output size",
     "complex": _COMPLEX,
     "corrcoef": "torch.export cannot export it (data-dependent output of equal)",
     "cov": "torch.export cannot export it (data-dependent output of equal)",
@@ -54,13 +55,12 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "jiterator_binary_return_by_ref": _CUDA_ONLY,
     "jiterator_unary": _CUDA_ONLY,
     "linalg.eig": _COMPLEX,
-    "linalg.eigh": "eigenvector signs are not unique and LAPACK picks others; eigenvalues match",
     "linalg.eigvals": _COMPLEX,
     "linalg.lstsq": "torch.export cannot export it (dynamic output shape of linalg_lstsq)",
     "linalg.lstsq.grad_oriented": (
         "torch.export cannot export it (dynamic output shape of linalg_lstsq)"
     ),
-    "linalg.svd": "full_matrices=True on non-square matrices; singular vector signs are not unique",
+    "linalg.svd": "full_matrices=True on non-square matrices is not lowered",
     "nn.functional.ctc_loss": "torch.export cannot export it (dynamic output shape of _ctc_loss)",
     "nn.functional.gaussian_nll_loss": (
         "torch.export cannot export it (guard on a data-dependent value)"
@@ -71,11 +71,16 @@ EXPECTED_FAILURES: dict[str, str | dict[str, str]] = {
     "sparse.mm.reduce": _SPARSE,
     "sparse.sampled_addmm": _SPARSE,
     "stft": _COMPLEX,
-    "svd": "singular vector signs are not unique and LAPACK picks others; singular values match",
     "to_sparse": "sparse tensors: Core AI has dense tensors only",
     "unique": "no lowering for _unique2, unique_dim",
     "unique_consecutive": "no lowering for unique_consecutive",
     "view_as_complex": _COMPLEX,
 }
+
+if not torch_compat.EXPORTS_COMBINATIONS:  # torch 2.12, 2.13
+    EXPECTED_FAILURES["combinations"] = (
+        "torch.export cannot export it before torch 2.14 (masked_select has a data-dependent "
+        "output size)"
+    )
 
 TOLERANCES: dict[str, tuple[float, float]] = {}

@@ -97,7 +97,7 @@ def write_results(
     jobs: int,
     path: Path = RESULTS_FILE,
 ) -> dict[str, Any]:
-    """Write the results file read by ``python -m coreai_torch.lowerings.coverage``."""
+    """Write the results file read by ``python -m tools.ops_table``."""
     import torch
 
     from tests.opinfo import catalog

@@ -4,20 +4,22 @@
 keeps, the ops real programs carry (asserts, sizes, views...) and ops without a PyTorch
 decomposition (those the OpInfo sweep met are read from its results file).  Each must be
 lowered, decomposed by the table, left out (backward / random / dropout), or listed in
-``coreai_torch.lowerings.coverage.KNOWN_GAPS`` with a reason — a strict xfail, so lowering it
+``tools.ops_table.KNOWN_GAPS`` with a reason — a strict xfail, so lowering it
 shows up.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from coreai_torch import get_decomp_table
 from coreai_torch.frontend.export import COMPOSITE_OPS
-from coreai_torch.lowerings import BUILTIN_LOWERINGS, coverage
+from coreai_torch.lowerings import BUILTIN_LOWERINGS
 from tests.opinfo import results
+from tools import ops_table as coverage
 
 
 def _names() -> list[str]:
@@ -39,7 +41,7 @@ def _params() -> list[Any]:
     return params
 
 
-_DECOMPOSED = coverage._decomposed()
+_DECOMPOSED = coverage.decomposed_ops()
 _LOWERED = BUILTIN_LOWERINGS.names()
 
 
@@ -49,7 +51,7 @@ def test_op_is_lowered(name: str) -> None:
     assert status.supported, (
         f"{name} can appear in a decomposed program but has no lowering and "
         "get_decomp_table() does not decompose it: lower it, or list it in "
-        "coreai_torch.lowerings.coverage.KNOWN_GAPS with the reason"
+        "tools.ops_table.KNOWN_GAPS with the reason"
     )
 
 
@@ -114,3 +116,21 @@ def test_render_covers_every_core_op() -> None:
     row = next(line for line in text.splitlines() if line.startswith("| `aten::add.Tensor` |"))
     assert "native" in row and "float32" in row
     assert "| `add` | ✅ 2/2 |" in text
+
+
+def test_the_ops_table_reads_the_recorded_sweep() -> None:
+    """``make ops-table`` finds its inputs (the sweep's results, the page it writes) and the
+    table it generates has the OpInfo sections (a wrong results path used to drop them)."""
+    assert coverage.RESULTS_FILE.is_file(), f"{coverage.RESULTS_FILE} is missing"
+    assert (coverage.ROOT / "docs" / "ops.md").is_file()
+    text = coverage.render(coverage.load(coverage.RESULTS_FILE))
+    for section in ("## OpInfo sweep", "## OpInfo entries", "## Core ATen ops"):
+        assert f"\n{section}" in text, f"the generated table has no {section!r} section"
+    assert "without the OpInfo sweep" not in text
+    published = (coverage.ROOT / "docs" / "ops.md").read_text()
+    assert "\n## OpInfo sweep" in published and "\n## OpInfo entries" in published
+
+
+def test_the_ops_table_refuses_a_missing_results_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="no OpInfo sweep results"):
+        coverage.main(["--results", str(tmp_path / "missing.json")])

@@ -10,11 +10,13 @@ xfails.  ``FAST`` runs in ``make test``; the rest of ``op_db`` is marked slow
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
-from tests.opinfo import catalog
+from tests.opinfo import catalog, runner
 from tests.opinfo.expected_failures import EXPECTED_FAILURES
 
 #: A representative subset: a few entries of every op family, in the fast suite.
@@ -124,3 +126,39 @@ def test_expected_failures_name_real_entries() -> None:
         if isinstance(entry, dict):
             tested = {catalog.dtype_name(d) for d in catalog.sweep_dtypes(ops[op_id])}
             assert set(entry) <= tested, f"{op_id}: dtypes {set(entry) - tested} are not swept"
+
+
+def _decomposed(op_id: str, a: torch.Tensor) -> list[torch.Tensor]:
+    if op_id == "linalg.eigh":
+        return list(torch.linalg.eigh(a))
+    if op_id == "linalg.svd":
+        return list(torch.linalg.svd(a, full_matrices=True))
+    return list(torch.svd(a))
+
+
+@pytest.mark.parametrize("op_id", ["linalg.eigh", "linalg.svd", "svd"])
+def test_decompositions_are_compared_up_to_the_signs_of_their_vectors(op_id: str) -> None:
+    """LAPACK's eigen/singular vector signs depend on its algorithm and the processor: other
+    signs (and another basis beyond the rank) are right, other vectors or values are not."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 5, 3)
+    a = a @ a.mT if op_id == "linalg.eigh" else a
+    expected = _decomposed(op_id, a)
+    sample = SimpleNamespace(expected=expected)
+    flipped = [t.clone() for t in expected]
+    vectors = 1 if op_id == "linalg.eigh" else 0
+    flipped[vectors][..., 1] *= -1  # an eigenvector, or a pair of singular vectors
+    if op_id != "linalg.eigh":
+        if op_id == "svd":
+            flipped[2][..., 1] *= -1  # V's column
+        else:
+            flipped[2][..., 1, :] *= -1  # Vh's row
+            flipped[0][..., 4] *= -1  # beyond the rank: any orthonormal completion
+    assert runner.vectors_agree(op_id, sample, [t.numpy() for t in flipped])
+    wrong = [t.clone() for t in expected]
+    wrong[vectors][..., 0, 0] += 0.1
+    assert not runner.vectors_agree(op_id, sample, [t.numpy() for t in wrong])
+    values = [t.clone() for t in expected]
+    values[0 if op_id == "linalg.eigh" else 1][..., 0] += 0.1
+    assert not runner.vectors_agree(op_id, sample, [t.numpy() for t in values])
+    assert not runner.vectors_agree("linalg.qr", sample, [t.numpy() for t in flipped])

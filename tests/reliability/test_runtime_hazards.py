@@ -135,6 +135,28 @@ with Session(program(CatEmpty(), (xe,))) as s:
     got = first(s.run({"x": xe}))
 out["cat_with_empty_matches"] = bool(np.allclose(got, CatEmpty()(xe).numpy()))
 
+class CatDynamicEmpty(nn.Module):
+    def forward(self, x, y, p):
+        t, n = y.shape[2], p.shape[0]
+        torch._check(t <= n)
+        torch._check(n <= x.shape[2])
+        return torch.cat([x[:, :, : n - t], y], 2) * 2
+rows = torch.export.Dim("rows", min=2, max=16)
+new, seen = torch.export.Dim("new", min=1, max=8), torch.export.Dim("seen", min=1, max=8)
+pe = program(
+    CatDynamicEmpty(),
+    (torch.randn(1, 2, 8, 4), torch.randn(1, 2, 3, 4), torch.zeros(5)),
+    dynamic_shapes=({2: rows}, {2: new}, {0: seen}),
+)
+with Session(pe) as s:
+    cases = [(8, 4, 4), (8, 2, 6)]
+    matches = []
+    for r, t, n in cases:
+        a, b, c = torch.randn(1, 2, r, 4), torch.randn(1, 2, t, 4), torch.zeros(n)
+        got = first(s.run({"x": a, "y": b, "p": c}))
+        matches.append(bool(np.allclose(got, CatDynamicEmpty()(a, b, c).numpy())))
+    out["cat_with_dynamically_empty_matches"] = matches
+
 class ItemSlice(nn.Module):
     def forward(self, x, n):
         k = n.item()
@@ -234,6 +256,12 @@ def test_rank0_input_fed_shape_1_is_a_clear_error(child: dict[str, Any]) -> None
     assert kind == "ValueError"
     assert "input 'x' of 'main' must have shape ()" in message and "got (1,)" in message
     assert child["rank0_ok"] == 4.0  # the session stays usable
+
+
+def test_a_concatenation_runs_with_an_operand_empty_at_run_time(child: dict[str, Any]) -> None:
+    """``cat([x[:, : n - t], y])`` with ``n == t``: the slice is empty, the concatenation skips
+    it (the rows of a KV cache before a prompt's first tokens); the Session lets it run."""
+    assert child["cat_with_dynamically_empty_matches"] == [True, True]
 
 
 def test_zero_rows_for_a_dynamic_dimension_is_a_clear_error(child: dict[str, Any]) -> None:

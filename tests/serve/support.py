@@ -1,4 +1,4 @@
-"""The served model of the server tests: a tiny random-weight Llama exported with
+"""The served model of the server tests: a tiny random-weight Llama exported to a bundle with
 ``llm.export``, and its tokenizer (trained here, with a chat template) -- nothing downloaded --
 plus a server started with ``coreai-torch serve`` on a free loopback port."""
 
@@ -24,16 +24,17 @@ NAME = "tiny"
 
 
 def save_model(root: Path) -> tuple[Path, Path]:
-    """``(asset, tokenizer directory)`` of the served model, written under ``root``."""
+    """``(bundle, tokenizer directory)`` of the served model, written under ``root`` (the
+    bundle embeds the tokenizer, chat template included)."""
     from coreai_torch import llm
 
     tokenizer = tiny_tokenizer()
     tokenizer.chat_template = CHAT_TEMPLATE
     hf = root / "hf"
     tokenizer.save_pretrained(hf)
-    asset = root / f"{NAME}.aimodel"
-    llm.export(causal_lm("llama"), max_context=MAX_CONTEXT).save_asset(asset)
-    return asset, hf
+    bundle = root / NAME
+    llm.export(causal_lm("llama"), max_context=MAX_CONTEXT, bundle=bundle, tokenizer=hf)
+    return bundle, hf
 
 
 @dataclass

@@ -145,10 +145,11 @@ def test_non_local_bind_needs_a_flag(tmp_path: Path, capsys: Any) -> None:
 
 def test_what_serve_loads(tmp_path: Path) -> None:
     """A Hugging Face directory (exported on the fly), a saved CoreAIModelForCausalLM
-    directory and a bundle give the same generations; other inputs are clear errors."""
+    directory, a bundle of ``llm.export`` and a bare asset (with its context) give the same
+    generations; other inputs are clear errors."""
     import json
-    import shutil
 
+    from coreai_torch import llm
     from coreai_torch.hf import CoreAIModelForCausalLM
     from coreai_torch.serve.models import load_generator
     from tests.llm.support import causal_lm
@@ -170,19 +171,22 @@ def test_what_serve_loads(tmp_path: Path) -> None:
         assert name == "saved"
         assert list(generator.generate("the quick", max_new_tokens=5)) == expected
     bundle = tmp_path / "bundle"
-    shutil.copytree(tmp_path / "saved" / "model.aimodel", bundle / "chat.aimodel")
-    shutil.copytree(hf, bundle / "tokenizer", ignore=shutil.ignore_patterns("*.safetensors"))
-    meta = {
-        "metadata_version": "0.2",
-        "kind": "llm",
-        "name": "chat",
-        "assets": {"main": "chat.aimodel"},
-    }
-    (bundle / "metadata.json").write_text(json.dumps(meta))
+    llm.export(hf, max_context=MAX_CONTEXT, bundle=bundle, name="chat")
     generator, name = load_generator(bundle)
     with generator:
         assert name == "chat"
         assert list(generator.generate("the quick", max_new_tokens=5)) == expected
+    asset = bundle / "chat.aimodel"  # <name>.aimodel
+    with pytest.raises(ValueError, match="pass max_context"):
+        load_generator(asset, tokenizer=hf)
+    generator, name = load_generator(asset, tokenizer=hf, max_context=MAX_CONTEXT)
+    with generator:
+        assert list(generator.generate("the quick", max_new_tokens=5)) == expected
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    (earlier / "coreai_config.json").write_text(json.dumps({"task": "text-generation"}))
+    with pytest.raises(ValueError, match="earlier coreai-torch"):
+        load_generator(earlier)
     with pytest.raises(FileNotFoundError, match="no such model"):
         load_generator(tmp_path / "missing")
     with pytest.raises(ValueError, match="already exported; precision apply only"):

@@ -25,7 +25,9 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
+    index_value,
     is_symbolic,
+    known_sizes,
     normalize_dim,
     rank_of,
     refine,
@@ -33,6 +35,7 @@ from coreai_torch.ir.values import (
     shape_of,
     shape_vector,
     squeeze,
+    static_shape_of,
     transpose,
     unsqueeze,
 )
@@ -41,18 +44,18 @@ from coreai_torch.lowerings.registry import LoweringContext
 
 def static_out_shape(cx: LoweringContext) -> list[int]:
     """The node's output shape, which this rule needs to be static."""
-    shape = cx.out_shape
-    if None in shape:
+    shape = known_sizes(cx.out_shape)
+    if shape is None:
         raise cx.unsupported("dynamic output shapes are not supported by this op yet")
-    return [int(d) for d in shape]
+    return shape
 
 
 def static_shape(cx: LoweringContext, value: ir.Value, what: str = "input") -> list[int]:
     """The static shape of an operand (``cx.unsupported`` for dynamic dims)."""
-    shape = shape_of(value)
-    if None in shape:
+    shape = known_sizes(shape_of(value))
+    if shape is None:
         raise cx.unsupported(f"the {what} has dynamic dimensions, which this op does not support")
-    return [int(d) for d in shape]
+    return shape
 
 
 def slice_axis(
@@ -82,6 +85,35 @@ def slice_axis(
     if not runtime and size is None:
         return out
     return refine(out, [*shape[:axis], size, *shape[axis + 1 :]])
+
+
+def slice_bound(bound: Size | None, size: Size, default: Size) -> Size:
+    """A bound of ``x[start:end]`` along a dim of ``size`` elements with Python's rules
+    (``None`` is ``default``, negative counts from the end, clamped to ``[0, size]``): an int
+    when it is known at conversion time, else a runtime si32 value of one element
+    (:func:`bound_vector`)."""
+    if bound is None:
+        return default
+    if isinstance(bound, int) and isinstance(size, int):
+        return slice(bound, None).indices(size)[0]
+    if isinstance(bound, int) and bound >= INT32_MAX:
+        return size  # "to the end"
+    if bound == 0:
+        return 0
+    i, n = bound_vector(bound), bound_vector(size)
+    if isinstance(bound, int) and bound > 0:
+        return cai.minimum(i, n)
+    zero = cai.constant(np.zeros(1, np.int32))
+    wrapped = cai.where(cai.greater(zero, i), cai.add(i, n), i)
+    return cai.minimum(cai.maximum(wrapped, zero), n)
+
+
+def bound_vector(size: Size) -> ir.Value:
+    """A size or index as a 1-D si32 value of one element (the pieces shape operands are
+    concatenated from; runtime bound arithmetic stays in this form)."""
+    if isinstance(size, ir.Value) and shape_of(size) == [1]:
+        return cast(size, torch.int32)
+    return cai.reshape(index_value(size), i32([1]))
 
 
 def slice_region(x: ir.Value, sizes: Sequence[Size]) -> ir.Value:
@@ -148,7 +180,7 @@ def flatten_window_gather(x: ir.Value, spatial: int, table: np.ndarray, fill: fl
     ``x`` is ``(*lead, *sizes)``; ``table`` holds flat spatial indices (``-1`` = padding,
     read as ``fill``) of shape ``(positions, window)``.  Returns ``(*lead, positions, window)``.
     """
-    shape = shape_of(x)
+    shape = static_shape_of(x)
     lead, sizes = shape[: len(shape) - spatial], shape[len(shape) - spatial :]
     flat_size = int(np.prod(sizes))
     flat = reshape(x, [*lead, flat_size])
@@ -159,20 +191,24 @@ def flatten_window_gather(x: ir.Value, spatial: int, table: np.ndarray, fill: fl
     return take(flat, len(lead), index)
 
 
-def contract_axis(x: ir.Value, axis: int, weights: np.ndarray) -> ir.Value:
-    """``out[.., i, ..] = sum_j weights[i, j] * x[.., j, ..]`` along ``axis`` (a matmul).
+def contract_axis(x: ir.Value, axis: int, weights: np.ndarray, *, compute: torch.dtype) -> ir.Value:
+    """``out[.., i, ..] = sum_j weights[i, j] * x[.., j, ..]`` along ``axis`` (a matmul),
+    computed in ``compute`` (the rule's ``accumulation_dtype``: float32 for 16-bit ``x``) and
+    rounded once to ``x``'s dtype.
 
     The axis is brought next to last with a transpose rather than a reshape: Core AI's
     pre-compilation rewrite folds a reshape feeding a matmul wrongly when sizes coincide.
     """
     rank = rank_of(x)
-    w = cast(cai.constant(np.ascontiguousarray(weights, dtype=np.float32)), dtype_of(x))
+    dtype = dtype_of(x)
+    x = cast(x, compute)
+    w = cast(cai.constant(np.ascontiguousarray(weights, dtype=np.float32)), compute)
     if axis == rank - 1:
-        return cai.broadcasting_batch_matmul(x, transpose(w, [1, 0]))
+        return cast(cai.broadcasting_batch_matmul(x, transpose(w, [1, 0])), dtype)
     perm = [d for d in range(rank) if d != axis]
     perm.insert(rank - 2, axis)
     out = cai.broadcasting_batch_matmul(w, transpose(x, perm))
-    return transpose(out, inverse(perm))
+    return cast(transpose(out, inverse(perm)), dtype)
 
 
 def inverse(perm: Sequence[int]) -> list[int]:
@@ -293,8 +329,9 @@ def broadcast_sizes(
 ) -> list[Size]:
     """The broadcast shape of the index tensors as sizes: ints, and 0-d si32 values computed
     on the runtime from the index tensors' shapes for dynamic dims."""
-    if None not in bshape:
-        return [int(d) for d in bshape]
+    static = known_sizes(bshape)
+    if static is not None:
+        return list(static)
     target = None
     for p in positions:
         shape = cai.get_shape(indices[p])

@@ -25,9 +25,11 @@ from coreai_torch.ir.values import (
     constant,
     dtype_of,
     i32,
+    known_sizes,
     rank_of,
     shape_of,
     squeeze,
+    static_shape_of,
     unsqueeze,
 )
 from coreai_torch.lowerings.helpers.accumulation import accumulating
@@ -62,8 +64,8 @@ def batched_matmul(a: ir.Value, b: ir.Value) -> ir.Value:
 
 
 def _static_batch(value: ir.Value) -> tuple[int, ...] | None:
-    shape = shape_of(value)
-    return None if any(not isinstance(d, int) or d < 0 for d in shape) else tuple(shape[:-2])
+    shape = known_sizes(shape_of(value))
+    return None if shape is None or any(d < 0 for d in shape) else tuple(shape[:-2])
 
 
 def _unbroadcast_batch(value: ir.Value, other: ir.Value) -> ir.Value:
@@ -130,14 +132,14 @@ def row_indices(m: int) -> np.ndarray:
     return np.arange(m, dtype=np.int32).reshape(m, 1)
 
 
-def broadcast_batch(*shapes: Sequence[int | None]) -> list[int]:
+def broadcast_batch(*shapes: Sequence[int]) -> list[int]:
     """The broadcast of (static) batch shapes."""
     return list(torch.broadcast_shapes(*(tuple(s) for s in shapes)))
 
 
 def broadcast_pair(a: ir.Value, b: ir.Value) -> tuple[ir.Value, ir.Value]:
     """The matrices ``a`` and ``b`` broadcast to their common batch shape."""
-    sa, sb = shape_of(a), shape_of(b)
+    sa, sb = static_shape_of(a), static_shape_of(b)
     batch = broadcast_batch(sa[:-2], sb[:-2])
     return broadcast_to(a, [*batch, *sa[-2:]]), broadcast_to(b, [*batch, *sb[-2:]])
 
@@ -182,7 +184,7 @@ def require_square(cx: LoweringContext, a: ir.Value) -> None:
 
 def triangular_solve(a: ir.Value, b: ir.Value, *, upper: bool, unit: bool) -> ir.Value:
     """``X`` with ``A X = B``, reading only the triangle of ``a`` (same batch shapes)."""
-    n = shape_of(a)[-1]
+    n = static_shape_of(a)[-1]
     rows: dict[int, ir.Value] = {}
     for i in range(n - 1, -1, -1) if upper else range(n):
         r = row_slice(b, i, i + 1)
@@ -199,5 +201,5 @@ def triangular_solve(a: ir.Value, b: ir.Value, *, upper: bool, unit: bool) -> ir
 
 def diagonal_column(x: ir.Value) -> ir.Value:
     """The diagonal of square matrices as (..., n, 1)."""
-    n = shape_of(x)[-1]
+    n = static_shape_of(x)[-1]
     return cai.reduce_sum(masked(np.eye(n, dtype=bool), x), i32([-1]))

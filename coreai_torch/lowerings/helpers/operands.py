@@ -5,7 +5,7 @@ float formulas compute in (``opmath``), and symbolic scalars as 0-d values.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -24,9 +24,9 @@ from coreai_torch.ir.values import (
 )
 
 #: A tensor (as a Core AI value) or a Python scalar.
-Operand = ir.Value | Scalar
+Operand: TypeAlias = ir.Value | Scalar
 #: A symbolic (SymInt/SymFloat/SymBool) operand: a value or a Python number.
-SymOperand = ir.Value | bool | int | float
+SymOperand: TypeAlias = ir.Value | bool | int | float
 
 
 def is_value(x: object) -> bool:

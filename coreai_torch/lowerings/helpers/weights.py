@@ -48,7 +48,7 @@ def weight_tensor(cx: LoweringContext, arg: Any) -> torch.Tensor | None:
         if node.op != "call_function" or node.target not in _PASS_THROUGH:
             return None
         dtype = node.kwargs.get("dtype")
-        if dtype is not None:
+        if isinstance(dtype, torch.dtype):
             conversions.append(dtype)
         node = node.args[0]
     else:
@@ -87,7 +87,8 @@ def _read_transposed(node: torch.fx.Node) -> bool:
     for user in node.users:
         if user.target not in _TRANSPOSES or user.args[0] is not node:
             return False
-        if user.target is aten.permute.default and list(user.args[1]) not in ([1, 0], [-1, -2]):
+        perm = user.args[1] if user.target is aten.permute.default else None
+        if isinstance(perm, (list, tuple)) and list(perm) not in ([1, 0], [-1, -2]):
             return False
     return True
 
