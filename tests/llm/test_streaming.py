@@ -211,7 +211,8 @@ def test_every_function_reads_one_copy_of_each_streamed_weight(
     assert len(decoders) == (1 if engine == "dynamic" else 3), sorted(read)
     first = read[decoders[0]]
     assert first and all(read[n] == first for n in decoders)
-    assert len(program.weights.pending) >= len(first)
+    if engine == "dynamic":  # set_static_shape_config() reads the weights (its rewrite folds)
+        assert len(program.weights.pending) >= len(first)
 
 
 @contextlib.contextmanager
