@@ -121,6 +121,8 @@ class CompressionReport:
     output_error: float | None = None
     #: the calibration's target bits per weight (``Mixed``)
     target_bpw: float | None = None
+    #: what :attr:`output_error` was measured on
+    measured_on: str = "the calibration samples"
 
     @property
     def large_output_error(self) -> bool:
@@ -155,6 +157,7 @@ class CompressionReport:
             "low_snr": [w.name for w in self.low_snr],
             "bits_per_weight": self.bits_per_weight,
             "output_error": self.output_error,
+            "measured_on": self.measured_on,
             "target_bpw": self.target_bpw,
         }
 
@@ -176,7 +179,7 @@ class CompressionReport:
         lines = [f"compressed {self.summary()} in {self.seconds:.2f} s"]
         if self.output_error is not None:
             lines.append(
-                f"  output error on the calibration samples: {self.output_error:.4f} "
+                f"  output error on {self.measured_on}: {self.output_error:.4f} "
                 f"(relative, {_relative_db(self.output_error)})"
                 + (
                     f"  LARGE: above {LARGE_OUTPUT_ERROR:g}; measure the model's quality "
@@ -528,6 +531,7 @@ def compress(
     if calibration is not None:
         report.output_error = calibration.output_error
         report.target_bpw = calibration.target_bpw
+        report.measured_on = calibration.measured_on
     listener = progress_events.resolve(progress)
     with module.context, ir.Location.unknown():
         done = _already_compressed(module, store)
@@ -589,8 +593,8 @@ def compress(
     report.seconds = time.perf_counter() - start
     if report.large_output_error:
         warnings.warn(
-            f"compress({config.describe()}): the compressed model's outputs on the calibration "
-            f"samples are off by {report.output_error:.3f} (relative squared error, "
+            f"compress({config.describe()}): the compressed model's outputs on "
+            f"{report.measured_on} are off by {report.output_error:.3f} (relative squared error, "
             f"{_relative_db(report.output_error or 0.0)}); measure its quality before shipping "
             "it (coreai-torch eval perplexity) and use more bits",
             RuntimeWarning,

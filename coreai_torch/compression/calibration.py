@@ -18,10 +18,11 @@ float model's for a few, to measure the output error at the end).  The layers af
 blocks (a final norm and the output head) are fitted last on the compressed stream; the
 output head is never evaluated over the whole vocabulary at once.
 
-:class:`~coreai_torch.compression.config.Mixed` (``target_bpw=``) first measures every
-weight's output error under each candidate form (one pass over the float model), chooses a
-form per weight to meet the budget with the least total error (:func:`allocate`), then fits
-the chosen forms as above.
+:class:`~coreai_torch.compression.config.Mixed` (``target_bpw=``) first measures what each
+candidate form of every weight does to the model's output (:func:`_fisher`: one forward and
+backward pass for the output sensitivities; then one pass over the float model fitting every
+form), chooses a form per weight to meet the budget with the least total effect
+(:func:`allocate`), then fits the chosen forms as above.
 
 ``program.compress(config, calibration=...)`` stores the fitted codes instead of fitting the
 weights again (:mod:`coreai_torch.compression.apply`).
@@ -118,6 +119,8 @@ class Calibration:
     output_error: float | None = None
     #: the target of a :class:`~coreai_torch.compression.config.Mixed` configuration
     target_bpw: float | None = None
+    #: what the output error was measured on (example inputs when there was no data)
+    measured_on: str = "the calibration samples"
     #: the bits per weight of the chosen forms over every weight of the model, the ones not
     #: compressed (norms, biases) at their own precision
     planned_bpw: float | None = None
@@ -157,6 +160,7 @@ class Calibration:
             "tokens": self.tokens,
             "output_error": self.output_error,
             "target_bpw": self.target_bpw,
+            "measured_on": self.measured_on,
             "planned_bpw": self.planned_bpw,
             "weights": [w.to_dict() for w in self.weights.values()],
             "unfitted": [{"name": n, "reason": r} for n, r in self.unfitted],
@@ -177,7 +181,7 @@ class Calibration:
             )
         if self.output_error is not None:
             lines.append(
-                f"  output error on the calibration samples: {self.output_error:.4f} "
+                f"  output error on {self.measured_on}: {self.output_error:.4f} "
                 f"({_db(self.output_error)})" + ("  LARGE" if self.large_output_error else "")
             )
         for name, reason in self.unfitted:
@@ -295,10 +299,17 @@ def _buffers(module: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def _call(module: nn.Module, params: dict[str, torch.Tensor], args: Any, kwargs: Any) -> Any:
+def _call(
+    module: nn.Module,
+    params: dict[str, torch.Tensor],
+    args: Any,
+    kwargs: Any,
+    *,
+    grad: bool = False,
+) -> Any:
     """``module(*args, **kwargs)`` with ``params`` in place of its parameters (and its
-    floating buffers in float32)."""
-    with torch.no_grad():
+    floating buffers in float32); recorded for autograd with ``grad``."""
+    with torch.set_grad_enabled(grad):
         return torch.func.functional_call(
             module, {**_buffers(module), **params}, args, kwargs, strict=False
         )
@@ -683,11 +694,18 @@ class _Inputs:
             raise _Stop
 
 
-def _parameters(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The module's parameters in float32 (read now), each tied parameter under one name,
-    and the name each parameter's names stand for."""
-    values, names, first = {}, {}, {}
+def _parameters(
+    module: nn.Module, outside: nn.Module | None = None
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The module's parameters (those not in ``outside``) in float32 (read now), each tied
+    parameter under one name, and the name each parameter's names stand for."""
+    inside = {id(p) for p in outside.parameters()} if outside is not None else set()
+    values: dict[str, torch.Tensor] = {}
+    names: dict[str, str] = {}
+    first: dict[int, str] = {}
     for name, p in module.named_parameters(remove_duplicate=False):
+        if id(p) in inside:
+            continue
         if id(p) not in first:
             first[id(p)] = name
             values[name] = _float(lazy.materialize(p))
@@ -723,27 +741,15 @@ def _walk(
     phase: str,
     *,
     measure: bool,
-    on_block: Callable[[float | None], None] | None = None,
 ) -> float | None:
     """Run the model stage by stage on ``calls``, calling ``fit`` on every fittable layer
     with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
     used from then on (the activations carried to the next block are the fitted model's).
     With ``measure``, the float model's outputs of the first samples are carried too and
-    the relative output error of the fitted model is returned.  ``on_block(energy)`` is
-    told, before each stage's layers are fitted, the energy ``Σ‖x‖²`` of the activations
-    entering the block (None outside the blocks)."""
+    the relative output error of the fitted model is returned."""
     blocks = find_blocks(model)
     inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
-    inside_params = {id(p) for p in blocks.parameters()} if blocks is not None else set()
-    params, names = {}, {}
-    first: dict[int, str] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in inside_params:
-            continue
-        if id(p) not in first:
-            first[id(p)] = name
-            params[name] = _float(lazy.materialize(p))
-        names[name] = first[id(p)]
+    params, names = _parameters(model, blocks)
     reference = dict(params)
     outer_modules = {
         n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside
@@ -761,30 +767,14 @@ def _walk(
         c = [_first_tensor(_call(model, params, a, k)) for a, k in measured]
         return _relative(f, c)
 
-    def block_inputs(values: dict[str, torch.Tensor], which: list[Any]) -> list[Any]:
-        captured: list[tuple[Any, Any]] = []
-
-        def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
-            captured.append((_float_args(args), kwargs))
-            raise _Stop
-
-        handle = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
-        try:
-            for args, kwargs in which:
-                with contextlib.suppress(_Stop):
-                    _call(model, values, args, kwargs)
-        finally:
-            handle.remove()
-        return captured
-
     # the layers before the blocks, fitted on the float inputs
     first_inputs = _Inputs(outer_modules, layers)
     with _recording(outer_modules, first_inputs):
-        block_inputs(params, calls)
+        _block_inputs(model, blocks, params, calls)
     before = {n: m for n, m in outer_modules.items() if n in first_inputs.hessians}
     _fit_stage(before, first_inputs, params, names, layers, fit)
-    stream = block_inputs(params, calls)
-    floats = block_inputs(reference, calls[:MEASURED_SAMPLES]) if measure else []
+    stream = _block_inputs(model, blocks, params, calls)
+    floats = _block_inputs(model, blocks, reference, calls[:MEASURED_SAMPLES]) if measure else []
     total = len(blocks) + 1
     with progress_events.phase(listener, phase, total, "blocks") as advance:
         for index, block in enumerate(blocks):
@@ -795,11 +785,7 @@ def _walk(
             with _recording(modules, inputs):
                 for args, kwargs in stream:
                     _call(block, original, args, kwargs)
-            if on_block is not None:
-                on_block(sum(float((a[0].double() ** 2).sum()) for a, _ in stream))
             _fit_stage(modules, inputs, weights, local_names, layers, fit)
-            if on_block is not None:
-                on_block(None)
             stream = [
                 ((_first_tensor(_call(block, weights, args, kwargs)), *args[1:]), kwargs)
                 for args, kwargs in stream
@@ -909,6 +895,201 @@ def _relative(reference: list[torch.Tensor], fitted: list[torch.Tensor]) -> floa
 
 # ---------------------------------------------------------------------------- mixed bits ---
 
+#: the seed of the labels the sensitivity pass draws from the model's own predictions
+FISHER_SEED = 0
+
+
+def _per_sample(calls: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+    """The calls split into one call per sample where every tensor argument has the batch as
+    its first axis (the memory of a backward pass is then one sample's)."""
+    out: list[tuple[Any, Any]] = []
+    for args, kwargs in calls:
+        n = _count(args, kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        if n <= 1 or not all(t.dim() > 0 and t.shape[0] == n for t in tensors):
+            out.append((args, kwargs))
+            continue
+        for i in range(n):
+
+            def pick(a: Any, i: int = i) -> Any:
+                return a[i : i + 1] if isinstance(a, torch.Tensor) else a
+
+            out.append((tuple(pick(a) for a in args), {k: pick(v) for k, v in kwargs.items()}))
+    return out
+
+
+def _output_tensor(value: Any) -> torch.Tensor:
+    """The model's main output: a tensor, the first of a tuple, logits or a last hidden state."""
+    logits = getattr(value, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    return _first_tensor(value)
+
+
+def _divergence(
+    output: torch.Tensor, classes: int | None, generator: torch.Generator
+) -> torch.Tensor:
+    """A loss whose squared gradients estimate the Fisher information of the output (the
+    curvature of the divergence from the float model's): the cross-entropy of labels drawn
+    from the model's own predictions for logits over ``classes``, a Gaussian projection
+    ``Σ r·y`` (the squared error's curvature) for any other output."""
+    if classes is not None and output.shape[-1] == classes:
+        logits = output.reshape(-1, classes).float()
+        with torch.no_grad():
+            labels = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator)[:, 0]
+        return F.cross_entropy(logits, labels, reduction="sum")
+    r = torch.randn(output.shape, generator=generator)
+    return (output.float() * r).sum()
+
+
+@contextlib.contextmanager
+def _output_gradients(
+    modules: dict[str, nn.Module], layers: dict[int, _Layer], sums: dict[str, torch.Tensor]
+) -> Iterator[None]:
+    """While inside, the backward passes add each module's ``Σ (∂L/∂y)²`` per output channel
+    to ``sums`` (by the layer's weight name)."""
+
+    def on_forward(module: nn.Module, args: Any, output: Any) -> None:
+        if not isinstance(output, torch.Tensor) or not output.requires_grad:
+            return
+        name = layers[id(module)].name
+        axis = 1 if isinstance(module, nn.Conv2d) else output.dim() - 1
+
+        def on_gradient(g: torch.Tensor) -> None:
+            squares = g.detach().float() ** 2
+            total = squares.sum(dim=[d for d in range(squares.dim()) if d != axis])
+            sums[name] = sums[name] + total if name in sums else total
+
+        output.register_hook(on_gradient)
+
+    handles = [m.register_forward_hook(on_forward) for m in modules.values()]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@dataclass
+class _Fisher:
+    """The sensitivity of the model's output to each layer's outputs (the diagonal of the
+    Fisher information, ``Σ_t (∂L/∂y_tn)²`` over the calibration tokens, per output channel),
+    and of the first block's input (for the embedding table, whose rows are looked up)."""
+
+    outputs: dict[str, torch.Tensor]
+    model: nn.Module
+    blocks: nn.ModuleList | None = None
+    calls: list[tuple[Any, Any]] = field(default_factory=list)
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: per call, the float model's input of the first block and ``(∂L/∂x)²`` of it
+    first_inputs: list[torch.Tensor] = field(default_factory=list)
+    first_gradients: list[torch.Tensor] = field(default_factory=list)
+
+    def score(self, layer: _Layer, d: torch.Tensor, h: fits.Hessian) -> float | None:
+        """``Σ_n f_n (δ_n H δ_nᵀ) / T`` for the change ``d [N, K]`` of the layer's weight
+        (``T`` the inputs ``H`` summed; about twice the increase of the loss summed over the
+        tokens), plus the same for the looked-up rows of a table tied to it; None without a
+        measured sensitivity."""
+        f = self.outputs.get(layer.name)
+        if f is None:
+            return None
+        d = d.to(torch.float64)
+        per_row = ((d @ h.matrix) * d).sum(1)
+        value = float((per_row * f.to(torch.float64)).sum()) / max(h.samples, 1)
+        tied = [n for n in layer.aliases if n in self.params]
+        if tied and self.blocks is not None and self.first_inputs:
+            values = dict(self.params)
+            table = values[tied[0]]
+            values[tied[0]] = table - d.to(table.dtype).reshape(table.shape)
+            moved = _block_inputs(self.model, self.blocks, values, self.calls)
+            for (args, _), x, g in zip(moved, self.first_inputs, self.first_gradients, strict=True):
+                value += float((g.double() * (args[0].double() - x.double()) ** 2).sum())
+        return value
+
+
+def _block_inputs(
+    model: nn.Module, blocks: nn.ModuleList, values: dict[str, torch.Tensor], calls: list[Any]
+) -> list[Any]:
+    """The ``(args, kwargs)`` the first block is called with for each call (the model run
+    with ``values`` as its parameters up to there)."""
+    captured: list[tuple[Any, Any]] = []
+
+    def hook(module: nn.Module, args: Any, kwargs: Any) -> None:
+        captured.append((_float_args(args), kwargs))
+        raise _Stop
+
+    handle = blocks[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for args, kwargs in calls:
+            with contextlib.suppress(_Stop):
+                _call(model, values, args, kwargs)
+    finally:
+        handle.remove()
+    return captured
+
+
+def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _Layer]) -> _Fisher:
+    """The output sensitivity of every fittable layer (:class:`_Fisher`): one forward and
+    one backward pass over the calibration samples, block by block (each block's weights
+    read for the forward pass and again for the backward, the float activations entering
+    every block kept), a sample at a time."""
+    calls = _per_sample(calls)
+    generator = torch.Generator().manual_seed(FISHER_SEED)
+    head = next((layer for layer in layers.values() if layer.head), None)
+    classes = int(_weight(head.module).shape[0]) if head is not None else None
+    blocks = find_blocks(model)
+    params, _ = _parameters(model, blocks)
+    sums: dict[str, torch.Tensor] = {}
+    if blocks is None:
+        modules = {layer.name: layer.module for layer in layers.values()}
+        with _output_gradients(modules, layers, sums):
+            for args, kwargs in calls:
+                out = _output_tensor(_call(model, params, args, kwargs, grad=True))
+                _divergence(out, classes, generator).backward()
+        return _Fisher(sums, model)
+    stream = _block_inputs(model, blocks, params, calls)
+    first_inputs = [args[0] for args, _ in stream]
+    entering: list[list[Any]] = []
+    for block in blocks:
+        weights, _ = _parameters(block)
+        entering.append(stream)
+        stream = [((_first_tensor(_call(block, weights, a, k)), *a[1:]), k) for a, k in stream]
+    inside = {id(m) for m in blocks.modules()}
+    after = {n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside}
+    gradients: list[torch.Tensor] = []
+    with _output_gradients(after, layers, sums):
+        for (args, kwargs), (carried, _) in zip(calls, stream, strict=True):
+            x = carried[0].detach().requires_grad_()
+            with _replayed(blocks, [x]):
+                out = _output_tensor(_call(model, params, args, kwargs, grad=True))
+            _divergence(out, classes, generator).backward()
+            gradients.append(x.grad if x.grad is not None else torch.zeros_like(x))
+    for index in reversed(range(len(blocks))):
+        block = blocks[index]
+        weights, _ = _parameters(block)
+        modules = {n: m for n, m in block.named_modules() if id(m) in layers}
+        with _output_gradients(modules, layers, sums):
+            for j, (args, kwargs) in enumerate(entering[index]):
+                x = args[0].detach().requires_grad_()
+                out = _first_tensor(_call(block, weights, (x, *args[1:]), kwargs, grad=True))
+                out.backward(gradients[j])
+                gradients[j] = x.grad if x.grad is not None else torch.zeros_like(x)
+        entering[index] = []
+        del weights
+    return _Fisher(
+        sums,
+        model,
+        blocks,
+        calls,
+        params,
+        first_inputs,
+        [g.detach() ** 2 for g in gradients],
+    )
+
+
+#: how the sensitivity pass fits each candidate form (:data:`METHODS`)
+SENSITIVITY_METHOD = "gptq"
+
 
 def _sensitivity(
     model: nn.Module,
@@ -918,43 +1099,31 @@ def _sensitivity(
     dtype: torch.dtype,
     listener: Any,
 ) -> dict[str, dict[int, float]]:
-    """Per selected weight, the error of each candidate form (by index in ``config.forms``;
-    forms that do not apply are missing), from rounding with activation-aware scales on the
-    float model's activations, on one scale for every weight: the error a layer inside a
-    block adds, ``‖(W - Ŵ) Xᵀ‖²``, relative to the energy of the activations entering the
-    block (the residual stream it perturbs), and for the layers outside the blocks (the
-    output head) their relative output error (the head's is the logits')."""
+    """Per selected weight, the effect of each candidate form (by index in
+    ``config.forms``; forms that do not apply are missing) on the model's output: the form
+    fitted on the float model's activations, its change of the layer's outputs weighted by
+    how much each output channel moves the model's output (:func:`_fisher`), so that one
+    scale holds for every weight, the output head and a tied embedding table included.
+    A layer the backward pass did not reach is measured by its relative output error."""
+    fisher = _fisher(model, calls, layers)
     errors: dict[str, dict[int, float]] = {}
-    block: dict[str, float | None] = {"energy": None}
 
     def measure(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> None:
         if h is None or not config.selects(layer.name) or weight.numel() < config.min_elements:
             return None
         n = weight.shape[0]
         found = errors.setdefault(layer.name, {})
-        energy = block["energy"]
+        w = weight.reshape(n, -1)
         for i, form in enumerate(config.forms):
-            out = fit_weight(layer.module, weight, h, form, dtype, method="awq")
+            out = fit_weight(layer.module, weight, h, form, dtype, method=SENSITIVITY_METHOD)
             if isinstance(out, str):
                 continue
-            relative = fits.output_error(weight.reshape(n, -1), out[1].reshape(n, -1), h)
-            if energy:  # the error's energy against the residual stream's
-                w = weight.reshape(n, -1).double()
-                signal = float(((w @ h.matrix) * w).sum())
-                relative = relative * signal / energy
-            found[i] = relative
+            fitted = out[1].reshape(n, -1)
+            score = fisher.score(layer, w - fitted, h)
+            found[i] = score if score is not None else fits.output_error(w, fitted, h)
         return None
 
-    _walk(
-        model,
-        calls,
-        layers,
-        measure,
-        listener,
-        "sensitivity",
-        measure=False,
-        on_block=lambda energy: block.update(energy=energy),
-    )
+    _walk(model, calls, layers, measure, listener, "sensitivity", measure=False)
     return errors
 
 

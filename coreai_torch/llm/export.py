@@ -50,6 +50,7 @@ from coreai_torch.llm.calibration import (
     Calibrationdata,
     calibrated,
     calibration_tokens,
+    measured,
     vocab_size,
 )
 from coreai_torch.precision import Precision, from_spec
@@ -240,11 +241,19 @@ def convert_causal_lm(
     fitted = None
     if compression is not None and calibration is not None:
         fitted = calibrated(model, calibration, compression, policy.compute)
+    elif compression is not None:  # data-free: its output error measured on examples
+        fitted = measured(model, compression, policy.compute, max_context, _source_dir(model))
     if compression is not None:  # before optimize(): no transposed float copies of weights
         program.compress(compression, calibration=fitted)
     for entrypoint, config in shapes.items():  # the static-shape functions, one per shape
         program.set_static_shape_config(entrypoint, config)
     return program.optimize()
+
+
+def _source_dir(model: nn.Module) -> Path | None:
+    """The directory the model was loaded from (its tokenizer may be there), if known."""
+    source = getattr(model, "name_or_path", None) or getattr(model.config, "_name_or_path", "")
+    return Path(source) if source and Path(source).is_dir() else None
 
 
 def _stage_main(
