@@ -643,11 +643,21 @@ Fit = Callable[[_Layer, torch.Tensor, "fits.Hessian | None"], "torch.Tensor | No
 
 
 class _Replay(nn.Module):
-    """A block that returns the carried activations of the current call."""
+    """A block that returns the carried activations of the current call (and has the
+    original block's attributes: a model's forward may read them, e.g. ``attention_type``)."""
 
-    def __init__(self, outputs: list[Any], state: dict[str, int], advance: bool) -> None:
+    def __init__(
+        self, outputs: list[Any], state: dict[str, int], advance: bool, original: nn.Module
+    ) -> None:
         super().__init__()
         self.outputs, self.state, self.advance = outputs, state, advance
+        object.__setattr__(self, "original", original)  # not a submodule: no parameters
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["original"], name)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = self.outputs[self.state["call"]]
@@ -662,7 +672,7 @@ def _replayed(blocks: nn.ModuleList, outputs: list[Any]) -> Iterator[None]:
     saved = list(blocks)
     state = {"call": 0}
     for i in range(len(saved)):
-        blocks[i] = _Replay(outputs, state, advance=i == len(saved) - 1)
+        blocks[i] = _Replay(outputs, state, advance=i == len(saved) - 1, original=saved[i])
     try:
         yield
     finally:

@@ -8,6 +8,7 @@ model streamed from its checkpoint too).
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -162,9 +163,23 @@ def measured(
     if isinstance(config, Pruning):
         return None
     tokens, source = example_tokens(vocab_size(model), max_context, tokenizer_dir)
-    fitted = calibrate(
-        model, {"input_ids": tokens, "use_cache": False}, config, scale_dtype=dtype, method="rtn"
-    )
+    try:
+        fitted = calibrate(
+            model,
+            {"input_ids": tokens, "use_cache": False},
+            config,
+            scale_dtype=dtype,
+            method="rtn",
+        )
+    except Exception as error:  # the measurement is advisory: the export goes on without it
+        warnings.warn(
+            f"compress({config.describe()}): the compressed model's output error could not be "
+            f"measured on example inputs ({type(error).__name__}: {error}); measure its "
+            "quality before shipping it (coreai-torch eval perplexity)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return None
     fitted.measured_on = f"{tokens.shape[0]} example inputs of {source} (no calibration)"
     fitted.weights = {}
     return fitted

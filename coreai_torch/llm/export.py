@@ -224,7 +224,8 @@ def convert_causal_lm(
         progress_events.phase(listener, "trace", 1, "entry points") as traced,
         lazy.tracing(),  # a streamed model's weights are lazy: trace without recording
     ):
-        experts("dense")  # every expert on the call's tokens (T is known only at run time)
+        # every expert on the call's tokens (T is known only at run time)
+        has_experts = experts("dense")
         # the KV states in the compute precision (half precision halves their bytes)
         states = policy.compute if policy.is_half else model.dtype
         if engine == "static":
@@ -241,7 +242,7 @@ def convert_causal_lm(
     fitted = None
     if compression is not None and calibration is not None:
         fitted = calibrated(model, calibration, compression, policy.compute)
-    elif compression is not None:  # data-free: its output error measured on examples
+    elif compression is not None and not has_experts:  # data-free: measured on examples
         fitted = measured(model, compression, policy.compute, max_context, _source_dir(model))
     if compression is not None:  # before optimize(): no transposed float copies of weights
         program.compress(compression, calibration=fitted)
