@@ -265,8 +265,9 @@ HALF_VARIANTS: list[Any] = [
 ]
 #: the variants checked against the float32 model (:func:`check_closer_to_float32`): the
 #: eager float16 Gemma (1) drifts from float32 along a decode (1.1e-2 of max|ref| at step 31
-#: of the third prompt, where the bundle is within 4.6e-3 of float32)
-AGAINST_FLOAT32 = {("gemma", None)}
+#: of the third prompt, where the bundle is within 4.6e-3 of float32); Gemma 2 with int4
+#: weights parts from its eager float16 model by 5.5e-2 at step 20 of the third prompt
+AGAINST_FLOAT32 = {("gemma", None), ("gemma2", "int4")}
 
 
 @pytest.mark.slow
