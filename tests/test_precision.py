@@ -386,6 +386,33 @@ def test_norms_of_large_activations(norm: nn.Module) -> None:
     check_half(norm, (x,), program, rel=1e-2)
 
 
+class OnePlusWeightRMSNorm(nn.Module):
+    """Gemma's RMSNorm (scaled by ``1 + weight``, a small weight) of ``|x|``."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(1e-2 * torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.abs()  # a half activation (a norm reading a fed input directly is not fused)
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return normed * (1.0 + self.weight)
+
+
+def test_rms_norm_weights_computed_from_parameters_stay_float32() -> None:
+    """A fused RMSNorm reads its weight as exported, in float32, also when the weight is
+    computed from a parameter (Gemma's ``1 + w``): the float16 program rounds its result once,
+    within half an ulp of float16 of float32 eager's (``1 + w`` rounded to float16 added up to
+    another half ulp, 9e-4 relative)."""
+    torch.manual_seed(0)
+    norm, x = OnePlusWeightRMSNorm(256), torch.randn(8, 256).half().float()
+    program = convert(norm, (x,), compute_precision=torch.float16).optimize()
+    out = torch.as_tensor(np.asarray(run_program(program, {"x": x}), np.float32))
+    expected = norm(x).detach()
+    relative = ((out - expected).abs() / expected.abs()).max().item()
+    assert relative <= 2.0**-11 + 1e-5, relative
+
+
 # ---------------------------------------------------------------- models already in 16 bits ---
 
 

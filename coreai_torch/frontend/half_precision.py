@@ -19,9 +19,11 @@ How each node is treated, walking the graph in order:
   half node reads them (directly or through layout ops / dequantization) -- a copy made once
   per conversion (``HalfWeights``) and shared by every entry point -- and stay as they are
   otherwise.  Floating buffer states (KV caches) are stored in the half type.
-* **composites**: a hand-written RMSNorm becomes ``aten.rms_norm`` on half operands, whose
-  lowering keeps the statistics in float32; the other composite ops (``layer_norm``,
-  ``group_norm``, attention, ...) take half operands and compute their reductions in float32.
+* **composites**: a hand-written RMSNorm becomes ``aten.rms_norm`` on half operands (a
+  weight computed from a parameter, Gemma's ``1 + w``, as exported in float32), whose
+  lowering keeps the statistics and the product with the weight in float32; the other
+  composite ops (``layer_norm``, ``group_norm``, attention, ...) take half operands and
+  compute their reductions in float32.
 * **boundary**: floating inputs and outputs keep the exported dtypes (cast at the edges)
   unless the policy's ``io_dtype`` asks for the half type.  Control-flow ops (``cond``,
   ``while_loop``, ...) run their bodies as exported, with operands cast back.
@@ -49,7 +51,7 @@ from torch.export.graph_signature import (
 )
 
 from coreai_torch.frontend.export import RECURRENT_OPS
-from coreai_torch.frontend.fusions import find_rms_norms
+from coreai_torch.frontend.fusions import RMSNormMatch, find_rms_norms
 from coreai_torch.frontend.signature import ProgramSignature, analyze_signature
 from coreai_torch.precision.policy import Precision
 from coreai_torch.tensors import lazy
@@ -319,7 +321,10 @@ class _Analysis:
                 self.decision[node] = HALF if node in wants_half else KEEP
                 decision = self.decision[node]
             if decision in (HALF, RMS):
-                for a in _half_operands(node):
+                operands = _half_operands(node)
+                if decision == RMS:  # a computed weight is read as exported (float32)
+                    operands = [a for a in operands if a is not _computed_weight(self.rms[node])]
+                for a in operands:
                     if (a in self.derived and _is_float(a)) or (
                         a.op == "placeholder" and a.name in self.weights
                     ):
@@ -327,6 +332,12 @@ class _Analysis:
         self.half_weights = {
             n.name for n in self.nodes if n.op == "placeholder" and n in wants_half and _is_float(n)
         }
+
+
+def _computed_weight(match: RMSNormMatch) -> torch.fx.Node | None:
+    """The weight of a hand-written RMSNorm when an op computes it (Gemma's ``1 + w``)."""
+    weight = match.weight
+    return weight if weight is not None and weight.op != "placeholder" else None
 
 
 def _half_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
@@ -553,9 +564,13 @@ class _Rewriter:
     def rms_norm(self, node: torch.fx.Node) -> None:
         match = self.analysis.rms[node]
         x = self.cast(self.env[match.input], self.half, node)
-        weight = (
-            self.cast(self.env[match.weight], self.half, node) if match.weight is not None else None
-        )
+        # a weight computed from a parameter (Gemma's ``1 + w``) as exported, in float32: the
+        # lowering multiplies in float32, and ``1 + w`` rounded to float16 loses half an ulp;
+        # a parameter in the half type, as the eager half model multiplies by it
+        weight = match.weight
+        if weight is not None:
+            how = KEEP if weight is _computed_weight(match) else HALF
+            weight = self.operand(weight, how, node)
         new = self.graph.create_node(
             "call_function",
             aten.rms_norm.default,
