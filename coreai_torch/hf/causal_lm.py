@@ -357,6 +357,10 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
     @classmethod
     def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModelForCausalLM:
         if not is_bundle_dir(path):
+            if (path / COREAI_CONFIG).is_file():
+                task = read_coreai_config(path, check_assets=False).get("task")
+                if task != cls.task:  # another task's directory: the base names its class
+                    return super()._load(path, verify_hash=verify_hash)
             raise ValueError(
                 f"{path} was saved by an earlier coreai-torch in its own format (prefill/decode "
                 "entry points, int64 ids), which this one no longer runs; export the model "
