@@ -156,6 +156,8 @@ class Bundle:
                     "Hugging Face Hub instead: write the tokenizer into the bundle"
                 )
             self._tokenizer = read_tokenizer(directory)
+            if self.manifest.kind == "vlm":
+                check_image_token(self.manifest.vision_config(), self._tokenizer, where)
 
     def check_assets(self) -> None:
         """Check every asset's functions against the engine that runs it
@@ -256,6 +258,18 @@ class Bundle:
     def asset_metadata(self, role: str = "main") -> AssetMetadata:
         """The metadata stored in the asset of ``role``."""
         return read_asset_metadata(self.asset_path(role))
+
+
+def check_image_token(vision: VisionConfig, tokenizer: TokenizerInfo, where: str) -> None:
+    """``vision.image_token_id`` must be a token of the embedded tokenizer: the app writes that
+    token into the prompt (``convertIdToToken``) and replaces its embeddings with the image
+    features."""
+    if tokenizer.token(vision.image_token_id) is None:
+        raise BundleError(
+            f"{where}: vision.image_token_id = {vision.image_token_id} is not a token of the "
+            f"bundle's tokenizer ({tokenizer.directory}); it must be the id of the model's image "
+            "placeholder token (e.g. the processor's image_token)"
+        )
 
 
 def check_bundle_assets(

@@ -28,7 +28,7 @@ from coreai_torch.bundles.asset_metadata import (
     producer,
     write_asset_metadata,
 )
-from coreai_torch.bundles.manifest import LANGUAGE_KINDS, LanguageConfig, Manifest
+from coreai_torch.bundles.manifest import LANGUAGE_KINDS, LanguageConfig, Manifest, VisionConfig
 from coreai_torch.bundles.reader import (
     ASSET_SUFFIXES,
     MANIFEST_FILE,
@@ -364,6 +364,68 @@ def write_llm_bundle(
     files to include (see :func:`write_bundle`; e.g. the Hugging Face ``config.json``, which
     the app ignores and Python loaders read).
     """
+    return _write_language_bundle(
+        directory,
+        {"main": asset},
+        None,
+        model_dir=model_dir,
+        config=config,
+        tokenizer=tokenizer,
+        name=name,
+        max_context_length=max_context_length,
+        model_id=model_id,
+        function=function,
+        compression=compression,
+        chat_template=chat_template,
+        asset_metadata=asset_metadata,
+        files=files,
+        overwrite=overwrite,
+    )
+
+
+def write_vlm_bundle(
+    directory: str | os.PathLike[str],
+    assets: Mapping[str, AssetSource],
+    vision: VisionConfig,
+    **options: Any,
+) -> Bundle:
+    """Write a vision-language bundle (kind ``vlm``) the app's ``CoreAIVisionLanguageModel``
+    loads: ``assets`` ``main`` (the decoder, whose first input is the token embeddings),
+    ``embedding`` (token ids to embeddings) and ``vision`` (pixels to the projected image
+    features), the top-level ``vision`` block, and the rest as :func:`write_llm_bundle`
+    (``options``: its keyword arguments; the asset metadata describes each component)."""
+    missing = [role for role in VLM_ROLES if role not in assets]
+    if missing:
+        raise BundleError(
+            f"a vlm bundle needs the assets {list(VLM_ROLES)}; {missing} not given (the app's "
+            "CoreAIVisionLanguageModel loads all three)"
+        )
+    return _write_language_bundle(directory, assets, vision, **options)
+
+
+#: the asset roles of a ``vlm`` bundle (``ModelBundle.ComponentKey``)
+VLM_ROLES = ("main", "embedding", "vision")
+
+
+def _write_language_bundle(
+    directory: str | os.PathLike[str],
+    assets: Mapping[str, AssetSource],
+    vision: VisionConfig | None,
+    *,
+    model_dir: str | os.PathLike[str] | None = None,
+    config: Any = None,
+    tokenizer: Any = None,
+    name: str | None = None,
+    max_context_length: int | None = None,
+    model_id: str | None = None,
+    function: str = "main",
+    compression: str | None = None,
+    chat_template: str | None = None,
+    asset_metadata: AssetMetadata | None = None,
+    files: Mapping[str, str | os.PathLike[str]] | None = None,
+    overwrite: bool = False,
+) -> Bundle:
+    """:func:`write_llm_bundle` (``vision`` None) or :func:`write_vlm_bundle`."""
     model_dir = None if model_dir is None else Path(model_dir)
     if model_dir is not None and not model_dir.is_dir():
         raise BundleNotFoundError(f"model directory {model_dir} does not exist")
@@ -376,9 +438,10 @@ def write_llm_bundle(
         function=function,
     )
     manifest = Manifest(
-        kind="llm",
+        kind="llm" if vision is None else "vlm",
         name=name or Path(directory).name,
         language=language,
+        vision=vision,
         source={
             "model_definition": "torch",
             **({"hf_model_id": identifier} if identifier else {}),
@@ -387,12 +450,13 @@ def write_llm_bundle(
         compression=compression,
         compilation={"date": datetime.datetime.now().astimezone().isoformat(), "targets": []},
     )
-    if asset_metadata is None and not isinstance(asset, (str, os.PathLike)):
+    programs = [a for a in assets.values() if not isinstance(a, (str, os.PathLike))]
+    if asset_metadata is None and programs:
         asset_metadata = metadata_from_model_dir(model_dir, hf_config, model_id=identifier)
     return write_bundle(
         directory,
         manifest,
-        {"main": asset},
+        assets,
         tokenizer=tokenizer if tokenizer is not None else model_dir,
         eos_token_ids=eos_token_ids(hf_config, model_dir),
         chat_template=chat_template,

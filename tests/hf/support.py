@@ -252,7 +252,7 @@ def llava_processor(directory: Any) -> Any:
         chat_template=(
             "{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}"
             "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}"
-            "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+            "{% endfor %}</s>\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
         ),
     )
     processor.save_pretrained(directory)
