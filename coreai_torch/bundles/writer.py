@@ -335,7 +335,7 @@ def language_config_from_hf(
 
 def write_llm_bundle(
     directory: str | os.PathLike[str],
-    asset: AssetSource,
+    asset: AssetSource | Mapping[str, AssetSource],
     *,
     model_dir: str | os.PathLike[str] | None = None,
     config: Any = None,
@@ -349,6 +349,7 @@ def write_llm_bundle(
     asset_metadata: AssetMetadata | None = None,
     files: Mapping[str, str | os.PathLike[str]] | None = None,
     overwrite: bool = False,
+    vision: VisionConfig | None = None,
 ) -> Bundle:
     """Write a language-model bundle (kind ``llm``) the app's ``LanguageBundle`` loads.
 
@@ -362,70 +363,9 @@ def write_llm_bundle(
     ``compilation`` (date).  The asset's metadata defaults to
     :func:`~coreai_torch.bundles.asset_metadata.metadata_from_model_dir`.  ``files``: other
     files to include (see :func:`write_bundle`; e.g. the Hugging Face ``config.json``, which
-    the app ignores and Python loaders read).
+    the app ignores and Python loaders read).  With ``vision`` (and ``asset`` the assets by
+    role) the bundle is a vision-language one: see :func:`write_vlm_bundle`.
     """
-    return _write_language_bundle(
-        directory,
-        {"main": asset},
-        None,
-        model_dir=model_dir,
-        config=config,
-        tokenizer=tokenizer,
-        name=name,
-        max_context_length=max_context_length,
-        model_id=model_id,
-        function=function,
-        compression=compression,
-        chat_template=chat_template,
-        asset_metadata=asset_metadata,
-        files=files,
-        overwrite=overwrite,
-    )
-
-
-def write_vlm_bundle(
-    directory: str | os.PathLike[str],
-    assets: Mapping[str, AssetSource],
-    vision: VisionConfig,
-    **options: Any,
-) -> Bundle:
-    """Write a vision-language bundle (kind ``vlm``) the app's ``CoreAIVisionLanguageModel``
-    loads: ``assets`` ``main`` (the decoder, whose first input is the token embeddings),
-    ``embedding`` (token ids to embeddings) and ``vision`` (pixels to the projected image
-    features), the top-level ``vision`` block, and the rest as :func:`write_llm_bundle`
-    (``options``: its keyword arguments; the asset metadata describes each component)."""
-    missing = [role for role in VLM_ROLES if role not in assets]
-    if missing:
-        raise BundleError(
-            f"a vlm bundle needs the assets {list(VLM_ROLES)}; {missing} not given (the app's "
-            "CoreAIVisionLanguageModel loads all three)"
-        )
-    return _write_language_bundle(directory, assets, vision, **options)
-
-
-#: the asset roles of a ``vlm`` bundle (``ModelBundle.ComponentKey``)
-VLM_ROLES = ("main", "embedding", "vision")
-
-
-def _write_language_bundle(
-    directory: str | os.PathLike[str],
-    assets: Mapping[str, AssetSource],
-    vision: VisionConfig | None,
-    *,
-    model_dir: str | os.PathLike[str] | None = None,
-    config: Any = None,
-    tokenizer: Any = None,
-    name: str | None = None,
-    max_context_length: int | None = None,
-    model_id: str | None = None,
-    function: str = "main",
-    compression: str | None = None,
-    chat_template: str | None = None,
-    asset_metadata: AssetMetadata | None = None,
-    files: Mapping[str, str | os.PathLike[str]] | None = None,
-    overwrite: bool = False,
-) -> Bundle:
-    """:func:`write_llm_bundle` (``vision`` None) or :func:`write_vlm_bundle`."""
     model_dir = None if model_dir is None else Path(model_dir)
     if model_dir is not None and not model_dir.is_dir():
         raise BundleNotFoundError(f"model directory {model_dir} does not exist")
@@ -450,6 +390,7 @@ def _write_language_bundle(
         compression=compression,
         compilation={"date": datetime.datetime.now().astimezone().isoformat(), "targets": []},
     )
+    assets = dict(asset) if isinstance(asset, Mapping) else {"main": asset}
     programs = [a for a in assets.values() if not isinstance(a, (str, os.PathLike))]
     if asset_metadata is None and programs:
         asset_metadata = metadata_from_model_dir(model_dir, hf_config, model_id=identifier)
@@ -464,3 +405,27 @@ def _write_language_bundle(
         asset_metadata=asset_metadata,
         overwrite=overwrite,
     )
+
+
+#: the asset roles of a ``vlm`` bundle (``ModelBundle.ComponentKey``)
+VLM_ROLES = ("main", "embedding", "vision")
+
+
+def write_vlm_bundle(
+    directory: str | os.PathLike[str],
+    assets: Mapping[str, AssetSource],
+    vision: VisionConfig,
+    **options: Any,
+) -> Bundle:
+    """Write a vision-language bundle (kind ``vlm``) the app's ``CoreAIVisionLanguageModel``
+    loads: ``assets`` ``main`` (the decoder, whose first input is the token embeddings),
+    ``embedding`` (token ids to embeddings) and ``vision`` (pixels to the projected image
+    features), the top-level ``vision`` block, and the rest as :func:`write_llm_bundle`
+    (``options``: its keyword arguments; the asset metadata describes each component)."""
+    missing = [role for role in VLM_ROLES if role not in assets]
+    if missing:
+        raise BundleError(
+            f"a vlm bundle needs the assets {list(VLM_ROLES)}; {missing} not given (the app's "
+            "CoreAIVisionLanguageModel loads all three)"
+        )
+    return write_llm_bundle(directory, assets, vision=vision, **options)

@@ -38,7 +38,7 @@ from transformers import (
 
 from coreai_torch.bundles import is_bundle_dir
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
-from coreai_torch.hf.tasks import CLASSES, register_pipeline_names
+from coreai_torch.hf.tasks import BUNDLE_TASKS, CLASSES, register_pipeline_names
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.tensors import lazy
 from coreai_torch.tensors.lazy import WeightSource
@@ -262,8 +262,7 @@ class CoreAIModel(PreTrainedModel):
             from coreai_torch.bundles.manifest import Manifest
 
             kind = Manifest.read(path / "metadata.json").kind
-            task = "image-text-to-text" if kind == "vlm" else "text-generation"
-            loader = class_for_task(task)
+            loader = class_for_task(BUNDLE_TASKS.get(kind, "text-generation"))
             if not issubclass(loader, cls):
                 raise ValueError(
                     f"{path} is a bundle (metadata.json) of a {kind} model; load it with "

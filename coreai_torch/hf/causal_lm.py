@@ -34,10 +34,11 @@ from coreai_torch.hf.base import (
     FORMAT_VERSION,
     CoreAIModel,
     checked_config,
+    class_for_task,
     load_generation_config,
     read_coreai_config,
 )
-from coreai_torch.hf.tasks import CAUSAL_LM_TYPES
+from coreai_torch.hf.tasks import BUNDLE_TASKS, CAUSAL_LM_TYPES
 
 #: generation modes ``generate`` supports (``GenerationMode`` values)
 SUPPORTED_GENERATION_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
@@ -380,16 +381,8 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
 
         bundle = Bundle.load(path)
         if bundle.kind != cls.bundle_kind:
-            from coreai_torch.hf.base import CoreAIModel
-
-            loader = next(
-                (
-                    c.__name__
-                    for c in _subclasses(CoreAIModel)
-                    if c.__dict__.get("bundle_kind") == bundle.kind
-                ),
-                None,
-            )
+            task = BUNDLE_TASKS.get(bundle.kind)
+            loader = class_for_task(task).__name__ if task else None
             raise ValueError(
                 f"{path} is a '{bundle.kind}' bundle; {cls.__name__} loads '{cls.bundle_kind}' "
                 "bundles" + (f": load it with {loader}" if loader else "")
@@ -614,13 +607,6 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             logits=out, past_key_values=cache if use_cache is not False else None
         )
         return result if return_dict is not False else result.to_tuple()
-
-
-def _subclasses(cls: type) -> list[type]:
-    found = []
-    for sub in cls.__subclasses__():
-        found += [sub, *_subclasses(sub)]
-    return found
 
 
 def bundle_config(path: Path, language: Any) -> Any:
