@@ -45,6 +45,37 @@ def _rtn(w: torch.Tensor, bits: int, block: int, symmetric: bool = True) -> torc
     ].reshape(n, k)
 
 
+def test_few_inputs_are_kept_and_give_the_hessians_errors() -> None:
+    """Fewer inputs than the weight has columns are kept as they are (the data-free
+    measurement of a 1B model's 8192-input weights on 128 tokens multiplies by them, not by
+    an 8192² matrix); the errors, diagonal and matrix are the Hessian's either way."""
+    x = _inputs(48, 128)
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    q = _rtn(w, 4, 32)
+    few = fits.Hessian(128)
+    few.add(x[:20])
+    few.add(x[20:])
+    assert few._matrix is None  # still the inputs
+    error = fits.output_error(w, q, few)
+    diagonal = few.diagonal
+    expected = x.double().T @ x.double()
+    direct = float(
+        (((w - q).double() @ x.double().T) ** 2).sum() / ((w.double() @ x.double().T) ** 2).sum()
+    )
+    assert error == pytest.approx(direct, rel=1e-5)
+    torch.testing.assert_close(diagonal.double(), expected.diagonal(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        few.matrix, expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max())
+    )
+    assert fits.output_error(w, q, few) == pytest.approx(direct, rel=1e-5)  # from H now
+    many = fits.Hessian(16)  # more inputs than columns: summed into H as they come
+    many.add(x[:, :16])
+    assert many._matrix is not None
+    assert float(many.row_energies(w[:, :16]).sum()) == pytest.approx(
+        float(((w[:, :16].double() @ x[:, :16].double().T) ** 2).sum()), rel=1e-6
+    )
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize(("bits", "block"), [(4, 32), (4, 128), (3, 32), (8, 128)])
 def test_gptq_has_less_output_error_than_round_to_nearest(

@@ -1003,8 +1003,7 @@ class _Fisher:
         f = self.outputs.get(layer.name)
         if f is None:
             return None
-        d = d.to(torch.float64)
-        per_row = ((d @ h.matrix) * d).sum(1)
+        per_row = h.row_energies(d)
         value = float((per_row * f.to(torch.float64)).sum()) / max(h.samples, 1)
         tied = [n for n in layer.aliases if n in self.params]
         if tied and self.blocks is not None and self.first_inputs:
