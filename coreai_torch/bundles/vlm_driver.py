@@ -144,6 +144,29 @@ class VisionLanguageEngine(SequentialEngine):
     def _batch(self, tokens: Sequence[int]) -> np.ndarray:
         return self._call(self.embed(tokens))
 
+    def prompt_tokens(self, text: str) -> list[int]:
+        """The prompt the app builds for ``text`` and one image (``buildPromptTokens``): the
+        bundle's chat template applied to one user message ``"<image token>\\n<text>"``, the
+        first image token expanded into ``image_token_count`` placeholders (others dropped)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(self.bundle.tokenizer_dir)
+        image = self.vision.image_token_id
+        message = [{"role": "user", "content": f"{tokenizer.convert_ids_to_tokens(image)}\n{text}"}]
+        ids = tokenizer.apply_chat_template(message, add_generation_prompt=True, tokenize=True)
+        out: list[int] = []
+        for token in ids:
+            if token != image:
+                out.append(int(token))
+            elif image not in out:
+                out.extend([image] * self.vision.image_token_count)
+        if image not in out:
+            raise BundleError(
+                f"the chat template of {self.bundle.tokenizer_dir} does not render the image "
+                "token of a plain-string message; the app would ignore the image"
+            )
+        return out
+
     # -- generation ------------------------------------------------------------------------
 
     def merge(self, tokens: Sequence[int], features: np.ndarray) -> np.ndarray:

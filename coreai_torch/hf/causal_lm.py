@@ -437,6 +437,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         *,
         tokenizer: Any = None,
         name: str | None = None,
+        chat_template: str | None = None,
         **_: Any,
     ) -> None:
         """Write the bundle Apple's app runtimes load (``metadata.json``, ``tokenizer/``, the
@@ -445,7 +446,8 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         :meth:`from_pretrained` loads it back without exporting.  ``tokenizer``: the
         tokenizer to embed (a Hugging Face tokenizer or its directory), by default the one of
         the directory the model was exported or loaded from; ``name`` the bundle's name
-        (default: the directory's).  A directory holding anything but a bundle is refused."""
+        (default: the directory's); ``chat_template`` replaces the tokenizer's.  A directory
+        holding anything but a bundle is refused."""
         out = Path(save_directory)
         if out.exists() and not is_bundle_dir(out) and (not out.is_dir() or any(out.iterdir())):
             raise FileExistsError(
@@ -481,6 +483,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
                 config=self.config,
                 tokenizer=tokenizer,
                 name=name,
+                chat_template=chat_template,
                 max_context_length=self.max_context,
                 compression=self.coreai_config.get("compression"),
                 overwrite=True,

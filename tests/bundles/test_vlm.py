@@ -197,6 +197,25 @@ def test_driver_matches_transformers_greedy_fp32(llama: dict[str, Any]) -> None:
         assert_same_greedy(ours, logits, theirs, expected, tol=FP32_TOLERANCE)
 
 
+def test_driver_builds_the_apps_prompt(llama: dict[str, Any]) -> None:
+    """The app's prompt (the chat template on ``"<image>\\n<text>"``, the image token expanded)
+    is the processor's for the same text: generation from it, with the image preprocessed per
+    the vision block, matches ``transformers``."""
+    image = picture(40, 48, 9)
+    with VisionLanguageEngine(llama["bundle"], stop_token_ids=()) as engine:
+        ids = engine.prompt_tokens("the quick")
+        logits: list[np.ndarray] = []
+        ours = engine.generate(ids, NEW_TOKENS, image=image, on_logits=logits.append)
+    message = [{"role": "user", "content": "<image>\nthe quick"}]
+    text = llama["processor"].apply_chat_template(
+        message, add_generation_prompt=True, tokenize=False
+    )
+    inputs = prompt(llama, text, image)
+    assert inputs["input_ids"][0].tolist() == ids
+    theirs, expected = reference(llama, inputs)
+    assert_same_greedy(ours, logits, theirs, expected, tol=FP32_TOLERANCE)
+
+
 def test_driver_preprocesses_like_the_image_processor(llama: dict[str, Any]) -> None:
     vision = Bundle.load(llama["bundle"]).vision
     assert vision is not None
@@ -306,6 +325,11 @@ def test_bad_bundles_are_refused_at_load(llama: dict[str, Any], tmp_path: Path) 
     )
     with pytest.raises(BundleError, match=f"image_token_id = {unknown} is not a token of"):
         Bundle.load(no_token)
+    list_only = copy_bundle(llama, tmp_path / "f")
+    template = list_only / "tokenizer" / "chat_template.jinja"
+    template.write_text(template.read_text().replace("m['content'] is string", "false"))
+    with pytest.raises(BundleError, match="does not render the image token '<image>'"):
+        Bundle.load(list_only)
     no_block = copy_bundle(llama, tmp_path / "e", lambda m: m.pop("vision"))
     with pytest.raises(BundleError, match="vision is missing"):
         Bundle.load(no_block)
@@ -329,7 +353,11 @@ def test_bad_bundles_are_refused_at_export(llama: dict[str, Any], tmp_path: Path
     not_a_token = VisionConfig(**{**vision.__dict__, "image_token_id": unknown})
     with pytest.raises(BundleError, match="is not a token of"):
         write_vlm_bundle(tmp_path / "d", assets, not_a_token, **options)
-    assert not [p for p in tmp_path.iterdir() if p.name in "abcd"]
+    list_only = "{% for m in messages %}{% for c in m['content'] %}{{ c['text'] }}{% endfor %}"
+    list_only += "</s>{% endfor %}"
+    with pytest.raises(BundleError, match="would otherwise ignore the image"):
+        write_vlm_bundle(tmp_path / "e", assets, vision, **options, chat_template=list_only)
+    assert not [p for p in tmp_path.iterdir() if p.name in "abcde"]
 
 
 def test_vision_block_is_derived_from_the_processor(llama: dict[str, Any]) -> None:
