@@ -255,6 +255,23 @@ def test_stretch_and_pad_strategies() -> None:
     assert not np.allclose(padded[0, :, 3:5], -2.0)
 
 
+def test_text_only_prompt_is_prefilled_in_chunks(llama: dict[str, Any]) -> None:
+    """Without an image the engine prefills as the sequential engine: chunks of
+    ``prefill_chunk_size`` past the threshold, each token embedded by the embedding asset."""
+    ids = llama["processor"].tokenizer("the quick brown fox jumps over the lazy dog")["input_ids"]
+    logits: list[np.ndarray] = []
+    with VisionLanguageEngine(llama["bundle"], chunk_threshold=4, stop_token_ids=()) as engine:
+        engine.prefill_chunk_size = 3
+        ours = engine.generate(ids, NEW_TOKENS, on_logits=logits.append)
+        chunks = -(-len(ids) // 3)
+        sizes = [n for _, n, _ in engine.calls]
+        assert sizes[:chunks] == [3] * (chunks - 1) + [len(ids) - 3 * (chunks - 1)]
+        assert sizes[chunks:] == [1] * (NEW_TOKENS - 1)
+    inputs = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids))}
+    theirs, expected = reference(llama, inputs)
+    assert_same_greedy(ours, logits, theirs, expected, tol=FP32_TOLERANCE)
+
+
 def test_driver_refuses_a_prompt_without_the_placeholders(llama: dict[str, Any]) -> None:
     with (
         VisionLanguageEngine(llama["bundle"]) as engine,
@@ -263,6 +280,10 @@ def test_driver_refuses_a_prompt_without_the_placeholders(llama: dict[str, Any])
         engine.generate([5, llama["model"].config.image_token_id, 6], 2, image=picture(8, 8, 0))
     with pytest.raises(BundleError, match="VisionLanguageEngine"):
         open_engine(llama["bundle"], "sequential")
+    from coreai_torch.llm import Generator
+
+    with pytest.raises(ValueError, match="vision-language bundle"):
+        Generator(llama["bundle"])
 
 
 # ------------------------------------------------------------------------------- loading ---

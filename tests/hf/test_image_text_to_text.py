@@ -19,6 +19,7 @@ import torch
 
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.hf import CoreAIModelForImageTextToText
+from tests.bundles.support import assert_doctor_clean
 from tests.hf.support import (
     TOLERANCE,
     assert_streamed,
@@ -113,6 +114,7 @@ def test_pipeline_and_saved_directory(exported: dict[str, Any]) -> None:
     assert {"metadata.json", "coreai.aimodel", "embedding.aimodel", "vision.aimodel"} <= names
     assert {"config.json", "tokenizer"} <= names
     assert not [p for p in out.rglob("*") if p.name.endswith((".safetensors", ".bin"))]
+    assert_doctor_clean(out)
     # the processor's files are saved beside the tokenizer's
     processor = AutoProcessor.from_pretrained(out / "tokenizer", local_files_only=True)
     messages = [
