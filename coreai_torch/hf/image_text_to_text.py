@@ -95,8 +95,8 @@ def export_vlm(
     """The three ``AIProgram`` of a LLaVA-style model by bundle role (``main``, ``embedding``,
     ``vision``; see the module documentation) and the number of tokens of each image.
 
-    ``precision`` applies to all three; ``compress`` to the decoder and the vision tower (the
-    embedding table is a lookup, kept in the compute precision)."""
+    ``precision`` and ``compress`` apply to all three (the compression configuration says how
+    the embedding table is stored, as for causal LMs)."""
     from coreai_torch.converter import TorchConverter
     from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.llm.export import (
@@ -145,7 +145,7 @@ def export_vlm(
             entrypoint_name=COMPONENT_FUNCTION,
         )
         program = converter.to_coreai()
-        if compression is not None and role == "vision":
+        if compression is not None:
             program.compress(compression)
         programs[role] = program.optimize()
     output = next(n for n in traced["vision"][0].graph.nodes if n.op == "output")

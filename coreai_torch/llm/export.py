@@ -244,7 +244,8 @@ def convert_causal_lm(
     fitted = None
     if compression is not None and calibration is not None:
         fitted = calibrated(model, calibration, compression, policy.compute)
-    elif compression is not None and not has_experts:  # data-free: measured on examples
+    elif compression is not None and not has_experts and not embeddings_input:
+        # data-free: measured on examples (of token ids: not for a decoder fed embeddings)
         fitted = measured(model, compression, policy.compute, max_context, _source_dir(model))
     if compression is not None:  # before optimize(): no transposed float copies of weights
         program.compress(compression, calibration=fitted)
