@@ -347,6 +347,45 @@ def test_a_data_free_llm_export_measures_its_output_error_on_examples() -> None:
     assert "example inputs" in str(report) and "LARGE" in str(report)
 
 
+@pytest.mark.parametrize(("architecture", "tied"), [("llama", True), ("gemma2", False)])
+@pytest.mark.parametrize("spec", ["int4", "palette4"])
+def test_the_data_free_measurement_reads_the_tables_a_piece_at_a_time(
+    architecture: str, tied: bool, spec: str, monkeypatch
+) -> None:
+    """``measure()`` (what a data-free LLM export runs) gives ``calibrate(method="rtn")``'s
+    output error while it rounds weights a piece at a time and reads only the embedding rows
+    the samples look up (a whole 128k-row table in float32 twice, 4 GB for an 8B model, is
+    what it avoids); Gemma 2's decoder layers return tuples, which the replay keeps."""
+    from coreai_torch.compression import calibration
+
+    model = causal_lm(architecture, tie_word_embeddings=tied)
+    vocab = model.config.vocab_size
+    tokens = torch.randint(0, vocab // 4, (2, 24), generator=torch.Generator().manual_seed(0))
+    samples = {"input_ids": tokens, "use_cache": False}
+    config = compression.from_spec(spec)
+    expected = compression.calibrate(model, samples, config, method="rtn").output_error
+    table = model.get_input_embeddings().weight
+    read: list[tuple[bool, int]] = []
+    original = calibration._read_rows
+
+    def recorded(weight: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        rows = original(weight, first, count)
+        read.append((weight is table, rows.shape[0]))
+        return rows
+
+    monkeypatch.setattr(calibration, "_read_rows", recorded)
+    monkeypatch.setattr(calibration, "MEASURE_ELEMENTS", 16 * model.config.hidden_size)
+    measured = calibration.measure(model, samples, config)
+    assert expected is not None and measured.output_error == pytest.approx(expected, rel=1e-9)
+    assert not measured.weights and measured.tokens == tokens.numel()
+    assert max(count for _, count in read) <= 16
+    # the embedding: the pieces holding ids < vocab / 4; the head: every row, once
+    table_rows = sum(count for is_table, count in read if is_table)
+    assert table_rows <= vocab // 4 + 16 + (vocab if tied else 0)
+    if not tied:
+        assert sum(count for is_table, count in read if not is_table) == vocab
+
+
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
     model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
     x = torch.randn(64, 48)

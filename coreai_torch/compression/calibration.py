@@ -319,6 +319,21 @@ class _Stop(Exception):
     """Raised by a hook to end a forward pass early."""
 
 
+#: the block classes whose forward returns a tuple (the model's layer loop takes ``[0]``):
+#: a replayed block (:class:`_Replay`) answers in the same form
+_TUPLE_BLOCKS: set[type] = set()
+
+
+def _run_block(
+    block: nn.Module, params: dict[str, torch.Tensor], args: Any, kwargs: Any, *, grad: bool = False
+) -> torch.Tensor:
+    """The first tensor ``block`` returns, called with ``params`` (see :func:`_call`)."""
+    value = _call(block, params, args, kwargs, grad=grad)
+    if isinstance(value, tuple):
+        _TUPLE_BLOCKS.add(type(block))
+    return _first_tensor(value)
+
+
 def _first_tensor(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
@@ -663,7 +678,7 @@ class _Replay(nn.Module):
         out = self.outputs[self.state["call"]]
         if self.advance:
             self.state["call"] += 1
-        return out
+        return (out,) if type(self.__dict__["original"]) in _TUPLE_BLOCKS else out
 
 
 @contextlib.contextmanager
@@ -705,11 +720,13 @@ class _Inputs:
 
 
 def _parameters(
-    module: nn.Module, outside: nn.Module | None = None
+    module: nn.Module, outside: nn.Module | None = None, skip: set[int] | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The module's parameters (those not in ``outside``) in float32 (read now), each tied
-    parameter under one name, and the name each parameter's names stand for."""
+    """The module's parameters (those not in ``outside``, nor in ``skip`` by ``id``) in
+    float32 (read now), each tied parameter under one name, and the name each parameter's
+    names stand for."""
     inside = {id(p) for p in outside.parameters()} if outside is not None else set()
+    inside |= skip or set()
     values: dict[str, torch.Tensor] = {}
     names: dict[str, str] = {}
     first: dict[int, str] = {}
@@ -797,11 +814,11 @@ def _walk(
                     _call(block, original, args, kwargs)
             _fit_stage(modules, inputs, weights, local_names, layers, fit)
             stream = [
-                ((_first_tensor(_call(block, weights, args, kwargs)), *args[1:]), kwargs)
+                ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in stream
             ]
             floats = [
-                ((_first_tensor(_call(block, original, args, kwargs)), *args[1:]), kwargs)
+                ((_run_block(block, original, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in floats
             ]
             del weights, original, inputs
@@ -900,6 +917,254 @@ def _relative(reference: list[torch.Tensor], fitted: list[torch.Tensor]) -> floa
         float(((c.double() - r.double()) ** 2).sum())
         for r, c in zip(reference, fitted, strict=True)
     )
+    return noise / signal if signal > 0 else 0.0
+
+
+# ------------------------------------------------------------------ data-free measurement ---
+
+#: float32 elements of a weight rounded at once by :func:`measure` (256 MB)
+MEASURE_ELEMENTS = 1 << 26
+
+
+def measure(
+    model: nn.Module,
+    samples: Any,
+    config: LinearQuantization | Palettization,
+    *,
+    scale_dtype: torch.dtype | None = None,
+    progress: Any = None,
+) -> Calibration:
+    """The relative output error of the whole model with every weight ``config`` selects
+    rounded to the codes ``compress()`` stores without data (round to nearest), on the first
+    :data:`MEASURED_SAMPLES` samples; no codes are kept.
+
+    The float and the rounded model run block by block as in :func:`calibrate`, without
+    Hessians; a large weight is rounded :data:`MEASURE_ELEMENTS` at a time; of the token
+    embedding table only the rows the samples look up are read (and rounded), and the output
+    head is read, rounded and applied a piece at a time.  Memory: one block's
+    weights twice (float and rounded), never a whole table in float32; time: reading every
+    weight once, rounding it once, two runs over the samples."""
+    start = time.perf_counter()
+    calls = as_batches(samples)[:MEASURED_SAMPLES]
+    dtype = scale_dtype or _model_dtype(model)
+    result = Calibration(config.describe() + ", rtn")
+    result.samples = sum(_count(args, kwargs) for args, kwargs in calls)
+    result.tokens = sum(_tokens(args, kwargs) for args, kwargs in calls)
+    layers = _layers(model)
+    forms: dict[int, LinearQuantization | Palettization] = {}
+    for key, layer in layers.items():
+        form = _form_for(config, layer.name, layer.module, layer.head)
+        if isinstance(form, (LinearQuantization, Palettization)):
+            forms[key] = form
+    blocks = find_blocks(model)
+    embedding = _outer_embedding(model, blocks, layers)
+    if blocks is None or embedding is None:  # not a token model made of blocks
+        fallback = calibrate(model, calls, config, scale_dtype=dtype, method="rtn")
+        fallback.weights = {}
+        return fallback
+
+    def rounded(module: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        form = forms.get(id(module))
+        if form is None:
+            return rows
+        shape = rows.shape
+        out = fit_weight(module, rows, fits.Hessian(rows[0].numel()), form, dtype, method="rtn")
+        return rows if isinstance(out, str) else out[1].reshape(shape)
+
+    params, _ = _parameters(model, blocks, skip={id(embedding.weight), *_head_weights(layers)})
+    name = next(n for n, p in model.named_parameters() if p is embedding.weight)
+    ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
+    tables = _table_rows(embedding, ids, forms.get(id(embedding)), rounded)
+    remap = embedding.register_forward_pre_hook(
+        lambda module, args: (torch.searchsorted(ids, args[0]), *args[1:])
+    )
+    listener = progress_events.resolve(progress)
+    try:
+        streams = [_block_inputs(model, blocks, {**params, name: table}, calls) for table in tables]
+        with progress_events.phase(listener, "measure", len(blocks), "blocks") as advance:
+            for index, block in enumerate(blocks):
+                weights, local_names = _parameters(block)
+                fitted = dict(weights)
+                for local, module in block.named_modules():
+                    if id(module) in forms:
+                        weight_name = local_names[f"{local}.weight" if local else "weight"]
+                        fitted[weight_name] = _by_rows(
+                            weights[weight_name], forms[id(module)], rounded, module
+                        )
+                streams = [
+                    [
+                        ((_run_block(block, values, args, kwargs), *args[1:]), kwargs)
+                        for args, kwargs in stream
+                    ]
+                    for values, stream in zip((weights, fitted), streams, strict=True)
+                ]
+                del weights, fitted
+                advance(index + 1, len(blocks))
+        head = next((layer for layer in layers.values() if layer.head), None)
+        outputs = [
+            _outputs(model, blocks, {**params, name: table}, calls, stream, head)
+            for table, stream in zip(tables, streams, strict=True)
+        ]
+    finally:
+        remap.remove()
+    if head is None or _inside(blocks, head.module):
+        result.output_error = _relative(outputs[0], outputs[1])
+    else:
+        result.output_error = _head_error(head.module, outputs[0], outputs[1], forms, rounded)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _outer_embedding(
+    model: nn.Module, blocks: nn.ModuleList | None, layers: dict[int, _Layer]
+) -> nn.Embedding | None:
+    """The token embedding table before the blocks, if the model has one."""
+    if blocks is None:
+        return None
+    getter = getattr(model, "get_input_embeddings", None)
+    found = None
+    if callable(getter):
+        with contextlib.suppress(Exception):
+            found = getter()
+    if isinstance(found, nn.Embedding) and not _inside(blocks, found):
+        return found
+    return None
+
+
+def _inside(blocks: nn.ModuleList, module: nn.Module) -> bool:
+    return any(m is module for m in blocks.modules())
+
+
+def _head_weights(layers: dict[int, _Layer]) -> set[int]:
+    return {id(_weight(layer.module)) for layer in layers.values() if layer.head}
+
+
+def _looked_up(model: nn.Module, embedding: nn.Embedding, calls: list[Any]) -> list[torch.Tensor]:
+    """The token ids each call looks up in the ``embedding`` table."""
+    seen: list[torch.Tensor] = []
+
+    def hook(module: nn.Module, args: Any) -> None:
+        seen.append(args[0])
+        raise _Stop
+
+    handle = embedding.register_forward_pre_hook(hook)
+    try:
+        for args, kwargs in calls:
+            with contextlib.suppress(_Stop):
+                _call(model, {}, args, kwargs)
+    finally:
+        handle.remove()
+    return seen
+
+
+def _read_rows(weight: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """Rows ``first .. first + count`` of a weight in float32 (a streamed weight read alone
+    when its checkpoint allows)."""
+    if lazy.is_lazy(weight):
+        rows = lazy.read_rows(weight, first, count)
+        if rows is None:
+            rows = lazy.materialize(weight)[first : first + count]
+        return rows.float()
+    return weight.detach()[first : first + count].float()
+
+
+def _row_step(module: nn.Module, form: LinearQuantization | Palettization | None) -> int:
+    """Rows of ``module``'s weight rounded at once: independent rows (a palette's group of
+    output channels is one unit), about :data:`MEASURE_ELEMENTS` elements."""
+    weight = _weight(module)
+    n = weight.shape[0]
+    unit = 1
+    if isinstance(form, Palettization):
+        unit = form.group_size if form.group_size is not None and form.group_size < n else n
+    per_row = max(1, weight[0].numel())
+    return max(unit, MEASURE_ELEMENTS // per_row // unit * unit)
+
+
+def _by_rows(
+    weight: torch.Tensor,
+    form: LinearQuantization | Palettization,
+    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+    module: nn.Module,
+) -> torch.Tensor:
+    step = _row_step(module, form)
+    if step >= weight.shape[0]:
+        return rounded(module, weight)
+    out = torch.empty_like(weight)
+    for first in range(0, weight.shape[0], step):
+        out[first : first + step] = rounded(module, weight[first : first + step])
+    return out
+
+
+def _table_rows(
+    embedding: nn.Embedding,
+    ids: torch.Tensor,
+    form: LinearQuantization | Palettization | None,
+    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float and the rounded rows ``ids`` (sorted) of the embedding table: only the
+    pieces of :func:`_row_step` rows holding them are read and rounded."""
+    step = _row_step(embedding, form)
+    floats, fitted = [], []
+    for first in sorted({int(i) // step * step for i in ids}):
+        rows = _read_rows(embedding.weight, first, step)
+        wanted = ids[(ids >= first) & (ids < first + rows.shape[0])] - first
+        floats.append(rows[wanted])
+        fitted.append(rounded(embedding, rows)[wanted])
+    return torch.cat(floats), torch.cat(fitted)
+
+
+def _outputs(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    values: dict[str, torch.Tensor],
+    calls: list[Any],
+    stream: list[Any],
+    head: _Layer | None,
+) -> list[torch.Tensor]:
+    """The model's outputs for ``calls`` with the blocks' outputs ``stream`` (the output
+    head's inputs when it has one outside the blocks)."""
+    results: list[torch.Tensor] = []
+
+    def stop(module: nn.Module, args: Any) -> None:
+        results.append(args[0].float())
+        raise _Stop
+
+    handle = head.module.register_forward_pre_hook(stop) if head is not None else None
+    try:
+        with _replayed(blocks, [a[0] for a, _ in stream]):
+            for args, kwargs in calls:
+                with contextlib.suppress(_Stop):
+                    results.append(_first_tensor(_call(model, values, args, kwargs)).float())
+    finally:
+        if handle is not None:
+            handle.remove()
+    return results
+
+
+def _head_error(
+    head: nn.Module,
+    floats: list[torch.Tensor],
+    fitted: list[torch.Tensor],
+    forms: dict[int, LinearQuantization | Palettization],
+    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+) -> float:
+    """``‖y_fitted - y_float‖² / ‖y_float‖²`` of the output head's outputs, the head read
+    and rounded :func:`_row_step` rows at a time."""
+    weight = _weight(head)
+    bias = getattr(head, "bias", None)
+    step = _row_step(head, forms.get(id(head)))
+    signal = noise = 0.0
+    for first in range(0, weight.shape[0], step):
+        rows = _read_rows(weight, first, step)
+        approx = rounded(head, rows)
+        b = None if bias is None else _read_rows(bias, first, step)
+        for xf, xc in zip(floats, fitted, strict=True):
+            yf = xf @ rows.T
+            yc = xc @ approx.T
+            if b is not None:
+                yf, yc = yf + b, yc + b
+            signal += float((yf.double() ** 2).sum())
+            noise += float(((yc - yf).double() ** 2).sum())
     return noise / signal if signal > 0 else 0.0
 
 
@@ -1062,7 +1327,7 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
     for block in blocks:
         weights, _ = _parameters(block)
         entering.append(stream)
-        stream = [((_first_tensor(_call(block, weights, a, k)), *a[1:]), k) for a, k in stream]
+        stream = [((_run_block(block, weights, a, k), *a[1:]), k) for a, k in stream]
     inside = {id(m) for m in blocks.modules()}
     after = {n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside}
     gradients: list[torch.Tensor] = []
@@ -1080,7 +1345,7 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
         with _output_gradients(modules, layers, sums):
             for j, (args, kwargs) in enumerate(entering[index]):
                 x = args[0].detach().requires_grad_()
-                out = _first_tensor(_call(block, weights, (x, *args[1:]), kwargs, grad=True))
+                out = _run_block(block, weights, (x, *args[1:]), kwargs, grad=True)
                 out.backward(gradients[j])
                 gradients[j] = x.grad if x.grad is not None else torch.zeros_like(x)
         entering[index] = []

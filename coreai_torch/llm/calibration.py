@@ -20,9 +20,11 @@ from coreai_torch.compression import (
     Calibration,
     CalibrationError,
     CompressionConfig,
-    Pruning,
+    LinearQuantization,
+    Palettization,
     calibrate,
 )
+from coreai_torch.compression.calibration import measure
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -159,17 +161,13 @@ def measured(
     """The whole model's output error under the data-free codes of ``config`` (what
     ``compress()`` fits without data), measured on :func:`example_tokens` so that a
     compression that destroys the model says so; no codes are kept (``compress()`` fits its
-    own).  None for the forms calibration does not fit (pruning)."""
-    if isinstance(config, Pruning):
+    own).  None for the forms without data-free codes to measure (pruning)."""
+    if not isinstance(config, (LinearQuantization, Palettization)):
         return None
     tokens, source = example_tokens(vocab_size(model), max_context, tokenizer_dir)
     try:
-        fitted = calibrate(
-            model,
-            {"input_ids": tokens, "use_cache": False},
-            config,
-            scale_dtype=dtype,
-            method="rtn",
+        fitted = measure(
+            model, {"input_ids": tokens, "use_cache": False}, config, scale_dtype=dtype
         )
     except Exception as error:  # the measurement is advisory: the export goes on without it
         warnings.warn(
@@ -181,7 +179,6 @@ def measured(
         )
         return None
     fitted.measured_on = f"{tokens.shape[0]} example inputs of {source} (no calibration)"
-    fitted.weights = {}
     return fitted
 
 
