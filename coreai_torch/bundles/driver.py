@@ -88,10 +88,10 @@ class _Engine:
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
         if self.bundle.kind not in self.kinds:
-            other = "VisionLanguageEngine" if self.bundle.kind == "vlm" else "no engine here"
+            hint = " (run it with VisionLanguageEngine)" if self.bundle.kind == "vlm" else ""
             raise BundleError(
                 f"{self.bundle.path}: {type(self).__name__} runs {' and '.join(self.kinds)} "
-                f"bundles, not {self.bundle.kind} (run it with {other})"
+                f"bundles, not {self.bundle.kind}{hint}"
             )
         if fresh_memory not in FRESH_MEMORY:
             raise ValueError(f"fresh_memory must be one of {FRESH_MEMORY}, got {fresh_memory!r}")

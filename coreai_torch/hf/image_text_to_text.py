@@ -20,6 +20,7 @@ token embedded by the ``embedding`` asset.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -319,7 +320,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
 
     # -- running ------------------------------------------------------------------------------
 
-    @property
+    @functools.cached_property
     def _vision(self) -> VisionConfig:
         """The ``vision`` block (image size, image tokens, the image token's id)."""
         return VisionConfig.from_json(self.coreai_config["vision"], "coreai_config.json")
@@ -338,7 +339,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
                 f"pixel_values must be [images, {channels}, {size}, {size}] (as the model's "
                 f"image processor makes them), got {shape}"
             )
-        function = self._component("vision")
+        function = self._components["vision"]
         rows = [
             self._run(
                 "vision",
@@ -349,24 +350,28 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         ]
         return torch.from_numpy(np.concatenate(rows).astype(np.float32))
 
-    def _component(self, asset: str) -> Any:
-        """The function the app runs of the ``embedding`` or ``vision`` asset."""
+    @functools.cached_property
+    def _components(self) -> dict[str, Any]:
+        """The function the app runs of the ``embedding`` asset (``embed_tokens``, else
+        ``main``) and of the ``vision`` asset (a fused ``main``)."""
         from coreai_torch.bundles import function_signatures
 
-        signatures = function_signatures(self.assets[asset])
-        preferred = "embed_tokens" if asset == "embedding" else "encode_image"
-        if preferred in signatures and asset == "embedding":
-            return signatures[preferred]
-        if preferred in signatures:
+        embedding = function_signatures(self.assets["embedding"])
+        vision = function_signatures(self.assets["vision"])
+        if "encode_image" in vision:
             raise ValueError(
-                f"the vision asset has separate encode_image / project functions; "
-                f"{type(self).__name__} runs a fused '{COMPONENT_FUNCTION}'"
+                "the vision asset has separate encode_image / project functions; "
+                f"{type(self).__name__} runs a fused '{COMPONENT_FUNCTION}' (run the bundle "
+                "with coreai_torch.bundles.VisionLanguageEngine)"
             )
-        return signatures[COMPONENT_FUNCTION]
+        return {
+            "embedding": embedding.get("embed_tokens") or embedding[COMPONENT_FUNCTION],
+            "vision": vision[COMPONENT_FUNCTION],
+        }
 
     def _embed(self, ids: Any) -> np.ndarray:
         """The embeddings ``[T, hidden]`` (float16) of token ids ``[T]``."""
-        function = self._component("embedding")
+        function = self._components["embedding"]
         feed = np.ascontiguousarray(np.asarray(ids), np.int32).reshape(1, -1)
         out = self._run("embedding", function.name, {function.inputs[0].name: feed})
         embeddings: np.ndarray = out[function.outputs[0].name][0]
