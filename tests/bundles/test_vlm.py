@@ -197,6 +197,32 @@ def test_driver_matches_transformers_greedy_fp32(llama: dict[str, Any]) -> None:
         assert_same_greedy(ours, logits, theirs, expected, tol=FP32_TOLERANCE)
 
 
+@pytest.mark.parametrize("fresh_memory", ["noise", "nan"])
+def test_kv_states_grow_into_uninitialised_memory(
+    llama: dict[str, Any], monkeypatch: pytest.MonkeyPatch, fresh_memory: str
+) -> None:
+    """States starting at 8 rows (instead of 256) grow 8 -> 16 -> 32 -> 64 by the Swift copy
+    rule into memory holding noise or NaN: the rows past the positions are never read."""
+    from coreai_torch.bundles import driver
+
+    monkeypatch.setattr(driver, "INITIAL_KV_CAPACITY", 8)
+    inputs = prompt(llama, "user: <image> the quick brown fox", picture(40, 48, 10))
+    theirs, expected = reference(llama, inputs)
+    logits: list[np.ndarray] = []
+    with VisionLanguageEngine(
+        llama["bundle"], stop_token_ids=(), fresh_memory=fresh_memory
+    ) as engine:
+        assert engine.capacity == 8
+        ours = engine.generate(
+            inputs["input_ids"][0].tolist(),
+            NEW_TOKENS,
+            pixel_values=inputs["pixel_values"].numpy(),
+            on_logits=logits.append,
+        )
+        assert engine.capacity == 64
+    assert_same_greedy(ours, logits, theirs, expected, tol=FP32_TOLERANCE)
+
+
 def test_driver_builds_the_apps_prompt(llama: dict[str, Any]) -> None:
     """The app's prompt (the chat template on ``"<image>\\n<text>"``, the image token expanded)
     is the processor's for the same text: generation from it, with the image preprocessed per
