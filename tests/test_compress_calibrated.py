@@ -347,6 +347,29 @@ def test_a_data_free_llm_export_measures_its_output_error_on_examples() -> None:
     assert "example inputs" in str(report) and "LARGE" in str(report)
 
 
+def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``calibrate(keep=False)`` (a data-free export's measurement) gives the whole model's
+    output error alone: no codes kept, no matrix product for each weight's own error."""
+    model = causal_lm("smollm")
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2)
+    )
+    config = compression.LinearQuantization(bits=4, block_size=32, min_elements=0)
+    samples = {"input_ids": ids, "use_cache": False}
+    kept = compression.calibrate(model, samples, config, method="rtn")
+    assert kept.weights and kept.output_error is not None
+
+    def no_weight_errors(*args: object) -> float:
+        raise AssertionError("a weight's output error was computed")
+
+    monkeypatch.setattr(fits, "output_error", no_weight_errors)
+    measured = compression.calibrate(model, samples, config, method="rtn", keep=False)
+    assert not measured.weights and measured.planned_bpw is None
+    assert measured.output_error == pytest.approx(kept.output_error, rel=1e-6)
+
+
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
     model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
     x = torch.randn(64, 48)

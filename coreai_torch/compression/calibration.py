@@ -534,6 +534,7 @@ def calibrate(
     scale_dtype: torch.dtype | None = None,
     method: str = "gptq",
     progress: Any = None,
+    keep: bool = True,
 ) -> Calibration:
     """Fit the weights of ``model`` that ``config`` selects against the activations of
     ``samples`` (see the module documentation).  ``samples``: what the model is called with,
@@ -542,7 +543,10 @@ def calibrate(
     (the program's weight type; default the model's).  ``method``: ``"gptq"`` (default),
     ``"awq"`` (activation-aware scales / weighted palettes, no error compensation) or
     ``"rtn"`` (the codes ``compress()`` fits without data, with their output error measured
-    on the samples).  The model is not modified."""
+    on the samples).  ``keep=False`` measures only the whole model's output error: no codes
+    are kept and no weight's own output error is computed (the weights' codes of a large
+    model take the memory of the model, their errors a matrix product per weight).  The
+    model is not modified."""
     if method not in METHODS:
         raise ValueError(f"calibrate(method=...) takes one of {', '.join(METHODS)}, got {method!r}")
     if not isinstance(config, (LinearQuantization, Palettization, Mixed, Pruning)):
@@ -591,6 +595,8 @@ def calibrate(
             result.unfitted.append((layer.name, out))
             return None
         codes, fitted = out
+        if not keep:
+            return fitted
         n = weight.shape[0]
         result.weights[layer.name] = FittedWeight(
             layer.name,
@@ -607,7 +613,7 @@ def calibrate(
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
     with Workers():
         result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
-    result.planned_bpw = planned_bpw(model, result, dtype, config)
+    result.planned_bpw = planned_bpw(model, result, dtype, config) if keep else None
     result.seconds = time.perf_counter() - start
     return result
 

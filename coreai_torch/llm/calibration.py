@@ -170,6 +170,7 @@ def measured(
             config,
             scale_dtype=dtype,
             method="rtn",
+            keep=False,
         )
     except Exception as error:  # the measurement is advisory: the export goes on without it
         warnings.warn(
@@ -181,7 +182,6 @@ def measured(
         )
         return None
     fitted.measured_on = f"{tokens.shape[0]} example inputs of {source} (no calibration)"
-    fitted.weights = {}
     return fitted
 
 
