@@ -386,6 +386,29 @@ def test_the_data_free_measurement_reads_the_tables_a_piece_at_a_time(
         assert sum(count for is_table, count in read if not is_table) == vocab
 
 
+def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``calibrate(keep=False)`` (a data-free export's measurement) gives the whole model's
+    output error alone: no codes kept, no matrix product for each weight's own error."""
+    model = causal_lm("smollm")
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2)
+    )
+    config = compression.LinearQuantization(bits=4, block_size=32, min_elements=0)
+    samples = {"input_ids": ids, "use_cache": False}
+    kept = compression.calibrate(model, samples, config, method="rtn")
+    assert kept.weights and kept.output_error is not None
+
+    def no_weight_errors(*args: object) -> float:
+        raise AssertionError("a weight's output error was computed")
+
+    monkeypatch.setattr(fits, "output_error", no_weight_errors)
+    measured = compression.calibrate(model, samples, config, method="rtn", keep=False)
+    assert not measured.weights and measured.planned_bpw is None
+    assert measured.output_error == pytest.approx(kept.output_error, rel=1e-6)
+
+
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
     model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
     x = torch.randn(64, 48)
@@ -555,3 +578,43 @@ def test_a_layer_with_too_many_inputs_for_a_hessian_is_named(monkeypatch) -> Non
     assert list(calibration.weights) == ["2.weight"]
     ((name, reason),) = calibration.unfitted
     assert name == "0.weight" and "64 inputs per output channel exceed" in reason
+
+
+@pytest.mark.parametrize("layers", [1, 5])
+def test_sensitivity_pass_keeps_few_activations_and_equals_one_whole_backward(
+    layers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mixed's output sensitivities: those of the block-by-block pass (activations kept every
+    ⌈√blocks⌉ blocks, the others recomputed) equal those of one backward pass through the
+    whole model with the same labels; the blocks run forward once, then again for all but
+    each segment's last block."""
+    from coreai_torch.compression import calibration as cal
+
+    model = causal_lm("smollm", num_hidden_layers=layers)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=g)
+    found = cal._layers(model)
+    calls = cal.as_batches({"input_ids": ids, "use_cache": False})
+    forwards: list[int] = []
+    run_block = cal._forward_block
+    monkeypatch.setattr(cal, "_forward_block", lambda b, s: forwards.append(1) or run_block(b, s))
+    fisher = cal._fisher(model, calls, found)
+    if layers == 1:  # no list of blocks: one backward through the model (it used to fail)
+        assert cal.find_blocks(model) is None and not forwards
+    else:  # the first forward pass, then again all but each segment's last block
+        step = cal.segment_length(layers)
+        assert step == 3
+        assert len(forwards) == layers + layers - -(-layers // step)
+
+    expected: dict[str, torch.Tensor] = {}
+    generator = torch.Generator().manual_seed(cal.FISHER_SEED)
+    modules = {layer.name: layer.module for layer in found.values()}
+    with cal._output_gradients(modules, found, expected):
+        for args, kwargs in cal._per_sample(calls):
+            out = cal._output_tensor(model(*args, **kwargs))
+            cal._divergence(out, model.config.vocab_size, generator).backward()
+    model.zero_grad()
+    reached = {name for name in expected if name in fisher.outputs}
+    assert len(reached) == len(found)  # the tied head under the embedding's name
+    for name in reached:
+        torch.testing.assert_close(fisher.outputs[name], expected[name], rtol=1e-4, atol=1e-9)

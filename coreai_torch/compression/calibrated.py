@@ -116,7 +116,8 @@ def _grid(
     scaled by ``ratio``, the formulas of round-to-nearest (``fitting.quantize_linear``)."""
     if symmetric:
         high = (1 << (bits - 1)) - 1
-        s = blocks.abs().amax(-1, keepdim=True) * ratio / high
+        magnitude = torch.maximum(blocks.amax(-1, keepdim=True), -blocks.amin(-1, keepdim=True))
+        s = magnitude * ratio / high
         zp = None
     else:
         high = (1 << bits) - 1

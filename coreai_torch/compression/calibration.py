@@ -435,6 +435,9 @@ def fit_weight(
             codes, s, zp = fits.gptq_linear(
                 w, h, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype
             )
+            scale = s.repeat_interleave(block, 1)
+            offset = 0 if zp is None else zp.repeat_interleave(block, 1)
+            fitted = (codes - offset) * scale
         else:
             s, zp = fits.linear_scales(
                 w,
@@ -445,12 +448,10 @@ def fit_weight(
                 importance=importance,
             )
             blocks = w.reshape(n, k // block, block)
-            codes = fits.quantize_values(
+            codes, fitted = fits.quantize_values(
                 blocks, s[..., None], None if zp is None else zp[..., None], form.bits
-            )[0].reshape(n, k)
-        scale = s.repeat_interleave(block, 1)
-        offset = 0 if zp is None else zp.repeat_interleave(block, 1)
-        fitted = (codes - offset) * scale
+            )
+            codes, fitted = codes.reshape(n, k), fitted.reshape(n, k)
         groups = [n, k // block] + [1] * (len(shape) - 2)
         if len(shape) > 2:  # a convolution: blocks of input channels
             groups[1] = shape[1] // (block // (k // shape[1]))
@@ -549,6 +550,7 @@ def calibrate(
     scale_dtype: torch.dtype | None = None,
     method: str = "gptq",
     progress: Any = None,
+    keep: bool = True,
 ) -> Calibration:
     """Fit the weights of ``model`` that ``config`` selects against the activations of
     ``samples`` (see the module documentation).  ``samples``: what the model is called with,
@@ -557,7 +559,10 @@ def calibrate(
     (the program's weight type; default the model's).  ``method``: ``"gptq"`` (default),
     ``"awq"`` (activation-aware scales / weighted palettes, no error compensation) or
     ``"rtn"`` (the codes ``compress()`` fits without data, with their output error measured
-    on the samples).  The model is not modified."""
+    on the samples).  ``keep=False`` measures only the whole model's output error: no codes
+    are kept and no weight's own output error is computed (the weights' codes of a large
+    model take the memory of the model, their errors a matrix product per weight).  The
+    model is not modified."""
     if method not in METHODS:
         raise ValueError(f"calibrate(method=...) takes one of {', '.join(METHODS)}, got {method!r}")
     if not isinstance(config, (LinearQuantization, Palettization, Mixed, Pruning)):
@@ -606,6 +611,8 @@ def calibrate(
             result.unfitted.append((layer.name, out))
             return None
         codes, fitted = out
+        if not keep:
+            return fitted
         n = weight.shape[0]
         result.weights[layer.name] = FittedWeight(
             layer.name,
@@ -622,7 +629,7 @@ def calibrate(
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
     with Workers():
         result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
-    result.planned_bpw = planned_bpw(model, result, dtype, config)
+    result.planned_bpw = planned_bpw(model, result, dtype, config) if keep else None
     result.seconds = time.perf_counter() - start
     return result
 
@@ -922,8 +929,8 @@ def _relative(reference: list[torch.Tensor], fitted: list[torch.Tensor]) -> floa
 
 # ------------------------------------------------------------------ data-free measurement ---
 
-#: float32 elements of a weight rounded at once by :func:`measure` (256 MB)
-MEASURE_ELEMENTS = 1 << 26
+#: float32 elements of a weight rounded at once by :func:`measure` (64 MB)
+MEASURE_ELEMENTS = 1 << 24
 
 
 def measure(
@@ -1302,11 +1309,29 @@ def _block_inputs(
     return captured
 
 
+def segment_length(blocks: int) -> int:
+    """Blocks per segment of the sensitivity pass's backward sweep: ``⌈√blocks⌉`` (the
+    activations kept are then at most about ``2√blocks`` blocks' inputs)."""
+    return max(1, math.isqrt(max(blocks - 1, 0)) + 1)
+
+
+def _forward_block(block: nn.Module, stream: list[Any]) -> list[Any]:
+    """The next block's calls: ``block`` (its weights read now) run on ``stream``."""
+    weights, _ = _parameters(block)
+    return [((_run_block(block, weights, a, k), *a[1:]), k) for a, k in stream]
+
+
 def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _Layer]) -> _Fisher:
     """The output sensitivity of every fittable layer (:class:`_Fisher`): one forward and
-    one backward pass over the calibration samples, block by block (each block's weights
-    read for the forward pass and again for the backward, the float activations entering
-    every block kept), a sample at a time."""
+    one backward pass over the calibration samples, block by block, a sample at a time.
+
+    Memory is a few blocks' activations, not all of them: the forward pass keeps the
+    activations entering every :func:`segment_length`-th block only; the backward sweep
+    goes through the segments from the last, recomputes the inputs of the segment's blocks
+    from the one kept, and runs each block's backward from the gradient of its output
+    (the next block's input gradient).  Each block's weights are read three times (the
+    forward pass, the recomputation, the backward); the sweep costs about two forward
+    passes and one backward pass."""
     calls = _per_sample(calls)
     generator = torch.Generator().manual_seed(FISHER_SEED)
     head = next((layer for layer in layers.values() if layer.head), None)
@@ -1315,6 +1340,9 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
     params, _ = _parameters(model, blocks)
     sums: dict[str, torch.Tensor] = {}
     if blocks is None:
+        # the parameters are leaves that require gradients: the outputs' gradients need
+        # a graph (the inputs may be token ids)
+        params = {k: v.requires_grad_() if v.is_floating_point() else v for k, v in params.items()}
         modules = {layer.name: layer.module for layer in layers.values()}
         with _output_gradients(modules, layers, sums):
             for args, kwargs in calls:
@@ -1323,11 +1351,12 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
         return _Fisher(sums, model)
     stream = _block_inputs(model, blocks, params, calls)
     first_inputs = [args[0] for args, _ in stream]
-    entering: list[list[Any]] = []
-    for block in blocks:
-        weights, _ = _parameters(block)
-        entering.append(stream)
-        stream = [((_run_block(block, weights, a, k), *a[1:]), k) for a, k in stream]
+    step = segment_length(len(blocks))
+    kept: dict[int, list[Any]] = {}
+    for index, block in enumerate(blocks):
+        if index % step == 0:
+            kept[index] = stream
+        stream = _forward_block(block, stream)
     inside = {id(m) for m in blocks.modules()}
     after = {n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside}
     gradients: list[torch.Tensor] = []
@@ -1338,18 +1367,23 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
                 out = _output_tensor(_call(model, params, args, kwargs, grad=True))
             _divergence(out, classes, generator).backward()
             gradients.append(x.grad if x.grad is not None else torch.zeros_like(x))
-    for index in reversed(range(len(blocks))):
-        block = blocks[index]
-        weights, _ = _parameters(block)
-        modules = {n: m for n, m in block.named_modules() if id(m) in layers}
-        with _output_gradients(modules, layers, sums):
-            for j, (args, kwargs) in enumerate(entering[index]):
-                x = args[0].detach().requires_grad_()
-                out = _run_block(block, weights, (x, *args[1:]), kwargs, grad=True)
-                out.backward(gradients[j])
-                gradients[j] = x.grad if x.grad is not None else torch.zeros_like(x)
-        entering[index] = []
-        del weights
+    del stream
+    for start in reversed(sorted(kept)):
+        entering = [kept.pop(start)]
+        stop = min(start + step, len(blocks))
+        for index in range(start, stop - 1):  # the segment's block inputs, recomputed
+            entering.append(_forward_block(blocks[index], entering[-1]))
+        for index in reversed(range(start, stop)):
+            block = blocks[index]
+            weights, _ = _parameters(block)
+            modules = {n: m for n, m in block.named_modules() if id(m) in layers}
+            with _output_gradients(modules, layers, sums):
+                for j, (args, kwargs) in enumerate(entering.pop()):
+                    x = args[0].detach().requires_grad_()
+                    out = _run_block(block, weights, (x, *args[1:]), kwargs, grad=True)
+                    out.backward(gradients[j])
+                    gradients[j] = x.grad if x.grad is not None else torch.zeros_like(x)
+            del weights
     return _Fisher(
         sums,
         model,
