@@ -347,6 +347,19 @@ def test_a_data_free_llm_export_measures_its_output_error_on_examples() -> None:
     assert "example inputs" in str(report) and "LARGE" in str(report)
 
 
+def test_a_data_free_export_of_a_large_model_says_it_was_not_measured(monkeypatch) -> None:
+    """Above ``MEASURE_MAX_PARAMETERS`` the data-free measurement (about the cost of the
+    compression again) is not run, and the report says so and how to measure instead."""
+    from coreai_torch.llm import calibration
+
+    model = causal_lm("smollm")
+    monkeypatch.setattr(calibration, "MEASURE_MAX_PARAMETERS", 1000)
+    report = llm.export(model, max_context=16, compress="int4").compression_report
+    assert report is not None and report.output_error is None
+    assert report.not_measured is not None and "coreai-torch eval perplexity" in str(report)
+    assert "more than the 1e-06 B a data-free export measures" in report.not_measured
+
+
 @pytest.mark.parametrize(("architecture", "tied"), [("llama", True), ("gemma2", False)])
 @pytest.mark.parametrize("spec", ["int4", "palette4"])
 def test_the_data_free_measurement_reads_the_tables_a_piece_at_a_time(

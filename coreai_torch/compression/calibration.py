@@ -121,6 +121,8 @@ class Calibration:
     target_bpw: float | None = None
     #: what the output error was measured on (example inputs when there was no data)
     measured_on: str = "the calibration samples"
+    #: why the output error was not measured (None: measured, or not asked for)
+    not_measured: str | None = None
     #: the bits per weight of the chosen forms over every weight of the model, the ones not
     #: compressed (norms, biases) at their own precision
     planned_bpw: float | None = None
@@ -161,6 +163,7 @@ class Calibration:
             "output_error": self.output_error,
             "target_bpw": self.target_bpw,
             "measured_on": self.measured_on,
+            "not_measured": self.not_measured,
             "planned_bpw": self.planned_bpw,
             "weights": [w.to_dict() for w in self.weights.values()],
             "unfitted": [{"name": n, "reason": r} for n, r in self.unfitted],
@@ -184,6 +187,8 @@ class Calibration:
                 f"  output error on {self.measured_on}: {self.output_error:.4f} "
                 f"({_db(self.output_error)})" + ("  LARGE" if self.large_output_error else "")
             )
+        elif self.not_measured is not None:
+            lines.append(f"  output error: not measured: {self.not_measured}")
         for name, reason in self.unfitted:
             lines.append(f"  not calibrated: {name}: {reason}")
         return "\n".join(lines)
