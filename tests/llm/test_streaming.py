@@ -97,6 +97,33 @@ def test_a_streamed_export_writes_the_in_memory_asset(
     assert streamed_files == _asset_bytes(tmp_path / "in_memory.aimodel")
 
 
+def test_a_streamed_static_shape_export_keeps_the_weights_in_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``engine="static"`` from a checkpoint: the static-shape functions are made with the
+    layers' weights still in the checkpoint (every weight was read into memory to make them),
+    read when the asset is written; the asset is the in-memory export's byte for byte."""
+    checkpoint = _checkpoint(tmp_path, "llama")
+    options = dict(max_context=64, engine="static", precision="fp16")
+    read: list[str] = []
+    materialize = PendingLazy.materialize
+
+    def noted(self: PendingLazy) -> None:
+        read.append(self.name)
+        materialize(self)
+
+    monkeypatch.setattr(PendingLazy, "materialize", noted)
+    streamed = llm.export(checkpoint, **options)
+    # only the table load_embeddings returns, which the rewrite folds (made before it runs)
+    assert set(read) <= {"embeddings.weight"}, read
+    assert any(isinstance(p, PendingLazy) for p in streamed.weights.pending.values())
+    streamed.save_asset(tmp_path / "streamed.aimodel")
+    in_memory = llm.export(AutoModelForCausalLM.from_pretrained(checkpoint), **options)
+    in_memory.save_asset(tmp_path / "in_memory.aimodel")
+    streamed_files = _asset_bytes(tmp_path / "streamed.aimodel")
+    assert streamed_files == _asset_bytes(tmp_path / "in_memory.aimodel")
+
+
 def test_a_streamed_export_writes_a_bundle(tmp_path: Path) -> None:
     """``llm.export(model_dir, bundle=...)``: the weights are read from the checkpoint while
     the asset is written into the bundle, with the directory's tokenizer and configs."""
