@@ -75,7 +75,8 @@ class AIProgram(ca.AIProgram):
         weights it references (weights ``optimize()`` stores transposed, lazy weights still in
         their checkpoint) is made first (see :attr:`mlir_module`), so that nothing outside reads
         their placeholders.  The package's own code reads :attr:`structural_module` instead."""
-        self._materialize_weights()
+        if not getattr(self, "_keep_pending", False):
+            self._materialize_weights()
         return self._holder
 
     @_module.setter
@@ -264,11 +265,16 @@ class AIProgram(ca.AIProgram):
         :meth:`optimize`, after the guards that keep it numerics-preserving.  Call it before
         :meth:`optimize` (weights ``optimize()`` stores transposed would be made now).  The
         clones keep the entry point's signature, without its symbolic sizes."""
-        self._materialize_weights()  # the rewrite folds constants
+        # pending weights stay pending (a streamed model's stay in their checkpoint), as in
+        # optimize(): the pipeline makes those an op the rewrite folds reads
         context = pipeline.PassContext(self.weights)
         module = self.structural_module
         pipeline.run(pipeline.BEFORE_REWRITE, module, context, when="set_static_shape_config()")
-        super().set_static_shape_config(entrypoint, shapes_config)
+        self._keep_pending = True  # coreai-core's method reads _module
+        try:
+            super().set_static_shape_config(entrypoint, shapes_config)
+        finally:
+            self._keep_pending = False
         pipeline.run(pipeline.AFTER_REWRITE, module, context, when="set_static_shape_config()")
         signature = self.signatures.pop(entrypoint, None)
         if signature is not None:

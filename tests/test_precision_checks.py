@@ -167,6 +167,39 @@ def test_the_default_range_check_is_silent_on_a_model_in_range() -> None:
     TorchConverter().add_exported_program(export_decomposed(model, (x,))).to_coreai()
 
 
+class MaskedScores(nn.Module):
+    """Causal attention weights with the mask Hugging Face builds: ``finfo(float32).min`` (the
+    "minus infinity" that half precision holds as an infinity) above the diagonal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(x)
+        scores = h @ h.transpose(0, 1)
+        blocked = torch.full_like(scores, torch.finfo(torch.float32).min)
+        mask = torch.triu(blocked, diagonal=1)
+        return torch.softmax(scores + mask, dim=-1)
+
+
+def test_the_default_range_check_does_not_count_the_minimum_of_a_mask() -> None:
+    """The masks' ``finfo(float32).min`` is not an overflow: the program computes in float16
+    as the same program without the check (an OLMoE exported in fp16 from memory computed
+    its attention in float32, from its checkpoint, unchecked, in float16)."""
+    torch.manual_seed(2)
+    model = MaskedScores().eval()
+    x = torch.randn(6, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        program, converter = _converted(model, x)
+    plain, _ = _converted(model, x, check_range=False)
+    assert str(program) == str(plain)
+    assert converter.last_stats.range_checks["main"].overflowing == 0
+    (out,) = run_program(program, {"x": x}).values()
+    _close(out, model(x).detach().numpy())
+
+
 def test_the_default_range_check_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Beyond its caps the default check does not run (or stops), says why in the conversion
     stats and report, and the conversion goes on with the policy as given; sample inputs

@@ -39,8 +39,12 @@ class GatherMatmul(nn.Module):
         # as (experts, in, out), and the runtime reads only the selected experts' rows.
         selected = weight.transpose(-1, -2)[indices]  # (*batch, k, in, out)
         if input.dim() == indices.dim():  # (*batch, in): the same input for every expert
-            input = input.unsqueeze(-2)
-        out = torch.matmul(input.unsqueeze(-2), selected).squeeze(-2)
+            input = input.unsqueeze(-2).expand(*indices.shape, input.shape[-1])
+        # one (1, in) x (in, out) product per selected expert, batched without broadcasting
+        # (a token count known only at run time would make every broadcast a run-time one)
+        rows = input.reshape(-1, 1, input.shape[-1])
+        out = torch.bmm(rows, selected.reshape(-1, *selected.shape[-2:]))
+        out = out.reshape(*indices.shape, out.shape[-1])
         return out if bias is None else out + bias[indices]
 
 
@@ -56,7 +60,7 @@ class GatedActivation(nn.Module):
 
 
 #: How :class:`GatedExperts` computes the selected experts.
-STRATEGIES = ("gather", "dense", "auto")
+STRATEGIES = ("gather", "dense", "routed", "auto")
 
 
 class GatedExperts(nn.Module):
@@ -79,8 +83,13 @@ class GatedExperts(nn.Module):
     * ``"dense"``: every expert runs on every token (batched matmuls) and the outputs are
       combined with the routing weights scattered to ``(tokens, experts)`` (zero for the
       experts a token did not select); cost follows ``experts``.
+    * ``"routed"``: the experts some token selected (at most ``min(tokens * k, experts)``,
+      a size known at run time) are gathered and run on every token; the others' weights are
+      not read.  One token reads its ``k`` experts, a long prompt every expert (and copies
+      their weights once).
     * ``"auto"``: ``"gather"`` when ``tokens * k < experts`` (decode), else ``"dense"``
-      (prefill), decided from the static token count when the model is exported.
+      (prefill), decided from the token count when the model is exported; ``"routed"`` when
+      the token count is known only at run time.
     """
 
     def __init__(
@@ -124,7 +133,10 @@ class GatedExperts(nn.Module):
         k = indices.shape[-1]
         indices = indices.reshape(-1, k)
         routing_weights = routing_weights.reshape(-1, k)
-        if self._gathers(x2.shape[0], k):
+        tokens = x2.shape[0]
+        if self.strategy == "routed" or (self.strategy == "auto" and not isinstance(tokens, int)):
+            out = self._routed(x2, indices, routing_weights)
+        elif self._gathers(tokens, k):
             out = self._gathered(x2, indices, routing_weights)
         else:
             out = self._dense(x2, indices, routing_weights)
@@ -143,6 +155,27 @@ class GatedExperts(nn.Module):
         # (tokens, k, dim)
         out: torch.Tensor = self.down_proj(h, self.down, indices, self.down_bias)
         return (out * w.unsqueeze(-1)).sum(-2)
+
+    def _routed(self, x: torch.Tensor, indices: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        # the experts some token selected come first in `order` (most selections first; at
+        # most tokens * k of them): their weights are gathered and run on every token
+        tokens, k = indices.shape
+        experts = torch.arange(self.num_experts, device=indices.device)
+        hits = indices.unsqueeze(-1) == experts  # (tokens, k, experts)
+        combine = (hits * w.unsqueeze(-1)).sum(-2)  # (tokens, experts): zero where unselected
+        order = torch.argsort(hits.sum((0, 1)), descending=True, stable=True)
+        chosen = order[: torch.sym_min(tokens * k, self.num_experts)]
+        # batched products without broadcasting (with a run-time token count every broadcast
+        # would be a run-time one, between the gathered weights and their matmul)
+        xs = x.unsqueeze(0).expand(chosen.shape[0], *x.shape)
+        h = self.glu(
+            _gathered_linear(xs, self.gate, self.gate_bias, chosen),
+            _gathered_linear(xs, self.up, self.up_bias, chosen),
+        )
+        out = _gathered_linear(h, self.down, self.down_bias, chosen)  # (chosen, tokens, dim)
+        out = out.to(torch.promote_types(out.dtype, w.dtype))
+        weights = combine[:, chosen]  # (tokens, chosen)
+        return torch.bmm(weights.unsqueeze(1), out.transpose(0, 1)).squeeze(1)
 
     def _dense(self, x: torch.Tensor, indices: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         h = self.glu(
@@ -165,6 +198,15 @@ def _batched_linear(
     """``x @ weight[e].T (+ bias[e])`` for every expert ``e``: ``(experts, tokens, out)``."""
     out = torch.matmul(x, weight.transpose(1, 2))
     return out if bias is None else out + bias.unsqueeze(1)
+
+
+def _gathered_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, chosen: torch.Tensor
+) -> torch.Tensor:
+    """``x[i] @ weight[chosen[i]].T (+ bias[chosen[i]])`` for ``x`` ``(chosen, tokens, in)``:
+    ``(chosen, tokens, out)``."""
+    out = torch.bmm(x, weight.transpose(1, 2)[chosen])  # (stored transposed: rows gathered)
+    return out if bias is None else out + bias[chosen].unsqueeze(1)
 
 
 def _parameter(t: torch.Tensor) -> nn.Parameter:

@@ -11,7 +11,9 @@
     +-65504) would be stored as infinities: the nodes reading them compute in float32
     instead, so the weights stay float32 (a ``RuntimeWarning`` names them);
   - on sample inputs, the float32 program runs once in PyTorch, and each node whose value
-    leaves the half type's range, and the nodes reading it, compute in float32 (a
+    leaves the half type's range (infinities and the float type's extreme values, the
+    ``finfo(dtype).min`` of masks, are not counted: the half type holds them as
+    infinities), and the nodes reading it, compute in float32 (a
     ``RuntimeWarning`` names them and their source lines).  The samples are those given
     (``TorchConverter(check_range=...)``) or, by default, the example inputs the
     ``torch.export`` program carries, within a cost cap (:data:`AUTO_MAX_WEIGHT_BYTES`,
@@ -370,11 +372,18 @@ class _RangeRecorder(torch.fx.Interpreter):
             peak = 0.0
             for value in pytree.tree_leaves(result):
                 if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
-                    magnitude = value.detach().abs().float()
-                    finite = torch.where(torch.isfinite(magnitude), magnitude, 0)
-                    peak = max(peak, float(finite.amax()))
+                    peak = max(peak, _largest_magnitude(value.detach()))
             self.peaks[n] = peak
         return result
+
+
+def _largest_magnitude(value: torch.Tensor) -> float:
+    """The largest magnitude among ``value``'s finite elements but the float type's extremes:
+    ``torch.finfo(dtype).min`` is the "minus infinity" of attention masks, which the half
+    type holds as an infinity, meaning the same (an overflow there changes nothing)."""
+    magnitude = value.abs()
+    counted = torch.isfinite(magnitude) & (magnitude < torch.finfo(value.dtype).max)
+    return float(torch.where(counted, magnitude, 0).amax().float())
 
 
 def _overflowing_nodes(

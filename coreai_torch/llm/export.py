@@ -15,7 +15,8 @@ writes the bundle the app loads (``metadata.json``, ``tokenizer/``, the asset; s
 and activations, float32 islands; the logits are float16 whatever the precision) and
 ``compress`` runs ``program.compress()`` before ``optimize()``.  Mixture-of-experts models
 (:data:`MOE_ARCHITECTURES`) are traced with their sparse-MoE blocks replaced by static ones
-(:func:`~coreai_torch.rewrites.moe.rewrite_moe`) that run every expert on the call's tokens
+(:func:`~coreai_torch.rewrites.moe.rewrite_moe`) that gather the weights of the experts the
+call's tokens selected (at most ``T * top_k``: a decode step reads its token's experts only)
 and combine them with the routing weights.  A model directory is *streamed*: its weights stay
 in the checkpoint until the asset is written (``docs/large_models.md``).
 
@@ -226,8 +227,9 @@ def convert_causal_lm(
         progress_events.phase(listener, "trace", 1, "entry points") as traced,
         lazy.tracing(),  # a streamed model's weights are lazy: trace without recording
     ):
-        # every expert on the call's tokens (T is known only at run time)
-        has_experts = experts("dense")
+        # the routed experts' weights gathered for few tokens, every expert for many (picked
+        # at run time from T; statically for the static-shape functions)
+        has_experts = experts("auto")
         # the KV states in the compute precision (half precision halves their bytes)
         states = policy.compute if policy.is_half else model.dtype
         if engine == "static":
@@ -538,12 +540,13 @@ def check_max_context(model: PreTrainedModel, max_context: int) -> None:
 def _static_moe(model: PreTrainedModel, restore: bool) -> Iterator[Callable[[str], bool]]:
     """Trace with the model's sparse-MoE blocks replaced by static ones (:func:`rewrite_moe`),
     then put the user's blocks back if ``restore``.  Yields ``experts(strategy)``, which sets
-    how the experts run in the entry point traced next: ``"dense"`` for the prefill (a dynamic
-    token count), ``"gather"`` for the decode step (only its token's experts are read), and
-    returns whether the model has experts."""
+    how the experts run in the functions traced next (``"auto"``: the experts the call's
+    tokens selected, gathered, for a token count known at run time; each token's own for a
+    static-shape function with few tokens, every expert for a long chunk), and returns whether
+    the model has experts."""
 
     before = dict(model.named_modules()) if restore else {}
-    rewrite_moe(model, strategy="dense")
+    rewrite_moe(model, strategy="auto")
 
     def experts(strategy: str) -> bool:
         found = False

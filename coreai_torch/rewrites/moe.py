@@ -394,9 +394,11 @@ def rewrite_moe(model: nn.Module, *, strategy: str = "auto") -> nn.Module:
     """Replace every Hugging Face sparse-MoE block in ``model`` (in place) with an exact
     :class:`SparseMoE` without data-dependent shapes, so it exports and converts.
 
-    ``strategy`` (``"auto"``, ``"gather"`` or ``"dense"``) is how the experts run, see
-    :class:`~coreai_torch.composite_ops.GatedExperts`: ``"auto"`` gathers each token's experts
-    when ``tokens * top_k < num_experts`` (decode) and runs every expert otherwise (prefill).
+    ``strategy`` (``"auto"``, ``"gather"``, ``"dense"`` or ``"routed"``) is how the experts
+    run, see :class:`~coreai_torch.composite_ops.GatedExperts`: ``"auto"`` gathers each token's
+    experts when ``tokens * top_k < num_experts`` (decode) and runs every expert otherwise
+    (prefill); with a token count known only at run time it gathers the experts the call's
+    tokens selected (``"routed"``: a decode step reads its ``top_k`` experts).
     Expert weights are stacked into ``(experts, out, in)`` tensors (one copy; the per-expert
     modules are released). Raises :class:`~coreai_torch.errors.UnsupportedMoEError`, before
     changing anything, if a module holding ``experts`` is not a supported block. A model

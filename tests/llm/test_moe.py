@@ -1,8 +1,9 @@
 """Mixture-of-experts LLMs through ``llm.export`` (small configs, random weights): the sparse
-blocks are made static for the trace and the user's model gets its own back; ``main`` runs
-every expert on the call's tokens (their count is known only at run time) and combines them
-with the routing weights; each layer's stacked expert weights are stored once, and stay
-compressed with ``compress="int4"``.  Generation against ``transformers`` for every MoE
+blocks are made static for the trace and the user's model gets its own back; ``main``
+gathers the weights of the experts the call's tokens selected (their count is known only at
+run time; a decode step reads its token's experts only) and combines them with the routing
+weights; each layer's stacked expert weights are stored once, and stay compressed (and
+gathered compressed) with ``compress="int4"``.  Generation against ``transformers`` for every MoE
 architecture is in ``test_architectures.py``.
 """
 
@@ -12,11 +13,14 @@ import copy
 import dataclasses
 import re
 from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 import torch.nn as nn
 
 from coreai_torch import bundles, compression, llm, rewrite_moe
+from coreai_torch._mlir import ir
 from coreai_torch.rewrites.moe import SparseMoE
 from tests.helpers import asset_bytes
 from tests.llm.support import causal_lm, check_engine, export_bundle
@@ -42,6 +46,32 @@ def test_mixtral_experts_are_stored_once_and_the_model_keeps_its_blocks() -> Non
     stacked = rewrite_moe(causal_lm("mixtral"))
     weight_bytes = sum(p.numel() * p.element_size() for p in stacked.parameters())
     assert asset_bytes(program) <= 1.1 * weight_bytes
+
+
+def expert_weight_readers(program: Any) -> dict[str, set[str]]:
+    """The ops reading each stored expert weight (its codes and scales when compressed)."""
+    readers: dict[str, set[str]] = {}
+
+    def visit(op: Any) -> Any:
+        if op.name == "coreai.constant" and ".experts." in str(op.attributes["value"]):
+            name = re.search(r"dense_resource<\"?([\w.]+)", str(op.attributes["value"]))[1]
+            users = readers.setdefault(name, set())
+            users.update(use.owner.name for use in op.result.uses)
+        return ir.WalkResult.ADVANCE
+
+    program.mlir_module.operation.walk(visit)
+    return readers
+
+
+@pytest.mark.parametrize("compress", [None, "int4"])
+def test_main_reads_only_the_selected_experts(compress: str | None) -> None:
+    """Every stored expert weight is read by a gather of the experts the call's tokens
+    selected (a decode step: its token's top-k), never whole by a matmul or a decompression
+    of every expert; the stacks are still stored once."""
+    program = llm.export(causal_lm("mixtral"), max_context=16, compress=compress)
+    readers = expert_weight_readers(program)
+    assert len(readers) == 3 * 2 * (1 if compress is None else 2), sorted(readers)
+    assert all(users == {"coreai.gather_nd"} for users in readers.values()), readers
 
 
 def _bits(name: str, weight: torch.Tensor) -> float:

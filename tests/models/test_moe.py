@@ -206,7 +206,7 @@ class _Output(nn.Module):
 # ------------------------------------------------------------------------- eager: exactness
 
 
-@pytest.mark.parametrize("strategy", ["gather", "dense"])
+@pytest.mark.parametrize("strategy", ["gather", "dense", "routed"])
 @pytest.mark.parametrize("tokens", list(TOKENS))
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_static_block_routes_and_computes_like_the_hf_block(
@@ -445,7 +445,7 @@ def test_mixtral_model_with_every_token_gathering_its_experts() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in MODELS if n != "deepseek_v2"])
 def test_moe_model_dynamic_sequence_length(name: str) -> None:
-    """One program for every prompt length (the experts run dense on T tokens).  DeepSeek-V2
+    """One program for every prompt length (the experts the T tokens selected, gathered).  DeepSeek-V2
     needs its documented rotary patch: tests/models/test_frontier.py."""
     check_dynamic_sequence_length(_rewritten_lm(name))
 
