@@ -96,6 +96,34 @@ def test_gptq_has_less_output_error_than_round_to_nearest(
     assert torch.equal(codes, codes.round())
 
 
+def test_forms_fitted_on_one_hessian_share_its_factorisation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mixed fits every candidate form of a weight on the same Hessian: GPTQ factorises it
+    once (per damping), with the codes of a fresh factorisation; new inputs refactorise."""
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(4)) * 0.05
+    x = _inputs(512, 128)
+    factorisations: list[int] = []
+    inverse_cholesky = fits._inverse_cholesky
+    monkeypatch.setattr(
+        fits, "_inverse_cholesky", lambda *a: factorisations.append(1) or inverse_cholesky(*a)
+    )
+    shared = _hessian(x)
+    forms = [(4, 32, False), (4, 64, True), (8, 128, True)]
+    for bits, block, symmetric in forms:
+        codes = fits.gptq_linear(
+            w, shared, bits, block, symmetric=symmetric, scale_dtype=torch.float32
+        )[0]
+        fresh = fits.gptq_linear(
+            w, _hessian(x), bits, block, symmetric=symmetric, scale_dtype=torch.float32
+        )[0]
+        assert torch.equal(codes, fresh)
+    assert len(factorisations) == 1 + len(forms)  # the shared one once, each fresh one
+    shared.add(x[:8])
+    fits.gptq_linear(w, shared, 4, 32, symmetric=False, scale_dtype=torch.float32)
+    assert len(factorisations) == 2 + len(forms)
+
+
 def test_activation_aware_scales_never_lose_to_round_to_nearest() -> None:
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
     h = _hessian(_inputs(512, 256, seed=3))
