@@ -420,6 +420,9 @@ def fit_weight(
             codes, s, zp = fits.gptq_linear(
                 w, h, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype
             )
+            scale = s.repeat_interleave(block, 1)
+            offset = 0 if zp is None else zp.repeat_interleave(block, 1)
+            fitted = (codes - offset) * scale
         else:
             s, zp = fits.linear_scales(
                 w,
@@ -430,12 +433,10 @@ def fit_weight(
                 importance=importance,
             )
             blocks = w.reshape(n, k // block, block)
-            codes = fits.quantize_values(
+            codes, fitted = fits.quantize_values(
                 blocks, s[..., None], None if zp is None else zp[..., None], form.bits
-            )[0].reshape(n, k)
-        scale = s.repeat_interleave(block, 1)
-        offset = 0 if zp is None else zp.repeat_interleave(block, 1)
-        fitted = (codes - offset) * scale
+            )
+            codes, fitted = codes.reshape(n, k), fitted.reshape(n, k)
         groups = [n, k // block] + [1] * (len(shape) - 2)
         if len(shape) > 2:  # a convolution: blocks of input channels
             groups[1] = shape[1] // (block // (k // shape[1]))
