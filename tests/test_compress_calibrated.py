@@ -379,7 +379,8 @@ def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``calibrate(keep=False)`` (a data-free export's measurement) gives the whole model's
-    output error alone: no codes kept, no matrix product for each weight's own error."""
+    output error alone: no codes kept, no matrix product for each weight's own error, no
+    pass of the blocks recording their layers' inputs."""
     model = causal_lm("smollm")
     ids = torch.randint(
         0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2)
@@ -393,8 +394,16 @@ def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
         raise AssertionError("a weight's output error was computed")
 
     monkeypatch.setattr(fits, "output_error", no_weight_errors)
+    from coreai_torch.compression import calibration as cal
+
+    recorded: list[dict] = []
+    recording = cal._recording
+    monkeypatch.setattr(cal, "_recording", lambda m, i: recorded.append(m) or recording(m, i))
     measured = compression.calibrate(model, samples, config, method="rtn", keep=False)
     assert not measured.weights and measured.planned_bpw is None
+    # no block runs to record its layers' inputs (round-to-nearest needs none)
+    block_layers = {f"self_attn.{p}_proj" for p in "qkvo"}
+    assert not any(block_layers & set(modules) for modules in recorded)
     assert measured.output_error == pytest.approx(kept.output_error, rel=1e-6)
 
 
