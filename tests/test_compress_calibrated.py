@@ -96,6 +96,34 @@ def test_gptq_has_less_output_error_than_round_to_nearest(
     assert torch.equal(codes, codes.round())
 
 
+def test_forms_fitted_on_one_hessian_share_its_factorisation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mixed fits every candidate form of a weight on the same Hessian: GPTQ factorises it
+    once (per damping), with the codes of a fresh factorisation; new inputs refactorise."""
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(4)) * 0.05
+    x = _inputs(512, 128)
+    factorisations: list[int] = []
+    inverse_cholesky = fits._inverse_cholesky
+    monkeypatch.setattr(
+        fits, "_inverse_cholesky", lambda *a: factorisations.append(1) or inverse_cholesky(*a)
+    )
+    shared = _hessian(x)
+    forms = [(4, 32, False), (4, 64, True), (8, 128, True)]
+    for bits, block, symmetric in forms:
+        codes = fits.gptq_linear(
+            w, shared, bits, block, symmetric=symmetric, scale_dtype=torch.float32
+        )[0]
+        fresh = fits.gptq_linear(
+            w, _hessian(x), bits, block, symmetric=symmetric, scale_dtype=torch.float32
+        )[0]
+        assert torch.equal(codes, fresh)
+    assert len(factorisations) == 1 + len(forms)  # the shared one once, each fresh one
+    shared.add(x[:8])
+    fits.gptq_linear(w, shared, 4, 32, symmetric=False, scale_dtype=torch.float32)
+    assert len(factorisations) == 2 + len(forms)
+
+
 def test_activation_aware_scales_never_lose_to_round_to_nearest() -> None:
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
     h = _hessian(_inputs(512, 256, seed=3))
@@ -403,7 +431,8 @@ def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``calibrate(keep=False)`` (a data-free export's measurement) gives the whole model's
-    output error alone: no codes kept, no matrix product for each weight's own error."""
+    output error alone: no codes kept, no matrix product for each weight's own error, no
+    pass of the blocks recording their layers' inputs."""
     model = causal_lm("smollm")
     ids = torch.randint(
         0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2)
@@ -417,8 +446,16 @@ def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
         raise AssertionError("a weight's output error was computed")
 
     monkeypatch.setattr(fits, "output_error", no_weight_errors)
+    from coreai_torch.compression import calibration as cal
+
+    recorded: list[dict] = []
+    recording = cal._recording
+    monkeypatch.setattr(cal, "_recording", lambda m, i: recorded.append(m) or recording(m, i))
     measured = compression.calibrate(model, samples, config, method="rtn", keep=False)
     assert not measured.weights and measured.planned_bpw is None
+    # no block runs to record its layers' inputs (round-to-nearest needs none)
+    block_layers = {f"self_attn.{p}_proj" for p in "qkvo"}
+    assert not any(block_layers & set(modules) for modules in recorded)
     assert measured.output_error == pytest.approx(kept.output_error, rel=1e-6)
 
 

@@ -52,11 +52,14 @@ class Hessian:
         self.samples = 0
         self._rows: list[torch.Tensor] | None = []
         self._matrix: torch.Tensor | None = None
+        #: GPTQ's factorisations by damping (every form fitted on this Hessian shares them)
+        self._factors: dict[float, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def add(self, x: torch.Tensor) -> None:
         """Add the inputs ``x [..., K]`` (every leading index a sample)."""
         x = x.reshape(-1, x.shape[-1]).to(torch.float32)
         self.samples += x.shape[0]
+        self._factors.clear()
         if self._rows is not None and self._matrix is None and self.samples <= self.inputs:
             self._rows.append(x.clone())
             return
@@ -76,6 +79,19 @@ class Hessian:
     @matrix.setter
     def matrix(self, value: torch.Tensor) -> None:
         self._matrix, self._rows = value, None
+        self._factors.clear()
+
+    def factor(self, damping: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """GPTQ's ``(order, u, dead)``: the inputs by decreasing ``H_kk``, the upper
+        Cholesky factor of the damped inverse Hessian in that order and the inputs that never
+        saw a nonzero value (:func:`_inverse_cholesky`); computed once per damping."""
+        if damping not in self._factors:
+            order = torch.argsort(self.matrix.diagonal(), descending=True)
+            permuted = Hessian(self.inputs)
+            permuted.matrix = self.matrix[order][:, order]
+            u, dead = _inverse_cholesky(permuted, damping)
+            self._factors[damping] = (order, u, dead)
+        return self._factors[damping]
 
     @property
     def diagonal(self) -> torch.Tensor:
@@ -212,10 +228,7 @@ def gptq(
     column of input ``k`` of the rows ``rows`` to its grid.  Rows are independent: they are
     rounded :data:`GPTQ_ROWS` at a time (the memory of a 128k-row output head stays small).
     Returns the rounded weight."""
-    order = torch.argsort(h.matrix.diagonal(), descending=True)
-    permuted = Hessian(h.matrix.shape[0])
-    permuted.matrix = h.matrix[order][:, order]
-    u, dead = _inverse_cholesky(permuted, damping)
+    order, u, dead = h.factor(damping)
     out = torch.empty_like(w)
     for first in range(0, w.shape[0], GPTQ_ROWS):
         rows = slice(first, min(first + GPTQ_ROWS, w.shape[0]))

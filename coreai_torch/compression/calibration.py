@@ -414,7 +414,7 @@ def _reduced_block(module: nn.Module, form: LinearQuantization) -> int | None:
 def fit_weight(
     module: nn.Module,
     weight: torch.Tensor,
-    h: fits.Hessian,
+    h: fits.Hessian | None,
     form: LinearQuantization | Palettization,
     scale_dtype: torch.dtype,
     *,
@@ -424,9 +424,11 @@ def fit_weight(
     the fitted weight (float32, the module's shape), or why ``form`` does not apply.
     ``method`` (:data:`METHODS`): ``"gptq"``, ``"awq"`` (activation-aware scales or
     weighted palettes, each weight rounded to the nearest) or ``"rtn"`` (what ``compress()``
-    stores without calibration)."""
+    stores without calibration; ``h`` may then be None)."""
     gptq = method == "gptq"
-    importance = None if method == "rtn" else h.diagonal
+    if h is None and method != "rtn":
+        raise ValueError(f"method={method!r} fits against the inputs' Hessian: none given")
+    importance = None if h is None or method == "rtn" else h.diagonal
     shape = weight.shape
     w = weight.reshape(shape[0], -1)
     n, k = w.shape
@@ -596,11 +598,14 @@ def calibrate(
             if isinstance(form, (LinearQuantization, Palettization)):
                 forms[layer.name] = form
 
+    # round-to-nearest measured alone needs no layer's inputs: the blocks run once less
+    needs_inputs = method != "rtn" or keep
+
     def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> torch.Tensor | None:
         form = forms.get(layer.name)
         if form is None:
             return None
-        if h is None:
+        if h is None and needs_inputs:
             inputs = weight[0].numel()
             result.unfitted.append(
                 (
@@ -633,7 +638,9 @@ def calibrate(
     # torch's kernels on one thread: the small kernels of the fits, split over threads,
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
     with Workers():
-        result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
+        result.output_error = _walk(
+            model, calls, layers, fit, listener, "calibrate", measure=True, record=needs_inputs
+        )
     result.planned_bpw = planned_bpw(model, result, dtype, config) if keep else None
     result.seconds = time.perf_counter() - start
     return result
@@ -759,11 +766,14 @@ def _fit_stage(
     names: dict[str, str],
     layers: dict[int, _Layer],
     fit: Fit,
+    *,
+    recorded: bool = True,
 ) -> None:
-    """Fit the stage's layers in place of their weights in ``params``."""
+    """Fit the stage's layers in place of their weights in ``params`` (not ``recorded``:
+    every layer, without its inputs)."""
     for local, module in modules.items():
         h = inputs.hessians.get(local)
-        if h is None and local not in inputs.too_large:
+        if h is None and local not in inputs.too_large and recorded:
             continue  # not run by the samples
         key = names[f"{local}.weight" if local else "weight"]
         fitted = fit(layers[id(module)], params[key], h)
@@ -780,12 +790,15 @@ def _walk(
     phase: str,
     *,
     measure: bool,
+    record: bool = True,
 ) -> float | None:
     """Run the model stage by stage on ``calls``, calling ``fit`` on every fittable layer
     with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
     used from then on (the activations carried to the next block are the fitted model's).
     With ``measure``, the float model's outputs of the first samples are carried too and
-    the relative output error of the fitted model is returned."""
+    the relative output error of the fitted model is returned.  Without ``record`` the
+    blocks' layers are fitted without their inputs (``fit`` gets no Hessian) and the blocks
+    run once less."""
     blocks = find_blocks(model)
     inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
     params, names = _parameters(model, blocks)
@@ -821,10 +834,11 @@ def _walk(
             original = dict(weights)
             modules = {n: m for n, m in block.named_modules() if id(m) in layers}
             inputs = _Inputs(modules, layers)
-            with _recording(modules, inputs):
-                for args, kwargs in stream:
-                    _call(block, original, args, kwargs)
-            _fit_stage(modules, inputs, weights, local_names, layers, fit)
+            if record:
+                with _recording(modules, inputs):
+                    for args, kwargs in stream:
+                        _call(block, original, args, kwargs)
+            _fit_stage(modules, inputs, weights, local_names, layers, fit, recorded=record)
             stream = [
                 ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in stream
