@@ -419,6 +419,7 @@ def fit_weight(
             return f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
         dtype = form.scale_dtype or scale_dtype
         if gptq:
+            assert h is not None
             codes, s, zp = fits.gptq_linear(
                 w, h, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype
             )
@@ -454,6 +455,7 @@ def fit_weight(
     if n % group:
         return f"its {n} output channels are not a multiple of group_size={group}"
     if gptq:
+        assert h is not None
         indices, palettes = fits.gptq_palettes(w, h, form.bits, group, iterations=form.iterations)
     else:
         weights = torch.ones(k) if importance is None else importance
@@ -603,6 +605,7 @@ def calibrate(
         codes, fitted = out
         if not keep:
             return fitted
+        assert h is not None  # kept codes are fitted with their inputs
         n = weight.shape[0]
         result.weights[layer.name] = FittedWeight(
             layer.name,
