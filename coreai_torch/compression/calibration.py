@@ -411,6 +411,50 @@ def _reduced_block(module: nn.Module, form: LinearQuantization) -> int | None:
     return form.block_size * (k // weight.shape[1])
 
 
+#: rows a weight is rounded at a time without GPTQ (the memory of a 128k-row output head)
+ROUNDED_ROWS = 4096
+
+
+def _rounded_by_rows(
+    w: torch.Tensor,
+    form: LinearQuantization,
+    block: int,
+    scale_dtype: torch.dtype,
+    importance: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(codes, fitted, scales, zero points)`` of ``w [N, K]`` rounded to the grid of
+    :func:`~coreai_torch.compression.calibrated.linear_scales`, :data:`ROUNDED_ROWS` rows at a
+    time (codes in one byte each, the temporaries of one piece)."""
+    n, k = w.shape
+    codes = torch.empty(n, k, dtype=torch.int8 if form.symmetric else torch.uint8)
+    fitted = torch.empty(n, k)
+    scales: list[torch.Tensor] = []
+    zero_points: list[torch.Tensor] = []
+    for first in range(0, n, ROUNDED_ROWS):
+        rows = slice(first, min(first + ROUNDED_ROWS, n))
+        part = w[rows]
+        s, zp = fits.linear_scales(
+            part,
+            form.bits,
+            block,
+            symmetric=form.symmetric,
+            scale_dtype=scale_dtype,
+            importance=importance,
+        )
+        c, q = fits.quantize_values(
+            part.reshape(-1, k // block, block),
+            s[..., None],
+            None if zp is None else zp[..., None],
+            form.bits,
+        )
+        codes[rows] = c.reshape(-1, k).to(codes.dtype)
+        fitted[rows] = q.reshape(-1, k)
+        scales.append(s)
+        if zp is not None:
+            zero_points.append(zp)
+    return codes, fitted, torch.cat(scales), torch.cat(zero_points) if zero_points else None
+
+
 def fit_weight(
     module: nn.Module,
     weight: torch.Tensor,
@@ -439,6 +483,7 @@ def fit_weight(
             return f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
         dtype = form.scale_dtype or scale_dtype
         if gptq:
+            assert h is not None
             codes, s, zp = fits.gptq_linear(
                 w, h, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype
             )
@@ -446,19 +491,7 @@ def fit_weight(
             offset = 0 if zp is None else zp.repeat_interleave(block, 1)
             fitted = (codes - offset) * scale
         else:
-            s, zp = fits.linear_scales(
-                w,
-                form.bits,
-                block,
-                symmetric=form.symmetric,
-                scale_dtype=dtype,
-                importance=importance,
-            )
-            blocks = w.reshape(n, k // block, block)
-            codes, fitted = fits.quantize_values(
-                blocks, s[..., None], None if zp is None else zp[..., None], form.bits
-            )
-            codes, fitted = codes.reshape(n, k), fitted.reshape(n, k)
+            codes, fitted, s, zp = _rounded_by_rows(w, form, block, dtype, importance)
         groups = [n, k // block] + [1] * (len(shape) - 2)
         if len(shape) > 2:  # a convolution: blocks of input channels
             groups[1] = shape[1] // (block // (k // shape[1]))
@@ -474,6 +507,7 @@ def fit_weight(
     if n % group:
         return f"its {n} output channels are not a multiple of group_size={group}"
     if gptq:
+        assert h is not None
         indices, palettes = fits.gptq_palettes(w, h, form.bits, group, iterations=form.iterations)
     else:
         weights = torch.ones(k) if importance is None else importance
@@ -623,6 +657,7 @@ def calibrate(
         codes, fitted = out
         if not keep:
             return fitted
+        assert h is not None  # kept codes are fitted with their inputs
         n = weight.shape[0]
         result.weights[layer.name] = FittedWeight(
             layer.name,
