@@ -427,38 +427,6 @@ def test_the_data_free_measurement_reads_the_tables_a_piece_at_a_time(
         assert sum(count for is_table, count in read if not is_table) == vocab
 
 
-def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """``calibrate(keep=False)`` (a data-free export's measurement) gives the whole model's
-    output error alone: no codes kept, no matrix product for each weight's own error, no
-    pass of the blocks recording their layers' inputs."""
-    model = causal_lm("smollm")
-    ids = torch.randint(
-        0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2)
-    )
-    config = compression.LinearQuantization(bits=4, block_size=32, min_elements=0)
-    samples = {"input_ids": ids, "use_cache": False}
-    kept = compression.calibrate(model, samples, config, method="rtn")
-    assert kept.weights and kept.output_error is not None
-
-    def no_weight_errors(*args: object) -> float:
-        raise AssertionError("a weight's output error was computed")
-
-    monkeypatch.setattr(fits, "output_error", no_weight_errors)
-    from coreai_torch.compression import calibration as cal
-
-    recorded: list[dict] = []
-    recording = cal._recording
-    monkeypatch.setattr(cal, "_recording", lambda m, i: recorded.append(m) or recording(m, i))
-    measured = compression.calibrate(model, samples, config, method="rtn", keep=False)
-    assert not measured.weights and measured.planned_bpw is None
-    # no block runs to record its layers' inputs (round-to-nearest needs none)
-    block_layers = {f"self_attn.{p}_proj" for p in "qkvo"}
-    assert not any(block_layers & set(modules) for modules in recorded)
-    assert measured.output_error == pytest.approx(kept.output_error, rel=1e-6)
-
-
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
     model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
     x = torch.randn(64, 48)

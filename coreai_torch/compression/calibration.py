@@ -591,7 +591,6 @@ def calibrate(
     scale_dtype: torch.dtype | None = None,
     method: str = "gptq",
     progress: Any = None,
-    keep: bool = True,
 ) -> Calibration:
     """Fit the weights of ``model`` that ``config`` selects against the activations of
     ``samples`` (see the module documentation).  ``samples``: what the model is called with,
@@ -600,10 +599,8 @@ def calibrate(
     (the program's weight type; default the model's).  ``method``: ``"gptq"`` (default),
     ``"awq"`` (activation-aware scales / weighted palettes, no error compensation) or
     ``"rtn"`` (the codes ``compress()`` fits without data, with their output error measured
-    on the samples).  ``keep=False`` measures only the whole model's output error: no codes
-    are kept and no weight's own output error is computed (the weights' codes of a large
-    model take the memory of the model, their errors a matrix product per weight).  The
-    model is not modified."""
+    on the samples; :func:`measure` measures them without keeping codes).  The model is not
+    modified."""
     if method not in METHODS:
         raise ValueError(f"calibrate(method=...) takes one of {', '.join(METHODS)}, got {method!r}")
     if not isinstance(config, (LinearQuantization, Palettization, Mixed, Pruning)):
@@ -632,14 +629,11 @@ def calibrate(
             if isinstance(form, (LinearQuantization, Palettization)):
                 forms[layer.name] = form
 
-    # round-to-nearest measured alone needs no layer's inputs: the blocks run once less
-    needs_inputs = method != "rtn" or keep
-
     def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> torch.Tensor | None:
         form = forms.get(layer.name)
         if form is None:
             return None
-        if h is None and needs_inputs:
+        if h is None:
             inputs = weight[0].numel()
             result.unfitted.append(
                 (
@@ -655,9 +649,6 @@ def calibrate(
             result.unfitted.append((layer.name, out))
             return None
         codes, fitted = out
-        if not keep:
-            return fitted
-        assert h is not None  # kept codes are fitted with their inputs
         n = weight.shape[0]
         result.weights[layer.name] = FittedWeight(
             layer.name,
@@ -673,10 +664,8 @@ def calibrate(
     # torch's kernels on one thread: the small kernels of the fits, split over threads,
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
     with Workers():
-        result.output_error = _walk(
-            model, calls, layers, fit, listener, "calibrate", measure=True, record=needs_inputs
-        )
-    result.planned_bpw = planned_bpw(model, result, dtype, config) if keep else None
+        result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
+    result.planned_bpw = planned_bpw(model, result, dtype, config)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -801,14 +790,11 @@ def _fit_stage(
     names: dict[str, str],
     layers: dict[int, _Layer],
     fit: Fit,
-    *,
-    recorded: bool = True,
 ) -> None:
-    """Fit the stage's layers in place of their weights in ``params`` (not ``recorded``:
-    every layer, without its inputs)."""
+    """Fit the stage's layers in place of their weights in ``params``."""
     for local, module in modules.items():
         h = inputs.hessians.get(local)
-        if h is None and local not in inputs.too_large and recorded:
+        if h is None and local not in inputs.too_large:
             continue  # not run by the samples
         key = names[f"{local}.weight" if local else "weight"]
         fitted = fit(layers[id(module)], params[key], h)
@@ -825,15 +811,12 @@ def _walk(
     phase: str,
     *,
     measure: bool,
-    record: bool = True,
 ) -> float | None:
     """Run the model stage by stage on ``calls``, calling ``fit`` on every fittable layer
     with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
     used from then on (the activations carried to the next block are the fitted model's).
     With ``measure``, the float model's outputs of the first samples are carried too and
-    the relative output error of the fitted model is returned.  Without ``record`` the
-    blocks' layers are fitted without their inputs (``fit`` gets no Hessian) and the blocks
-    run once less."""
+    the relative output error of the fitted model is returned."""
     blocks = find_blocks(model)
     inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
     params, names = _parameters(model, blocks)
@@ -869,11 +852,10 @@ def _walk(
             original = dict(weights)
             modules = {n: m for n, m in block.named_modules() if id(m) in layers}
             inputs = _Inputs(modules, layers)
-            if record:
-                with _recording(modules, inputs):
-                    for args, kwargs in stream:
-                        _call(block, original, args, kwargs)
-            _fit_stage(modules, inputs, weights, local_names, layers, fit, recorded=record)
+            with _recording(modules, inputs):
+                for args, kwargs in stream:
+                    _call(block, original, args, kwargs)
+            _fit_stage(modules, inputs, weights, local_names, layers, fit)
             stream = [
                 ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in stream
@@ -1029,7 +1011,7 @@ def measure(
         if form is None:
             return rows
         shape = rows.shape
-        out = fit_weight(module, rows, fits.Hessian(rows[0].numel()), form, dtype, method="rtn")
+        out = fit_weight(module, rows, None, form, dtype, method="rtn")
         return rows if isinstance(out, str) else out[1].reshape(shape)
 
     params, _ = _parameters(model, blocks, skip={id(embedding.weight), *_head_weights(layers)})
