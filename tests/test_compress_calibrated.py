@@ -45,6 +45,37 @@ def _rtn(w: torch.Tensor, bits: int, block: int, symmetric: bool = True) -> torc
     ].reshape(n, k)
 
 
+def test_few_inputs_are_kept_and_give_the_hessians_errors() -> None:
+    """Fewer inputs than the weight has columns are kept as they are (the data-free
+    measurement of a 1B model's 8192-input weights on 128 tokens multiplies by them, not by
+    an 8192² matrix); the errors, diagonal and matrix are the Hessian's either way."""
+    x = _inputs(48, 128)
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(2)) * 0.05
+    q = _rtn(w, 4, 32)
+    few = fits.Hessian(128)
+    few.add(x[:20])
+    few.add(x[20:])
+    assert few._matrix is None  # still the inputs
+    error = fits.output_error(w, q, few)
+    diagonal = few.diagonal
+    expected = x.double().T @ x.double()
+    direct = float(
+        (((w - q).double() @ x.double().T) ** 2).sum() / ((w.double() @ x.double().T) ** 2).sum()
+    )
+    assert error == pytest.approx(direct, rel=1e-5)
+    torch.testing.assert_close(diagonal.double(), expected.diagonal(), rtol=1e-5, atol=0)
+    torch.testing.assert_close(
+        few.matrix, expected, rtol=1e-5, atol=1e-6 * float(expected.abs().max())
+    )
+    assert fits.output_error(w, q, few) == pytest.approx(direct, rel=1e-5)  # from H now
+    many = fits.Hessian(16)  # more inputs than columns: summed into H as they come
+    many.add(x[:, :16])
+    assert many._matrix is not None
+    assert float(many.row_energies(w[:, :16]).sum()) == pytest.approx(
+        float(((w[:, :16].double() @ x[:, :16].double().T) ** 2).sum()), rel=1e-6
+    )
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize(("bits", "block"), [(4, 32), (4, 128), (3, 32), (8, 128)])
 def test_gptq_has_less_output_error_than_round_to_nearest(
@@ -63,6 +94,34 @@ def test_gptq_has_less_output_error_than_round_to_nearest(
     assert int(codes.min()) >= (-high if symmetric else 0)
     assert int(codes.max()) <= high - 1
     assert torch.equal(codes, codes.round())
+
+
+def test_forms_fitted_on_one_hessian_share_its_factorisation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mixed fits every candidate form of a weight on the same Hessian: GPTQ factorises it
+    once (per damping), with the codes of a fresh factorisation; new inputs refactorise."""
+    w = torch.randn(64, 128, generator=torch.Generator().manual_seed(4)) * 0.05
+    x = _inputs(512, 128)
+    factorisations: list[int] = []
+    inverse_cholesky = fits._inverse_cholesky
+    monkeypatch.setattr(
+        fits, "_inverse_cholesky", lambda *a: factorisations.append(1) or inverse_cholesky(*a)
+    )
+    shared = _hessian(x)
+    forms = [(4, 32, False), (4, 64, True), (8, 128, True)]
+    for bits, block, symmetric in forms:
+        codes = fits.gptq_linear(
+            w, shared, bits, block, symmetric=symmetric, scale_dtype=torch.float32
+        )[0]
+        fresh = fits.gptq_linear(
+            w, _hessian(x), bits, block, symmetric=symmetric, scale_dtype=torch.float32
+        )[0]
+        assert torch.equal(codes, fresh)
+    assert len(factorisations) == 1 + len(forms)  # the shared one once, each fresh one
+    shared.add(x[:8])
+    fits.gptq_linear(w, shared, 4, 32, symmetric=False, scale_dtype=torch.float32)
+    assert len(factorisations) == 2 + len(forms)
 
 
 def test_activation_aware_scales_never_lose_to_round_to_nearest() -> None:
@@ -316,6 +375,90 @@ def test_a_data_free_llm_export_measures_its_output_error_on_examples() -> None:
     assert "example inputs" in str(report) and "LARGE" in str(report)
 
 
+def test_a_data_free_export_of_a_large_model_says_it_was_not_measured(monkeypatch) -> None:
+    """Above ``MEASURE_MAX_PARAMETERS`` the data-free measurement (about the cost of the
+    compression again) is not run, and the report says so and how to measure instead."""
+    from coreai_torch.llm import calibration
+
+    model = causal_lm("smollm")
+    monkeypatch.setattr(calibration, "MEASURE_MAX_PARAMETERS", 1000)
+    report = llm.export(model, max_context=16, compress="int4").compression_report
+    assert report is not None and report.output_error is None
+    assert report.not_measured is not None and "coreai-torch eval perplexity" in str(report)
+    assert "more than the 1e-06 B a data-free export measures" in report.not_measured
+
+
+@pytest.mark.parametrize(("architecture", "tied"), [("llama", True), ("gemma2", False)])
+@pytest.mark.parametrize("spec", ["int4", "palette4"])
+def test_the_data_free_measurement_reads_the_tables_a_piece_at_a_time(
+    architecture: str, tied: bool, spec: str, monkeypatch
+) -> None:
+    """``measure()`` (what a data-free LLM export runs) gives ``calibrate(method="rtn")``'s
+    output error while it rounds weights a piece at a time and reads only the embedding rows
+    the samples look up (a whole 128k-row table in float32 twice, 4 GB for an 8B model, is
+    what it avoids); Gemma 2's decoder layers return tuples, which the replay keeps."""
+    from coreai_torch.compression import calibration
+
+    model = causal_lm(architecture, tie_word_embeddings=tied)
+    vocab = model.config.vocab_size
+    tokens = torch.randint(0, vocab // 4, (2, 24), generator=torch.Generator().manual_seed(0))
+    samples = {"input_ids": tokens, "use_cache": False}
+    config = compression.from_spec(spec)
+    expected = compression.calibrate(model, samples, config, method="rtn").output_error
+    table = model.get_input_embeddings().weight
+    read: list[tuple[bool, int]] = []
+    original = calibration._read_rows
+
+    def recorded(weight: torch.Tensor, first: int, count: int) -> torch.Tensor:
+        rows = original(weight, first, count)
+        read.append((weight is table, rows.shape[0]))
+        return rows
+
+    monkeypatch.setattr(calibration, "_read_rows", recorded)
+    monkeypatch.setattr(calibration, "MEASURE_ELEMENTS", 16 * model.config.hidden_size)
+    measured = calibration.measure(model, samples, config)
+    assert expected is not None and measured.output_error == pytest.approx(expected, rel=1e-9)
+    assert not measured.weights and measured.tokens == tokens.numel()
+    assert max(count for _, count in read) <= 16
+    # the embedding: the pieces holding ids < vocab / 4; the head: every row, once
+    table_rows = sum(count for is_table, count in read if is_table)
+    assert table_rows <= vocab // 4 + 16 + (vocab if tied else 0)
+    if not tied:
+        assert sum(count for is_table, count in read if not is_table) == vocab
+
+
+def test_measuring_only_keeps_no_codes_and_computes_no_weight_errors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``calibrate(keep=False)`` (a data-free export's measurement) gives the whole model's
+    output error alone: no codes kept, no matrix product for each weight's own error, no
+    pass of the blocks recording their layers' inputs."""
+    model = causal_lm("smollm")
+    ids = torch.randint(
+        0, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(2)
+    )
+    config = compression.LinearQuantization(bits=4, block_size=32, min_elements=0)
+    samples = {"input_ids": ids, "use_cache": False}
+    kept = compression.calibrate(model, samples, config, method="rtn")
+    assert kept.weights and kept.output_error is not None
+
+    def no_weight_errors(*args: object) -> float:
+        raise AssertionError("a weight's output error was computed")
+
+    monkeypatch.setattr(fits, "output_error", no_weight_errors)
+    from coreai_torch.compression import calibration as cal
+
+    recorded: list[dict] = []
+    recording = cal._recording
+    monkeypatch.setattr(cal, "_recording", lambda m, i: recorded.append(m) or recording(m, i))
+    measured = compression.calibrate(model, samples, config, method="rtn", keep=False)
+    assert not measured.weights and measured.planned_bpw is None
+    # no block runs to record its layers' inputs (round-to-nearest needs none)
+    block_layers = {f"self_attn.{p}_proj" for p in "qkvo"}
+    assert not any(block_layers & set(modules) for modules in recorded)
+    assert measured.output_error == pytest.approx(kept.output_error, rel=1e-6)
+
+
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
     model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
     x = torch.randn(64, 48)
@@ -485,3 +628,43 @@ def test_a_layer_with_too_many_inputs_for_a_hessian_is_named(monkeypatch) -> Non
     assert list(calibration.weights) == ["2.weight"]
     ((name, reason),) = calibration.unfitted
     assert name == "0.weight" and "64 inputs per output channel exceed" in reason
+
+
+@pytest.mark.parametrize("layers", [1, 5])
+def test_sensitivity_pass_keeps_few_activations_and_equals_one_whole_backward(
+    layers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mixed's output sensitivities: those of the block-by-block pass (activations kept every
+    ⌈√blocks⌉ blocks, the others recomputed) equal those of one backward pass through the
+    whole model with the same labels; the blocks run forward once, then again for all but
+    each segment's last block."""
+    from coreai_torch.compression import calibration as cal
+
+    model = causal_lm("smollm", num_hidden_layers=layers)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=g)
+    found = cal._layers(model)
+    calls = cal.as_batches({"input_ids": ids, "use_cache": False})
+    forwards: list[int] = []
+    run_block = cal._forward_block
+    monkeypatch.setattr(cal, "_forward_block", lambda b, s: forwards.append(1) or run_block(b, s))
+    fisher = cal._fisher(model, calls, found)
+    if layers == 1:  # no list of blocks: one backward through the model (it used to fail)
+        assert cal.find_blocks(model) is None and not forwards
+    else:  # the first forward pass, then again all but each segment's last block
+        step = cal.segment_length(layers)
+        assert step == 3
+        assert len(forwards) == layers + layers - -(-layers // step)
+
+    expected: dict[str, torch.Tensor] = {}
+    generator = torch.Generator().manual_seed(cal.FISHER_SEED)
+    modules = {layer.name: layer.module for layer in found.values()}
+    with cal._output_gradients(modules, found, expected):
+        for args, kwargs in cal._per_sample(calls):
+            out = cal._output_tensor(model(*args, **kwargs))
+            cal._divergence(out, model.config.vocab_size, generator).backward()
+    model.zero_grad()
+    reached = {name for name in expected if name in fisher.outputs}
+    assert len(reached) == len(found)  # the tied head under the embedding's name
+    for name in reached:
+        torch.testing.assert_close(fisher.outputs[name], expected[name], rtol=1e-4, atol=1e-9)

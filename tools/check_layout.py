@@ -191,6 +191,12 @@ LIBRARIES: tuple[Library, ...] = (
         eager_in=(),
     ),
     Library(
+        "PIL",
+        "images: the reference VLM driver's preprocessing (optional; the test extra)",
+        only=("coreai_torch.bundles",),
+        eager_in=(),
+    ),
+    Library(
         "rich",
         "progress bars (the cli extra)",
         only=("coreai_torch.progress", "coreai_torch.cli"),

@@ -11,6 +11,8 @@ assumes, so that a bundle written here loads and runs in the app unchanged::
     bundle = bundles.Bundle.load("out/MyModel")          # the app's loading rules
     with bundles.SequentialEngine(bundle) as engine:     # the app's calling convention
         tokens = engine.generate(prompt_ids, max_new_tokens=32)
+    with bundles.VisionLanguageEngine("out/MyVLM") as engine:   # a vlm bundle
+        tokens = engine.generate(prompt_ids, 32, image=pil_image)
 
 See ``docs/bundles.md`` ("Ship it in an app").
 """
@@ -46,11 +48,13 @@ from coreai_torch.bundles.manifest import (
 from coreai_torch.bundles.reader import Bundle, is_bundle_dir, resolve_asset_path
 from coreai_torch.bundles.signatures import FunctionSignature, TensorSpec, function_signatures
 from coreai_torch.bundles.tokenizer import TokenizerInfo, read_tokenizer, write_tokenizer
+from coreai_torch.bundles.vlm_driver import VisionLanguageEngine, preprocess_image
 from coreai_torch.bundles.writer import (
     eos_token_ids,
     language_config_from_hf,
     write_bundle,
     write_llm_bundle,
+    write_vlm_bundle,
 )
 from coreai_torch.errors import BundleError, BundleNotFoundError, CallingConventionError
 
@@ -73,6 +77,7 @@ __all__ = [
     "TensorSpec",
     "TokenizerInfo",
     "VisionConfig",
+    "VisionLanguageEngine",
     "check_dynamic_decoder",
     "check_language_asset",
     "check_static_shape",
@@ -84,6 +89,7 @@ __all__ = [
     "language_config_from_hf",
     "metadata_from_model_dir",
     "open_engine",
+    "preprocess_image",
     "read_asset_metadata",
     "read_tokenizer",
     "resolve_asset_path",
@@ -91,4 +97,5 @@ __all__ = [
     "write_bundle",
     "write_llm_bundle",
     "write_tokenizer",
+    "write_vlm_bundle",
 ]

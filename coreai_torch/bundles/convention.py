@@ -468,9 +468,19 @@ def check_vlm_assets(
     """``CoreAISequentialVLMEngine``: the decoder (``main``: embeddings and positions, exactly 2
     states, float16/bfloat16 logits), the vision asset (``encode_image`` + ``project``, or
     ``main``: float32 pixels ``[1, 3, S, S]``), the embedding asset (``embed_tokens`` or
-    ``main``: int32 ids ``[1, T]`` to ``[1, T, hidden]``).  ``None``: not readable here."""
+    ``main``: int32 ids ``[1, T]`` to ``[1, T, hidden]``).  ``None``: not readable here.
+
+    The engine merges the image features into the token embeddings through a float16 view
+    and passes the result to the decoder as it is: the features (``[1, image_token_count,
+    hidden]``), the embeddings and the decoder's first input must all be float16 with the
+    same ``hidden``."""
+    hidden: dict[str, int | None] = {}
     if main is not None:
-        check_dynamic_decoder(main, language, where=where["main"], embeddings_input=True)
+        decoder = check_dynamic_decoder(
+            main, language, where=where["main"], embeddings_input=True
+        ).function
+        _check_merged(where["main"], decoder.name, decoder.inputs[0], "input 0 (the embeddings)")
+        hidden["main"] = decoder.inputs[0].shape[2]
     if vision_asset is not None:
         names = ("encode_image", "project") if "encode_image" in vision_asset else ("main",)
         for name in names:
@@ -496,6 +506,20 @@ def check_vlm_assets(
                 f"input 0 must be float32 pixels [1, 3, {size}, {size}] (vision.image_size), "
                 f"got {pixels[0] if pixels else 'none'}",
             )
+        last = vision_asset[names[-1]]
+        if not last.outputs:
+            raise _error(where["vision"], last.name, "has no output (the image features)")
+        features = last.outputs[0]
+        _check_merged(where["vision"], last.name, features, "output 0 (the image features)")
+        if features.shape[1] not in (vision.image_token_count, None):
+            raise _error(
+                where["vision"],
+                last.name,
+                f"output 0 {features} has {features.shape[1]} image tokens but "
+                f"vision.image_token_count is {vision.image_token_count}; the engine replaces "
+                "that many placeholder tokens, so they must be equal",
+            )
+        hidden["vision"] = features.shape[2]
     if embedding is not None:
         name = "embed_tokens" if "embed_tokens" in embedding else "main"
         function = embedding.get(name)
@@ -508,6 +532,27 @@ def check_vlm_assets(
             raise _error(where["embedding"], name, "needs the token ids in and the embeddings out")
         _check_ids(
             where["embedding"], name, function.inputs[0], "input 0 (the token ids)", "[1, T]"
+        )
+        _check_merged(where["embedding"], name, function.outputs[0], "output 0 (the embeddings)")
+        hidden["embedding"] = function.outputs[0].shape[2]
+    sizes = {role: size for role, size in hidden.items() if size is not None}
+    if len(set(sizes.values())) > 1:
+        raise CallingConventionError(
+            f"{where.get('main', 'the bundle')}: the hidden sizes of the decoder's embeddings, "
+            f"the image features and the token embeddings differ ({sizes}); the engine merges "
+            "them into one [1, T, hidden] input"
+        )
+
+
+def _check_merged(where: str, name: str, spec: TensorSpec, what: str) -> None:
+    """An embeddings tensor of the VLM engine: float16 ``[1, N, hidden]``."""
+    if spec.dtype != "float16" or spec.rank != 3 or spec.shape[0] not in (1, None):
+        raise _error(
+            where,
+            name,
+            f"{what} is {spec}; the VLM engine merges image features and token embeddings as "
+            "float16 [1, N, hidden] (scatterMerge supports only float16): cast it to float16 "
+            "in the graph",
         )
 
 

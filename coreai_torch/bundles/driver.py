@@ -74,6 +74,9 @@ def _numpy(array: Any) -> np.ndarray:
 class _Engine:
     """What the engines share: the bundle, a runtime session, fresh memory, the stop set."""
 
+    #: the bundle kinds the engine runs
+    kinds: tuple[str, ...] = ("llm",)
+
     def __init__(
         self,
         bundle: Bundle | str | os.PathLike[str],
@@ -84,9 +87,11 @@ class _Engine:
         stop_token_ids: Iterable[int] | None = None,
     ) -> None:
         self.bundle = bundle if isinstance(bundle, Bundle) else Bundle.load(bundle)
-        if self.bundle.kind != "llm":
+        if self.bundle.kind not in self.kinds:
+            hint = " (run it with VisionLanguageEngine)" if self.bundle.kind == "vlm" else ""
             raise BundleError(
-                f"{self.bundle.path}: the engines run llm bundles, not {self.bundle.kind}"
+                f"{self.bundle.path}: {type(self).__name__} runs {' and '.join(self.kinds)} "
+                f"bundles, not {self.bundle.kind}{hint}"
             )
         if fresh_memory not in FRESH_MEMORY:
             raise ValueError(f"fresh_memory must be one of {FRESH_MEMORY}, got {fresh_memory!r}")
@@ -193,6 +198,9 @@ class SequentialEngine(_Engine):
     """``CoreAISequentialEngine`` (see the module docstring); ``generate`` returns the
     generated ids (ending with the stop token when one was produced)."""
 
+    #: whether ``main``'s first input is the token embeddings (a vlm decoder) or the ids
+    embeddings_input = False
+
     def __init__(self, bundle: Bundle | str | os.PathLike[str], **options: Any) -> None:
         super().__init__(bundle, **options)
         try:
@@ -200,6 +208,7 @@ class SequentialEngine(_Engine):
                 self.bundle.required_signatures("main"),
                 self.language,
                 where=str(self.bundle.asset_path("main")),
+                embeddings_input=self.embeddings_input,
             )
             self._allocate()
         except BaseException:
@@ -261,11 +270,16 @@ class SequentialEngine(_Engine):
 
     def _batch(self, tokens: Sequence[int]) -> np.ndarray:
         """One call with ``tokens`` new: returns their logits ``[T, vocab]`` (float16)."""
-        count = len(tokens)
+        return self._call(np.asarray([tokens], np.int32))
+
+    def _call(self, first: np.ndarray) -> np.ndarray:
+        """One call of the decoder with its first input ``first`` (``[1, T, ...]``: the new
+        tokens' ids, or embeddings); returns their logits ``[T, vocab]`` (float16)."""
+        count = first.shape[1]
         self._ensure_capacity(self.processed + count)
         total = self.processed + count
         inputs = {
-            self.ids_name: np.asarray([tokens], np.int32),
+            self.ids_name: first,
             self.positions_name: np.arange(total, dtype=np.int32)[None, :],
         }
         out = self.session.run(inputs, entrypoint=self.function, state=self.states)

@@ -236,6 +236,36 @@ class VisionConfig:
     def to_json(self) -> dict[str, Any]:
         return _block_json(self)
 
+    @classmethod
+    def from_json(cls, data: Any, where: str = "metadata.json") -> VisionConfig:
+        """Parse a ``vision`` block with the Swift decoder's rules."""
+        return cls._read(_Reader(data, where, "vision"))
+
+    def check(self, where: str, language: LanguageConfig | None = None) -> None:
+        """Raise :class:`~coreai_torch.errors.BundleError` for values the VLM engine would
+        misuse: sizes that are not positive, an ``image_token_id`` outside the vocabulary,
+        mean/std that are not three channels (or a zero std)."""
+        for key in ("image_size", "patch_size", "image_token_count"):
+            if getattr(self, key) <= 0:
+                raise BundleError(
+                    f"{where}: vision.{key} must be positive, got {getattr(self, key)}"
+                )
+        vocab = None if language is None else language.vocab_size
+        if self.image_token_id < 0 or (vocab is not None and self.image_token_id >= vocab):
+            raise BundleError(
+                f"{where}: vision.image_token_id = {self.image_token_id} is not a token id of "
+                f"the vocabulary (language.vocab_size {vocab}); it must be the id of the image "
+                "placeholder token the prompt holds"
+            )
+        for key in ("image_mean", "image_std"):
+            values = getattr(self, key)
+            if values is not None and len(values) != 3:
+                raise BundleError(
+                    f"{where}: vision.{key} must have 3 values (R, G, B), got {list(values)}"
+                )
+        if self.image_std is not None and 0 in self.image_std:
+            raise BundleError(f"{where}: vision.image_std must not hold 0")
+
 
 def _tuple(values: list[float] | None) -> tuple[float, ...] | None:
     return None if values is None else tuple(values)
@@ -516,6 +546,7 @@ class Manifest:
                         f"{where}: assets.{role} is missing; a vlm bundle needs the assets main, "
                         "vision and embedding"
                     )
+            self.vision.check(where, self.language)
         if self.kind == "diffusion":
             if self.diffusion is None:
                 raise BundleError(

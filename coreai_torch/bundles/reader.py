@@ -34,7 +34,7 @@ from coreai_torch.bundles.manifest import (
     VisionConfig,
 )
 from coreai_torch.bundles.signatures import FunctionSignature, Signatures, function_signatures
-from coreai_torch.bundles.tokenizer import TokenizerInfo, read_tokenizer
+from coreai_torch.bundles.tokenizer import TokenizerInfo, read_tokenizer, render_chat
 from coreai_torch.errors import BundleError, BundleNotFoundError
 from coreai_torch.ir.assets import check_asset
 
@@ -156,6 +156,8 @@ class Bundle:
                     "Hugging Face Hub instead: write the tokenizer into the bundle"
                 )
             self._tokenizer = read_tokenizer(directory)
+            if self.manifest.kind == "vlm":
+                check_image_token(self.manifest.vision_config(), self._tokenizer, where)
 
     def check_assets(self) -> None:
         """Check every asset's functions against the engine that runs it
@@ -256,6 +258,36 @@ class Bundle:
     def asset_metadata(self, role: str = "main") -> AssetMetadata:
         """The metadata stored in the asset of ``role``."""
         return read_asset_metadata(self.asset_path(role))
+
+
+def check_image_token(vision: VisionConfig, tokenizer: TokenizerInfo, where: str) -> None:
+    """``vision.image_token_id`` must be a token of the embedded tokenizer, and the chat
+    template must render the app's image prompt: ``CoreAIVisionLanguageModel`` applies it to
+    one user message whose content is the string ``"<image token>\\n<text>"`` and expands the
+    image token it finds into ``image_token_count`` placeholders (without one, it falls back to
+    a Qwen-VL prompt that holds no image token of this vocabulary: the image is ignored)."""
+    token = tokenizer.token(vision.image_token_id)
+    if token is None:
+        raise BundleError(
+            f"{where}: vision.image_token_id = {vision.image_token_id} is not a token of the "
+            f"bundle's tokenizer ({tokenizer.directory}); it must be the id of the model's image "
+            "placeholder token (e.g. the processor's image_token)"
+        )
+    message = [{"role": "user", "content": f"{token}\nWhat is in this image?"}]
+    rendered = render_chat(tokenizer.directory, message, add_generation_prompt=True)
+    if rendered is None or token not in rendered:
+        problem = (
+            "has no chat template"
+            if not tokenizer.chat_template
+            else "has a chat template "
+            f"that does not render the image token {token!r} of a plain-string user message"
+        )
+        raise BundleError(
+            f"{where}: the bundle's tokenizer {problem}; the app's CoreAIVisionLanguageModel "
+            f"sends the user's text as one string message '{token}\\n<text>' through the chat "
+            "template and would otherwise ignore the image: write a chat template that renders "
+            "string content (save_pretrained(..., chat_template=...))"
+        )
 
 
 def check_bundle_assets(

@@ -386,7 +386,8 @@ def turn_terminator(info: TokenizerInfo) -> str | None:
     if not info.chat_template:
         return None
     marker = "COREAI_TORCH_ASSISTANT_TURN"
-    rendered = _render(info.directory, marker)
+    exchange = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": marker}]
+    rendered = render_chat(info.directory, exchange)
     specials = sorted(info.special_tokens | {info.eos_token or ""} - {""}, key=len, reverse=True)
     if rendered is not None and marker in rendered:
         after = rendered.split(marker, 1)[1].lstrip(" ")
@@ -401,10 +402,13 @@ def turn_terminator(info: TokenizerInfo) -> str | None:
     return None
 
 
-def _render(directory: Path, marker: str) -> str | None:
-    """A user/assistant exchange rendered with the directory's chat template as transformers'
-    ``apply_chat_template`` renders it (jinja2 sandbox, ``trim_blocks``, ``lstrip_blocks``,
-    ``loopcontrols``, ``raise_exception``, ``strftime_now``, the special tokens as variables)."""
+def render_chat(
+    directory: Path, messages: list[dict[str, Any]], *, add_generation_prompt: bool = False
+) -> str | None:
+    """``messages`` rendered with the directory's chat template as transformers'
+    ``apply_chat_template`` renders them (jinja2 sandbox, ``trim_blocks``, ``lstrip_blocks``,
+    ``loopcontrols``, ``raise_exception``, ``strftime_now``, the special tokens as
+    variables); None without a template (or jinja2), or for a template that rejects them."""
     try:
         import datetime
 
@@ -435,12 +439,7 @@ def _render(directory: Path, marker: str) -> str | None:
     }
     try:
         return env.from_string(template).render(
-            messages=[
-                {"role": "user", "content": "Hello"},
-                {"role": "assistant", "content": marker},
-            ],
-            add_generation_prompt=False,
-            **tokens,
+            messages=messages, add_generation_prompt=add_generation_prompt, **tokens
         )
     except jinja2.exceptions.TemplateError:  # a template that rejects this exchange
         return None

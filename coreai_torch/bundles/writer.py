@@ -28,7 +28,7 @@ from coreai_torch.bundles.asset_metadata import (
     producer,
     write_asset_metadata,
 )
-from coreai_torch.bundles.manifest import LANGUAGE_KINDS, LanguageConfig, Manifest
+from coreai_torch.bundles.manifest import LANGUAGE_KINDS, LanguageConfig, Manifest, VisionConfig
 from coreai_torch.bundles.reader import (
     ASSET_SUFFIXES,
     MANIFEST_FILE,
@@ -335,7 +335,7 @@ def language_config_from_hf(
 
 def write_llm_bundle(
     directory: str | os.PathLike[str],
-    asset: AssetSource,
+    asset: AssetSource | Mapping[str, AssetSource],
     *,
     model_dir: str | os.PathLike[str] | None = None,
     config: Any = None,
@@ -349,6 +349,7 @@ def write_llm_bundle(
     asset_metadata: AssetMetadata | None = None,
     files: Mapping[str, str | os.PathLike[str]] | None = None,
     overwrite: bool = False,
+    vision: VisionConfig | None = None,
 ) -> Bundle:
     """Write a language-model bundle (kind ``llm``) the app's ``LanguageBundle`` loads.
 
@@ -362,7 +363,8 @@ def write_llm_bundle(
     ``compilation`` (date).  The asset's metadata defaults to
     :func:`~coreai_torch.bundles.asset_metadata.metadata_from_model_dir`.  ``files``: other
     files to include (see :func:`write_bundle`; e.g. the Hugging Face ``config.json``, which
-    the app ignores and Python loaders read).
+    the app ignores and Python loaders read).  With ``vision`` (and ``asset`` the assets by
+    role) the bundle is a vision-language one: see :func:`write_vlm_bundle`.
     """
     model_dir = None if model_dir is None else Path(model_dir)
     if model_dir is not None and not model_dir.is_dir():
@@ -376,9 +378,10 @@ def write_llm_bundle(
         function=function,
     )
     manifest = Manifest(
-        kind="llm",
+        kind="llm" if vision is None else "vlm",
         name=name or Path(directory).name,
         language=language,
+        vision=vision,
         source={
             "model_definition": "torch",
             **({"hf_model_id": identifier} if identifier else {}),
@@ -387,12 +390,14 @@ def write_llm_bundle(
         compression=compression,
         compilation={"date": datetime.datetime.now().astimezone().isoformat(), "targets": []},
     )
-    if asset_metadata is None and not isinstance(asset, (str, os.PathLike)):
+    assets = dict(asset) if isinstance(asset, Mapping) else {"main": asset}
+    programs = [a for a in assets.values() if not isinstance(a, (str, os.PathLike))]
+    if asset_metadata is None and programs:
         asset_metadata = metadata_from_model_dir(model_dir, hf_config, model_id=identifier)
     return write_bundle(
         directory,
         manifest,
-        {"main": asset},
+        assets,
         tokenizer=tokenizer if tokenizer is not None else model_dir,
         eos_token_ids=eos_token_ids(hf_config, model_dir),
         chat_template=chat_template,
@@ -400,3 +405,27 @@ def write_llm_bundle(
         asset_metadata=asset_metadata,
         overwrite=overwrite,
     )
+
+
+#: the asset roles of a ``vlm`` bundle (``ModelBundle.ComponentKey``)
+VLM_ROLES = ("main", "embedding", "vision")
+
+
+def write_vlm_bundle(
+    directory: str | os.PathLike[str],
+    assets: Mapping[str, AssetSource],
+    vision: VisionConfig,
+    **options: Any,
+) -> Bundle:
+    """Write a vision-language bundle (kind ``vlm``) the app's ``CoreAIVisionLanguageModel``
+    loads: ``assets`` ``main`` (the decoder, whose first input is the token embeddings),
+    ``embedding`` (token ids to embeddings) and ``vision`` (pixels to the projected image
+    features), the top-level ``vision`` block, and the rest as :func:`write_llm_bundle`
+    (``options``: its keyword arguments; the asset metadata describes each component)."""
+    missing = [role for role in VLM_ROLES if role not in assets]
+    if missing:
+        raise BundleError(
+            f"a vlm bundle needs the assets {list(VLM_ROLES)}; {missing} not given (the app's "
+            "CoreAIVisionLanguageModel loads all three)"
+        )
+    return write_llm_bundle(directory, assets, vision=vision, **options)

@@ -123,6 +123,8 @@ class CompressionReport:
     target_bpw: float | None = None
     #: what :attr:`output_error` was measured on
     measured_on: str = "the calibration samples"
+    #: why the output error was not measured (a data-free export of a large model)
+    not_measured: str | None = None
 
     @property
     def large_output_error(self) -> bool:
@@ -158,6 +160,7 @@ class CompressionReport:
             "bits_per_weight": self.bits_per_weight,
             "output_error": self.output_error,
             "measured_on": self.measured_on,
+            "not_measured": self.not_measured,
             "target_bpw": self.target_bpw,
         }
 
@@ -188,6 +191,8 @@ class CompressionReport:
                     else ""
                 )
             )
+        elif self.not_measured is not None:
+            lines.append(f"  output error: not measured: {self.not_measured}")
         if self.weights:
             width = max(len(w.name) for w in self.weights)
             form = max(len(w.form) for w in self.weights)
@@ -532,6 +537,7 @@ def compress(
         report.output_error = calibration.output_error
         report.target_bpw = calibration.target_bpw
         report.measured_on = calibration.measured_on
+        report.not_measured = calibration.not_measured
     listener = progress_events.resolve(progress)
     with module.context, ir.Location.unknown():
         done = _already_compressed(module, store)

@@ -121,6 +121,8 @@ class Calibration:
     target_bpw: float | None = None
     #: what the output error was measured on (example inputs when there was no data)
     measured_on: str = "the calibration samples"
+    #: why the output error was not measured (None: measured, or not asked for)
+    not_measured: str | None = None
     #: the bits per weight of the chosen forms over every weight of the model, the ones not
     #: compressed (norms, biases) at their own precision
     planned_bpw: float | None = None
@@ -161,6 +163,7 @@ class Calibration:
             "output_error": self.output_error,
             "target_bpw": self.target_bpw,
             "measured_on": self.measured_on,
+            "not_measured": self.not_measured,
             "planned_bpw": self.planned_bpw,
             "weights": [w.to_dict() for w in self.weights.values()],
             "unfitted": [{"name": n, "reason": r} for n, r in self.unfitted],
@@ -184,6 +187,8 @@ class Calibration:
                 f"  output error on {self.measured_on}: {self.output_error:.4f} "
                 f"({_db(self.output_error)})" + ("  LARGE" if self.large_output_error else "")
             )
+        elif self.not_measured is not None:
+            lines.append(f"  output error: not measured: {self.not_measured}")
         for name, reason in self.unfitted:
             lines.append(f"  not calibrated: {name}: {reason}")
         return "\n".join(lines)
@@ -319,6 +324,21 @@ class _Stop(Exception):
     """Raised by a hook to end a forward pass early."""
 
 
+#: the block classes whose forward returns a tuple (the model's layer loop takes ``[0]``):
+#: a replayed block (:class:`_Replay`) answers in the same form
+_TUPLE_BLOCKS: set[type] = set()
+
+
+def _run_block(
+    block: nn.Module, params: dict[str, torch.Tensor], args: Any, kwargs: Any, *, grad: bool = False
+) -> torch.Tensor:
+    """The first tensor ``block`` returns, called with ``params`` (see :func:`_call`)."""
+    value = _call(block, params, args, kwargs, grad=grad)
+    if isinstance(value, tuple):
+        _TUPLE_BLOCKS.add(type(block))
+    return _first_tensor(value)
+
+
 def _first_tensor(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
@@ -391,10 +411,54 @@ def _reduced_block(module: nn.Module, form: LinearQuantization) -> int | None:
     return form.block_size * (k // weight.shape[1])
 
 
+#: rows a weight is rounded at a time without GPTQ (the memory of a 128k-row output head)
+ROUNDED_ROWS = 4096
+
+
+def _rounded_by_rows(
+    w: torch.Tensor,
+    form: LinearQuantization,
+    block: int,
+    scale_dtype: torch.dtype,
+    importance: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(codes, fitted, scales, zero points)`` of ``w [N, K]`` rounded to the grid of
+    :func:`~coreai_torch.compression.calibrated.linear_scales`, :data:`ROUNDED_ROWS` rows at a
+    time (codes in one byte each, the temporaries of one piece)."""
+    n, k = w.shape
+    codes = torch.empty(n, k, dtype=torch.int8 if form.symmetric else torch.uint8)
+    fitted = torch.empty(n, k)
+    scales: list[torch.Tensor] = []
+    zero_points: list[torch.Tensor] = []
+    for first in range(0, n, ROUNDED_ROWS):
+        rows = slice(first, min(first + ROUNDED_ROWS, n))
+        part = w[rows]
+        s, zp = fits.linear_scales(
+            part,
+            form.bits,
+            block,
+            symmetric=form.symmetric,
+            scale_dtype=scale_dtype,
+            importance=importance,
+        )
+        c, q = fits.quantize_values(
+            part.reshape(-1, k // block, block),
+            s[..., None],
+            None if zp is None else zp[..., None],
+            form.bits,
+        )
+        codes[rows] = c.reshape(-1, k).to(codes.dtype)
+        fitted[rows] = q.reshape(-1, k)
+        scales.append(s)
+        if zp is not None:
+            zero_points.append(zp)
+    return codes, fitted, torch.cat(scales), torch.cat(zero_points) if zero_points else None
+
+
 def fit_weight(
     module: nn.Module,
     weight: torch.Tensor,
-    h: fits.Hessian,
+    h: fits.Hessian | None,
     form: LinearQuantization | Palettization,
     scale_dtype: torch.dtype,
     *,
@@ -404,9 +468,11 @@ def fit_weight(
     the fitted weight (float32, the module's shape), or why ``form`` does not apply.
     ``method`` (:data:`METHODS`): ``"gptq"``, ``"awq"`` (activation-aware scales or
     weighted palettes, each weight rounded to the nearest) or ``"rtn"`` (what ``compress()``
-    stores without calibration)."""
+    stores without calibration; ``h`` may then be None)."""
     gptq = method == "gptq"
-    importance = None if method == "rtn" else h.diagonal
+    if h is None and method != "rtn":
+        raise ValueError(f"method={method!r} fits against the inputs' Hessian: none given")
+    importance = None if h is None or method == "rtn" else h.diagonal
     shape = weight.shape
     w = weight.reshape(shape[0], -1)
     n, k = w.shape
@@ -417,25 +483,15 @@ def fit_weight(
             return f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
         dtype = form.scale_dtype or scale_dtype
         if gptq:
+            assert h is not None
             codes, s, zp = fits.gptq_linear(
                 w, h, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype
             )
+            scale = s.repeat_interleave(block, 1)
+            offset = 0 if zp is None else zp.repeat_interleave(block, 1)
+            fitted = (codes - offset) * scale
         else:
-            s, zp = fits.linear_scales(
-                w,
-                form.bits,
-                block,
-                symmetric=form.symmetric,
-                scale_dtype=dtype,
-                importance=importance,
-            )
-            blocks = w.reshape(n, k // block, block)
-            codes = fits.quantize_values(
-                blocks, s[..., None], None if zp is None else zp[..., None], form.bits
-            )[0].reshape(n, k)
-        scale = s.repeat_interleave(block, 1)
-        offset = 0 if zp is None else zp.repeat_interleave(block, 1)
-        fitted = (codes - offset) * scale
+            codes, fitted, s, zp = _rounded_by_rows(w, form, block, dtype, importance)
         groups = [n, k // block] + [1] * (len(shape) - 2)
         if len(shape) > 2:  # a convolution: blocks of input channels
             groups[1] = shape[1] // (block // (k // shape[1]))
@@ -451,6 +507,7 @@ def fit_weight(
     if n % group:
         return f"its {n} output channels are not a multiple of group_size={group}"
     if gptq:
+        assert h is not None
         indices, palettes = fits.gptq_palettes(w, h, form.bits, group, iterations=form.iterations)
     else:
         weights = torch.ones(k) if importance is None else importance
@@ -534,6 +591,7 @@ def calibrate(
     scale_dtype: torch.dtype | None = None,
     method: str = "gptq",
     progress: Any = None,
+    keep: bool = True,
 ) -> Calibration:
     """Fit the weights of ``model`` that ``config`` selects against the activations of
     ``samples`` (see the module documentation).  ``samples``: what the model is called with,
@@ -542,7 +600,10 @@ def calibrate(
     (the program's weight type; default the model's).  ``method``: ``"gptq"`` (default),
     ``"awq"`` (activation-aware scales / weighted palettes, no error compensation) or
     ``"rtn"`` (the codes ``compress()`` fits without data, with their output error measured
-    on the samples).  The model is not modified."""
+    on the samples).  ``keep=False`` measures only the whole model's output error: no codes
+    are kept and no weight's own output error is computed (the weights' codes of a large
+    model take the memory of the model, their errors a matrix product per weight).  The
+    model is not modified."""
     if method not in METHODS:
         raise ValueError(f"calibrate(method=...) takes one of {', '.join(METHODS)}, got {method!r}")
     if not isinstance(config, (LinearQuantization, Palettization, Mixed, Pruning)):
@@ -571,11 +632,14 @@ def calibrate(
             if isinstance(form, (LinearQuantization, Palettization)):
                 forms[layer.name] = form
 
+    # round-to-nearest measured alone needs no layer's inputs: the blocks run once less
+    needs_inputs = method != "rtn" or keep
+
     def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> torch.Tensor | None:
         form = forms.get(layer.name)
         if form is None:
             return None
-        if h is None:
+        if h is None and needs_inputs:
             inputs = weight[0].numel()
             result.unfitted.append(
                 (
@@ -591,6 +655,9 @@ def calibrate(
             result.unfitted.append((layer.name, out))
             return None
         codes, fitted = out
+        if not keep:
+            return fitted
+        assert h is not None  # kept codes are fitted with their inputs
         n = weight.shape[0]
         result.weights[layer.name] = FittedWeight(
             layer.name,
@@ -606,8 +673,10 @@ def calibrate(
     # torch's kernels on one thread: the small kernels of the fits, split over threads,
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
     with Workers():
-        result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
-    result.planned_bpw = planned_bpw(model, result, dtype, config)
+        result.output_error = _walk(
+            model, calls, layers, fit, listener, "calibrate", measure=True, record=needs_inputs
+        )
+    result.planned_bpw = planned_bpw(model, result, dtype, config) if keep else None
     result.seconds = time.perf_counter() - start
     return result
 
@@ -663,7 +732,7 @@ class _Replay(nn.Module):
         out = self.outputs[self.state["call"]]
         if self.advance:
             self.state["call"] += 1
-        return out
+        return (out,) if type(self.__dict__["original"]) in _TUPLE_BLOCKS else out
 
 
 @contextlib.contextmanager
@@ -705,11 +774,13 @@ class _Inputs:
 
 
 def _parameters(
-    module: nn.Module, outside: nn.Module | None = None
+    module: nn.Module, outside: nn.Module | None = None, skip: set[int] | None = None
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """The module's parameters (those not in ``outside``) in float32 (read now), each tied
-    parameter under one name, and the name each parameter's names stand for."""
+    """The module's parameters (those not in ``outside``, nor in ``skip`` by ``id``) in
+    float32 (read now), each tied parameter under one name, and the name each parameter's
+    names stand for."""
     inside = {id(p) for p in outside.parameters()} if outside is not None else set()
+    inside |= skip or set()
     values: dict[str, torch.Tensor] = {}
     names: dict[str, str] = {}
     first: dict[int, str] = {}
@@ -730,11 +801,14 @@ def _fit_stage(
     names: dict[str, str],
     layers: dict[int, _Layer],
     fit: Fit,
+    *,
+    recorded: bool = True,
 ) -> None:
-    """Fit the stage's layers in place of their weights in ``params``."""
+    """Fit the stage's layers in place of their weights in ``params`` (not ``recorded``:
+    every layer, without its inputs)."""
     for local, module in modules.items():
         h = inputs.hessians.get(local)
-        if h is None and local not in inputs.too_large:
+        if h is None and local not in inputs.too_large and recorded:
             continue  # not run by the samples
         key = names[f"{local}.weight" if local else "weight"]
         fitted = fit(layers[id(module)], params[key], h)
@@ -751,12 +825,15 @@ def _walk(
     phase: str,
     *,
     measure: bool,
+    record: bool = True,
 ) -> float | None:
     """Run the model stage by stage on ``calls``, calling ``fit`` on every fittable layer
     with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
     used from then on (the activations carried to the next block are the fitted model's).
     With ``measure``, the float model's outputs of the first samples are carried too and
-    the relative output error of the fitted model is returned."""
+    the relative output error of the fitted model is returned.  Without ``record`` the
+    blocks' layers are fitted without their inputs (``fit`` gets no Hessian) and the blocks
+    run once less."""
     blocks = find_blocks(model)
     inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
     params, names = _parameters(model, blocks)
@@ -792,16 +869,17 @@ def _walk(
             original = dict(weights)
             modules = {n: m for n, m in block.named_modules() if id(m) in layers}
             inputs = _Inputs(modules, layers)
-            with _recording(modules, inputs):
-                for args, kwargs in stream:
-                    _call(block, original, args, kwargs)
-            _fit_stage(modules, inputs, weights, local_names, layers, fit)
+            if record:
+                with _recording(modules, inputs):
+                    for args, kwargs in stream:
+                        _call(block, original, args, kwargs)
+            _fit_stage(modules, inputs, weights, local_names, layers, fit, recorded=record)
             stream = [
-                ((_first_tensor(_call(block, weights, args, kwargs)), *args[1:]), kwargs)
+                ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in stream
             ]
             floats = [
-                ((_first_tensor(_call(block, original, args, kwargs)), *args[1:]), kwargs)
+                ((_run_block(block, original, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in floats
             ]
             del weights, original, inputs
@@ -900,6 +978,254 @@ def _relative(reference: list[torch.Tensor], fitted: list[torch.Tensor]) -> floa
         float(((c.double() - r.double()) ** 2).sum())
         for r, c in zip(reference, fitted, strict=True)
     )
+    return noise / signal if signal > 0 else 0.0
+
+
+# ------------------------------------------------------------------ data-free measurement ---
+
+#: float32 elements of a weight rounded at once by :func:`measure` (64 MB)
+MEASURE_ELEMENTS = 1 << 24
+
+
+def measure(
+    model: nn.Module,
+    samples: Any,
+    config: LinearQuantization | Palettization,
+    *,
+    scale_dtype: torch.dtype | None = None,
+    progress: Any = None,
+) -> Calibration:
+    """The relative output error of the whole model with every weight ``config`` selects
+    rounded to the codes ``compress()`` stores without data (round to nearest), on the first
+    :data:`MEASURED_SAMPLES` samples; no codes are kept.
+
+    The float and the rounded model run block by block as in :func:`calibrate`, without
+    Hessians; a large weight is rounded :data:`MEASURE_ELEMENTS` at a time; of the token
+    embedding table only the rows the samples look up are read (and rounded), and the output
+    head is read, rounded and applied a piece at a time.  Memory: one block's
+    weights twice (float and rounded), never a whole table in float32; time: reading every
+    weight once, rounding it once, two runs over the samples."""
+    start = time.perf_counter()
+    calls = as_batches(samples)[:MEASURED_SAMPLES]
+    dtype = scale_dtype or _model_dtype(model)
+    result = Calibration(config.describe() + ", rtn")
+    result.samples = sum(_count(args, kwargs) for args, kwargs in calls)
+    result.tokens = sum(_tokens(args, kwargs) for args, kwargs in calls)
+    layers = _layers(model)
+    forms: dict[int, LinearQuantization | Palettization] = {}
+    for key, layer in layers.items():
+        form = _form_for(config, layer.name, layer.module, layer.head)
+        if isinstance(form, (LinearQuantization, Palettization)):
+            forms[key] = form
+    blocks = find_blocks(model)
+    embedding = _outer_embedding(model, blocks, layers)
+    if blocks is None or embedding is None:  # not a token model made of blocks
+        fallback = calibrate(model, calls, config, scale_dtype=dtype, method="rtn")
+        fallback.weights = {}
+        return fallback
+
+    def rounded(module: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+        form = forms.get(id(module))
+        if form is None:
+            return rows
+        shape = rows.shape
+        out = fit_weight(module, rows, fits.Hessian(rows[0].numel()), form, dtype, method="rtn")
+        return rows if isinstance(out, str) else out[1].reshape(shape)
+
+    params, _ = _parameters(model, blocks, skip={id(embedding.weight), *_head_weights(layers)})
+    name = next(n for n, p in model.named_parameters() if p is embedding.weight)
+    ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
+    tables = _table_rows(embedding, ids, forms.get(id(embedding)), rounded)
+    remap = embedding.register_forward_pre_hook(
+        lambda module, args: (torch.searchsorted(ids, args[0]), *args[1:])
+    )
+    listener = progress_events.resolve(progress)
+    try:
+        streams = [_block_inputs(model, blocks, {**params, name: table}, calls) for table in tables]
+        with progress_events.phase(listener, "measure", len(blocks), "blocks") as advance:
+            for index, block in enumerate(blocks):
+                weights, local_names = _parameters(block)
+                fitted = dict(weights)
+                for local, module in block.named_modules():
+                    if id(module) in forms:
+                        weight_name = local_names[f"{local}.weight" if local else "weight"]
+                        fitted[weight_name] = _by_rows(
+                            weights[weight_name], forms[id(module)], rounded, module
+                        )
+                streams = [
+                    [
+                        ((_run_block(block, values, args, kwargs), *args[1:]), kwargs)
+                        for args, kwargs in stream
+                    ]
+                    for values, stream in zip((weights, fitted), streams, strict=True)
+                ]
+                del weights, fitted
+                advance(index + 1, len(blocks))
+        head = next((layer for layer in layers.values() if layer.head), None)
+        outputs = [
+            _outputs(model, blocks, {**params, name: table}, calls, stream, head)
+            for table, stream in zip(tables, streams, strict=True)
+        ]
+    finally:
+        remap.remove()
+    if head is None or _inside(blocks, head.module):
+        result.output_error = _relative(outputs[0], outputs[1])
+    else:
+        result.output_error = _head_error(head.module, outputs[0], outputs[1], forms, rounded)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _outer_embedding(
+    model: nn.Module, blocks: nn.ModuleList | None, layers: dict[int, _Layer]
+) -> nn.Embedding | None:
+    """The token embedding table before the blocks, if the model has one."""
+    if blocks is None:
+        return None
+    getter = getattr(model, "get_input_embeddings", None)
+    found = None
+    if callable(getter):
+        with contextlib.suppress(Exception):
+            found = getter()
+    if isinstance(found, nn.Embedding) and not _inside(blocks, found):
+        return found
+    return None
+
+
+def _inside(blocks: nn.ModuleList, module: nn.Module) -> bool:
+    return any(m is module for m in blocks.modules())
+
+
+def _head_weights(layers: dict[int, _Layer]) -> set[int]:
+    return {id(_weight(layer.module)) for layer in layers.values() if layer.head}
+
+
+def _looked_up(model: nn.Module, embedding: nn.Embedding, calls: list[Any]) -> list[torch.Tensor]:
+    """The token ids each call looks up in the ``embedding`` table."""
+    seen: list[torch.Tensor] = []
+
+    def hook(module: nn.Module, args: Any) -> None:
+        seen.append(args[0])
+        raise _Stop
+
+    handle = embedding.register_forward_pre_hook(hook)
+    try:
+        for args, kwargs in calls:
+            with contextlib.suppress(_Stop):
+                _call(model, {}, args, kwargs)
+    finally:
+        handle.remove()
+    return seen
+
+
+def _read_rows(weight: torch.Tensor, first: int, count: int) -> torch.Tensor:
+    """Rows ``first .. first + count`` of a weight in float32 (a streamed weight read alone
+    when its checkpoint allows)."""
+    if lazy.is_lazy(weight):
+        rows = lazy.read_rows(weight, first, count)
+        if rows is None:
+            rows = lazy.materialize(weight)[first : first + count]
+        return rows.float()
+    return weight.detach()[first : first + count].float()
+
+
+def _row_step(module: nn.Module, form: LinearQuantization | Palettization | None) -> int:
+    """Rows of ``module``'s weight rounded at once: independent rows (a palette's group of
+    output channels is one unit), about :data:`MEASURE_ELEMENTS` elements."""
+    weight = _weight(module)
+    n = weight.shape[0]
+    unit = 1
+    if isinstance(form, Palettization):
+        unit = form.group_size if form.group_size is not None and form.group_size < n else n
+    per_row = max(1, weight[0].numel())
+    return max(unit, MEASURE_ELEMENTS // per_row // unit * unit)
+
+
+def _by_rows(
+    weight: torch.Tensor,
+    form: LinearQuantization | Palettization,
+    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+    module: nn.Module,
+) -> torch.Tensor:
+    step = _row_step(module, form)
+    if step >= weight.shape[0]:
+        return rounded(module, weight)
+    out = torch.empty_like(weight)
+    for first in range(0, weight.shape[0], step):
+        out[first : first + step] = rounded(module, weight[first : first + step])
+    return out
+
+
+def _table_rows(
+    embedding: nn.Embedding,
+    ids: torch.Tensor,
+    form: LinearQuantization | Palettization | None,
+    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float and the rounded rows ``ids`` (sorted) of the embedding table: only the
+    pieces of :func:`_row_step` rows holding them are read and rounded."""
+    step = _row_step(embedding, form)
+    floats, fitted = [], []
+    for first in sorted({int(i) // step * step for i in ids}):
+        rows = _read_rows(embedding.weight, first, step)
+        wanted = ids[(ids >= first) & (ids < first + rows.shape[0])] - first
+        floats.append(rows[wanted])
+        fitted.append(rounded(embedding, rows)[wanted])
+    return torch.cat(floats), torch.cat(fitted)
+
+
+def _outputs(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    values: dict[str, torch.Tensor],
+    calls: list[Any],
+    stream: list[Any],
+    head: _Layer | None,
+) -> list[torch.Tensor]:
+    """The model's outputs for ``calls`` with the blocks' outputs ``stream`` (the output
+    head's inputs when it has one outside the blocks)."""
+    results: list[torch.Tensor] = []
+
+    def stop(module: nn.Module, args: Any) -> None:
+        results.append(args[0].float())
+        raise _Stop
+
+    handle = head.module.register_forward_pre_hook(stop) if head is not None else None
+    try:
+        with _replayed(blocks, [a[0] for a, _ in stream]):
+            for args, kwargs in calls:
+                with contextlib.suppress(_Stop):
+                    results.append(_first_tensor(_call(model, values, args, kwargs)).float())
+    finally:
+        if handle is not None:
+            handle.remove()
+    return results
+
+
+def _head_error(
+    head: nn.Module,
+    floats: list[torch.Tensor],
+    fitted: list[torch.Tensor],
+    forms: dict[int, LinearQuantization | Palettization],
+    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+) -> float:
+    """``‖y_fitted - y_float‖² / ‖y_float‖²`` of the output head's outputs, the head read
+    and rounded :func:`_row_step` rows at a time."""
+    weight = _weight(head)
+    bias = getattr(head, "bias", None)
+    step = _row_step(head, forms.get(id(head)))
+    signal = noise = 0.0
+    for first in range(0, weight.shape[0], step):
+        rows = _read_rows(weight, first, step)
+        approx = rounded(head, rows)
+        b = None if bias is None else _read_rows(bias, first, step)
+        for xf, xc in zip(floats, fitted, strict=True):
+            yf = xf @ rows.T
+            yc = xc @ approx.T
+            if b is not None:
+                yf, yc = yf + b, yc + b
+            signal += float((yf.double() ** 2).sum())
+            noise += float(((yc - yf).double() ** 2).sum())
     return noise / signal if signal > 0 else 0.0
 
 
@@ -1003,8 +1329,7 @@ class _Fisher:
         f = self.outputs.get(layer.name)
         if f is None:
             return None
-        d = d.to(torch.float64)
-        per_row = ((d @ h.matrix) * d).sum(1)
+        per_row = h.row_energies(d)
         value = float((per_row * f.to(torch.float64)).sum()) / max(h.samples, 1)
         tied = [n for n in layer.aliases if n in self.params]
         if tied and self.blocks is not None and self.first_inputs:
@@ -1038,11 +1363,29 @@ def _block_inputs(
     return captured
 
 
+def segment_length(blocks: int) -> int:
+    """Blocks per segment of the sensitivity pass's backward sweep: ``⌈√blocks⌉`` (the
+    activations kept are then at most about ``2√blocks`` blocks' inputs)."""
+    return max(1, math.isqrt(max(blocks - 1, 0)) + 1)
+
+
+def _forward_block(block: nn.Module, stream: list[Any]) -> list[Any]:
+    """The next block's calls: ``block`` (its weights read now) run on ``stream``."""
+    weights, _ = _parameters(block)
+    return [((_run_block(block, weights, a, k), *a[1:]), k) for a, k in stream]
+
+
 def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _Layer]) -> _Fisher:
     """The output sensitivity of every fittable layer (:class:`_Fisher`): one forward and
-    one backward pass over the calibration samples, block by block (each block's weights
-    read for the forward pass and again for the backward, the float activations entering
-    every block kept), a sample at a time."""
+    one backward pass over the calibration samples, block by block, a sample at a time.
+
+    Memory is a few blocks' activations, not all of them: the forward pass keeps the
+    activations entering every :func:`segment_length`-th block only; the backward sweep
+    goes through the segments from the last, recomputes the inputs of the segment's blocks
+    from the one kept, and runs each block's backward from the gradient of its output
+    (the next block's input gradient).  Each block's weights are read three times (the
+    forward pass, the recomputation, the backward); the sweep costs about two forward
+    passes and one backward pass."""
     calls = _per_sample(calls)
     generator = torch.Generator().manual_seed(FISHER_SEED)
     head = next((layer for layer in layers.values() if layer.head), None)
@@ -1051,6 +1394,9 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
     params, _ = _parameters(model, blocks)
     sums: dict[str, torch.Tensor] = {}
     if blocks is None:
+        # the parameters are leaves that require gradients: the outputs' gradients need
+        # a graph (the inputs may be token ids)
+        params = {k: v.requires_grad_() if v.is_floating_point() else v for k, v in params.items()}
         modules = {layer.name: layer.module for layer in layers.values()}
         with _output_gradients(modules, layers, sums):
             for args, kwargs in calls:
@@ -1059,11 +1405,12 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
         return _Fisher(sums, model)
     stream = _block_inputs(model, blocks, params, calls)
     first_inputs = [args[0] for args, _ in stream]
-    entering: list[list[Any]] = []
-    for block in blocks:
-        weights, _ = _parameters(block)
-        entering.append(stream)
-        stream = [((_first_tensor(_call(block, weights, a, k)), *a[1:]), k) for a, k in stream]
+    step = segment_length(len(blocks))
+    kept: dict[int, list[Any]] = {}
+    for index, block in enumerate(blocks):
+        if index % step == 0:
+            kept[index] = stream
+        stream = _forward_block(block, stream)
     inside = {id(m) for m in blocks.modules()}
     after = {n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside}
     gradients: list[torch.Tensor] = []
@@ -1074,18 +1421,23 @@ def _fisher(model: nn.Module, calls: list[tuple[Any, Any]], layers: dict[int, _L
                 out = _output_tensor(_call(model, params, args, kwargs, grad=True))
             _divergence(out, classes, generator).backward()
             gradients.append(x.grad if x.grad is not None else torch.zeros_like(x))
-    for index in reversed(range(len(blocks))):
-        block = blocks[index]
-        weights, _ = _parameters(block)
-        modules = {n: m for n, m in block.named_modules() if id(m) in layers}
-        with _output_gradients(modules, layers, sums):
-            for j, (args, kwargs) in enumerate(entering[index]):
-                x = args[0].detach().requires_grad_()
-                out = _first_tensor(_call(block, weights, (x, *args[1:]), kwargs, grad=True))
-                out.backward(gradients[j])
-                gradients[j] = x.grad if x.grad is not None else torch.zeros_like(x)
-        entering[index] = []
-        del weights
+    del stream
+    for start in reversed(sorted(kept)):
+        entering = [kept.pop(start)]
+        stop = min(start + step, len(blocks))
+        for index in range(start, stop - 1):  # the segment's block inputs, recomputed
+            entering.append(_forward_block(blocks[index], entering[-1]))
+        for index in reversed(range(start, stop)):
+            block = blocks[index]
+            weights, _ = _parameters(block)
+            modules = {n: m for n, m in block.named_modules() if id(m) in layers}
+            with _output_gradients(modules, layers, sums):
+                for j, (args, kwargs) in enumerate(entering.pop()):
+                    x = args[0].detach().requires_grad_()
+                    out = _run_block(block, weights, (x, *args[1:]), kwargs, grad=True)
+                    out.backward(gradients[j])
+                    gradients[j] = x.grad if x.grad is not None else torch.zeros_like(x)
+            del weights
     return _Fisher(
         sums,
         model,

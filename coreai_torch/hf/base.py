@@ -38,7 +38,7 @@ from transformers import (
 
 from coreai_torch.bundles import is_bundle_dir
 from coreai_torch.errors import CheckpointError, UnsupportedModelError
-from coreai_torch.hf.tasks import CLASSES, register_pipeline_names
+from coreai_torch.hf.tasks import BUNDLE_TASKS, CLASSES, register_pipeline_names
 from coreai_torch.ir.assets import check_asset
 from coreai_torch.tensors import lazy
 from coreai_torch.tensors.lazy import WeightSource
@@ -52,7 +52,7 @@ FORMAT_VERSION = 2
 
 #: Files copied from the source model directory to an exported one: the tokenizer, feature
 #: extractor, image processor and processor files (never weights).
-_PREPROCESSING_FILES = (
+PREPROCESSING_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -258,14 +258,17 @@ class CoreAIModel(PreTrainedModel):
 
     @classmethod
     def _load(cls, path: Path, *, verify_hash: bool = True) -> CoreAIModel:
-        if is_bundle_dir(path):  # a language-model bundle
-            causal_lm = class_for_task("text-generation")
-            if cls not in (CoreAIModel, causal_lm):
+        if is_bundle_dir(path):  # a language (or vision-language) model's bundle
+            from coreai_torch.bundles.manifest import Manifest
+
+            kind = Manifest.read(path / "metadata.json").kind
+            loader = class_for_task(BUNDLE_TASKS.get(kind, "text-generation"))
+            if not issubclass(loader, cls):
                 raise ValueError(
-                    f"{path} is a bundle (metadata.json) of a language model; load it with "
-                    f"{causal_lm.__name__} (this is {cls.__name__}, task '{cls.task}')"
+                    f"{path} is a bundle (metadata.json) of a {kind} model; load it with "
+                    f"{loader.__name__} (this is {cls.__name__}, task '{cls.task}')"
                 )
-            return causal_lm._load(path, verify_hash=verify_hash)
+            return loader._load(path, verify_hash=verify_hash)
         meta = read_coreai_config(path)
         if cls is CoreAIModel and meta.get("task") in CLASSES:  # the class the directory names
             return class_for_task(meta["task"])._load(path, verify_hash=verify_hash)
@@ -316,7 +319,7 @@ class CoreAIModel(PreTrainedModel):
         if self.generation_config is not None:
             self.generation_config.save_pretrained(out)
         if self._source_dir is not None and self._source_dir.resolve() != out.resolve():
-            for name in _PREPROCESSING_FILES:
+            for name in PREPROCESSING_FILES:
                 if (self._source_dir / name).is_file():
                     shutil.copy2(self._source_dir / name, out / name)
         (out / COREAI_CONFIG).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")

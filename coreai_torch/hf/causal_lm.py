@@ -34,10 +34,11 @@ from coreai_torch.hf.base import (
     FORMAT_VERSION,
     CoreAIModel,
     checked_config,
+    class_for_task,
     load_generation_config,
     read_coreai_config,
 )
-from coreai_torch.hf.tasks import CAUSAL_LM_TYPES
+from coreai_torch.hf.tasks import BUNDLE_TASKS, CAUSAL_LM_TYPES
 
 #: generation modes ``generate`` supports (``GenerationMode`` values)
 SUPPORTED_GENERATION_MODES = ("greedy_search", "sample", "beam_search", "beam_sample")
@@ -314,6 +315,8 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
     """
 
     task = "text-generation"
+    #: the kind of bundle the class writes and loads
+    bundle_kind = "llm"
 
     @classmethod
     def _export_model(
@@ -364,8 +367,9 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             raise ValueError(
                 f"{path} was saved by an earlier coreai-torch in its own format (prefill/decode "
                 "entry points, int64 ids), which this one no longer runs; export the model "
-                "again, e.g. CoreAIModelForCausalLM.from_pretrained(hf_model_dir, "
-                f"export=True).save_pretrained('{path}'), to write the bundle Apple's app "
+                f"again, e.g. coreai-torch export --task {cls.task} HF_MODEL_DIR -o {path}.new "
+                f"(or {cls.__name__}.from_pretrained(hf_model_dir, "
+                f"export=True).save_pretrained('{path}.new')), to write the bundle Apple's app "
                 "runtimes load"
             )
         return cls._load_bundle(path, verify_hash=verify_hash)
@@ -376,8 +380,13 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         from coreai_torch.bundles import Bundle
 
         bundle = Bundle.load(path)
-        if bundle.kind != "llm":
-            raise ValueError(f"{path} is a '{bundle.kind}' bundle, not a language model's")
+        if bundle.kind != cls.bundle_kind:
+            task = BUNDLE_TASKS.get(bundle.kind)
+            loader = class_for_task(task).__name__ if task else None
+            raise ValueError(
+                f"{path} is a '{bundle.kind}' bundle; {cls.__name__} loads '{cls.bundle_kind}' "
+                "bundles" + (f": load it with {loader}" if loader else "")
+            )
         if bundle.structure == "chunked_static":
             raise ValueError(
                 f"{path} holds the static-shape functions of the iOS engine; "
@@ -403,6 +412,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             "compression": saved.get("compression", bundle.manifest.compression),
             **{k: v for k, v in saved.items() if k not in ("assets",)},
             "max_context": language.max_context_length,
+            **cls._bundle_meta(bundle),
             "assets": {"model": str(Path(bundle.manifest.assets["main"]))},
         }
         generation = load_generation_config(path, config)
@@ -414,7 +424,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
             generation.eos_token_id = sorted(bundle.tokenizer.stop_token_ids) or None
         return cls(
             config,
-            {"model": bundle.asset_path("main")},
+            cls._bundle_assets(bundle),
             meta,
             generation_config=generation,
             source_dir=path,
@@ -427,6 +437,7 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         *,
         tokenizer: Any = None,
         name: str | None = None,
+        chat_template: str | None = None,
         **_: Any,
     ) -> None:
         """Write the bundle Apple's app runtimes load (``metadata.json``, ``tokenizer/``, the
@@ -435,9 +446,8 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
         :meth:`from_pretrained` loads it back without exporting.  ``tokenizer``: the
         tokenizer to embed (a Hugging Face tokenizer or its directory), by default the one of
         the directory the model was exported or loaded from; ``name`` the bundle's name
-        (default: the directory's).  A directory holding anything but a bundle is refused."""
-        from coreai_torch.bundles import write_llm_bundle
-
+        (default: the directory's); ``chat_template`` replaces the tokenizer's.  A directory
+        holding anything but a bundle is refused."""
         out = Path(save_directory)
         if out.exists() and not is_bundle_dir(out) and (not out.is_dir() or any(out.iterdir())):
             raise FileExistsError(
@@ -466,18 +476,34 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
                 json.dumps(meta, indent=2, sort_keys=True) + "\n"
             )
             files[COREAI_CONFIG] = Path(scratch) / COREAI_CONFIG
-            write_llm_bundle(
+            self._write_bundle(
                 out,
-                self.assets["model"],
+                files,
                 model_dir=hf_dir,
                 config=self.config,
                 tokenizer=tokenizer,
                 name=name,
+                chat_template=chat_template,
                 max_context_length=self.max_context,
                 compression=self.coreai_config.get("compression"),
-                files=files,
                 overwrite=True,
             )
+
+    @classmethod
+    def _bundle_assets(cls, bundle: Any) -> dict[str, Path]:
+        """The class's assets (by name) in a loaded bundle."""
+        return {"model": bundle.asset_path("main")}
+
+    @classmethod
+    def _bundle_meta(cls, bundle: Any) -> dict[str, Any]:
+        """What ``coreai_config`` takes from a loaded bundle beyond the language block."""
+        return {}
+
+    def _write_bundle(self, out: Path, files: dict[str, Path], **options: Any) -> None:
+        """Write the bundle (``options``: :func:`~coreai_torch.bundles.write_llm_bundle`'s)."""
+        from coreai_torch.bundles import write_llm_bundle
+
+        write_llm_bundle(out, self.assets["model"], **options, files=files)
 
     # -- running main -------------------------------------------------------------------------
 
@@ -509,18 +535,22 @@ class CoreAIModelForCausalLM(CoreAICausalLMBase, GenerationMixin):
     ) -> np.ndarray:
         """One call of ``main``: ``n`` new tokens after ``start`` cached ones; the states grow
         first if they hold fewer than ``start + n`` positions.  Returns ``[n, vocab]``."""
+        return self._call_main(np.asarray(ids, np.int32).reshape(1, n), start, states)
+
+    def _call_main(self, first: np.ndarray, start: int, states: dict[str, Any]) -> np.ndarray:
+        """``main`` with its first input ``first`` (``[1, n, ...]``: the new tokens' ids or
+        embeddings) after ``start`` cached positions; the states grow first if they hold fewer
+        than ``start + n``.  Returns the logits ``[n, vocab]``."""
         from coreai_torch.llm.generate import ensure_room
 
         function = self._main
+        n = first.shape[1]
         ensure_room(states, function, start + n)
-        ids_name, positions_name = (spec.name for spec in function.inputs)
+        first_name, positions_name = (spec.name for spec in function.inputs)
         out = self._run(
             self._decoder_asset,
             function.name,
-            {
-                ids_name: np.asarray(ids, np.int32).reshape(1, n),
-                positions_name: np.arange(start + n, dtype=np.int32)[None],
-            },
+            {first_name: first, positions_name: np.arange(start + n, dtype=np.int32)[None]},
             state=states,
         )
         return out[function.outputs[0].name][0].astype(np.float32)

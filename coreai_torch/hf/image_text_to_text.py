@@ -2,21 +2,27 @@
 projector + Llama / Mistral / Qwen2 decoder) on the Core AI runtime, with ``generate``
 (``transformers``' ``GenerationMixin``) and the ``image-text-to-text`` pipeline.
 
-One program, whose entry points share the weights (stored once) and the KV cache (state)::
+Three programs, the three assets of the vision-language bundle Apple's app runtime loads
+(``CoreAIVisionLanguageModel``, kind ``vlm``; ``docs/bundles.md``), each holding its weights
+once::
 
-    image_features(pixel_values [1, 3, size, size]) -> image_features [1, image_tokens, hidden]
-    embed(input_ids [1, T]) -> inputs_embeds [1, T, hidden]
-    prefill(inputs_embeds [1, T, hidden], start_position [1]) -> logits [1, 1, vocab]
-    forward(inputs_embeds [1, T, hidden], start_position [1]) -> logits [1, T, vocab]
-    decode(input_ids [1, 1], start_position [1]) -> logits [1, 1, vocab]
+    main (decoder)      main(inputs_embeds: float16 [1, T, hidden], position_ids: int32 [1, P])
+                            -> logits float16 [1, T, vocab]; states keyCache, valueCache
+    embedding           main(input_ids: int32 [1, T]) -> embeddings float16 [1, T, hidden]
+    vision              main(pixel_values: float32 [1, 3, S, S])
+                            -> image_features float16 [1, image_tokens, hidden]
 
-The image features are computed once per image, written into the token embeddings at the
-image tokens (as the processor expanded them), then the prompt is prefilled and decoded as a
-causal LM's.
+The decoder is :mod:`coreai_torch.llm.decoder`'s ``main`` fed with embeddings.  The image
+features are computed once per image and written over the embeddings of the image tokens (as
+the processor expanded them), then the prompt is prefilled and decoded as a causal LM's, every
+token embedded by the ``embedding`` asset.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
@@ -25,7 +31,9 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from coreai_torch.hf.base import checked_config, load_for_export
+from coreai_torch.bundles.manifest import VisionConfig
+from coreai_torch.errors import BundleError
+from coreai_torch.hf.base import PREPROCESSING_FILES, checked_config, load_for_export
 from coreai_torch.hf.causal_lm import (
     CoreAIModelForCausalLM,
     RuntimeCache,
@@ -36,11 +44,24 @@ from coreai_torch.hf.tasks import IMAGE_TEXT_DECODER_TYPES, IMAGE_TEXT_TO_TEXT_T
 from coreai_torch.tensors import lazy
 
 if TYPE_CHECKING:
-    from coreai_torch.llm.static_cache import CachedCausalLM
+    from coreai_torch.bundles import Bundle
+
+#: the function of the ``embedding`` and ``vision`` assets (Apple's public VLM exports' name)
+COMPONENT_FUNCTION = "main"
+#: the bundle's roles -> this class's asset names
+ASSETS = {"main": "model", "embedding": "embedding", "vision": "vision"}
+#: the tokenizer and processor files a vision-language bundle carries in ``tokenizer/`` (the
+#: processor's beside the tokenizer's, so ``AutoProcessor`` loads from that directory)
+PROCESSOR_FILES = tuple(
+    name
+    for name in PREPROCESSING_FILES
+    if name.endswith(("preprocessor_config.json", "processor_config.json"))
+)
 
 
 class ImageFeatures(nn.Module):
-    """``pixel_values -> image_features`` (vision tower + projector)."""
+    """``pixel_values -> image_features`` (vision tower + projector), float16 (the app merges
+    them into the token embeddings as float16)."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
@@ -50,29 +71,18 @@ class ImageFeatures(nn.Module):
         features = self.model.model.get_image_features(pixel_values=pixel_values)
         if isinstance(features, (list, tuple)):
             features = torch.stack(list(features))
-        return features
+        return features.to(torch.float16)
 
 
 class TokenEmbeddings(nn.Module):
-    """``input_ids -> inputs_embeds``."""
+    """``input_ids (int32) -> embeddings (float16)``."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.embeddings = model.get_input_embeddings()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embeddings(input_ids)
-
-
-def _embeds_lm(model: PreTrainedModel, max_context: int, all_logits: bool) -> CachedCausalLM:
-    """The cached decoder of :mod:`coreai_torch.llm.static_cache` fed with embeddings."""
-    from coreai_torch.llm.static_cache import CachedCausalLM
-
-    class CachedEmbedsLM(CachedCausalLM):
-        def forward(self, inputs_embeds: torch.Tensor, start_position: torch.Tensor) -> Any:
-            return self.logits(start_position, inputs_embeds=inputs_embeds)
-
-    return CachedEmbedsLM(model, max_context, all_logits=all_logits).eval()
+        return self.embeddings(input_ids).to(torch.float16)
 
 
 def export_vlm(
@@ -81,82 +91,150 @@ def export_vlm(
     precision: Any = None,
     compress: Any = None,
     *,
-    all_logits_entry_point: bool = True,
-) -> tuple[Any, int]:
-    """The ``AIProgram`` of a LLaVA-style model (see the module documentation) and the
-    number of tokens of each image."""
+    restore: bool = True,
+) -> tuple[dict[str, Any], int]:
+    """The three ``AIProgram`` of a LLaVA-style model by bundle role (``main``, ``embedding``,
+    ``vision``; see the module documentation) and the number of tokens of each image.
+
+    ``precision`` and ``compress`` apply to all three (the compression configuration says how
+    the embedding table is stored, as for causal LMs)."""
     from coreai_torch.converter import TorchConverter
     from coreai_torch.frontend.export import export_decomposed
     from coreai_torch.llm.export import (
         check_max_context,
         compression_config,
+        convert_causal_lm,
         precision_policy,
         traceable_attention,
-    )
-    from coreai_torch.llm.static_cache import (
-        CachedCausalLM,
-        cache_state_names,
-        token_args,
-        trace_cached,
     )
 
     policy = precision_policy(precision)
     compression = compression_config(compress)
     check_max_context(model, max_context)
+    programs = {
+        "main": convert_causal_lm(
+            model, max_context, policy, compression, restore=restore, embeddings_input=True
+        )
+    }
     vision = model.config.vision_config
-    hidden = model.config.get_text_config().hidden_size
     pixels = torch.zeros(1, vision.num_channels, vision.image_size, vision.image_size)
     tokens = torch.export.Dim("tokens", min=1, max=max_context)
-    start = torch.zeros(1, dtype=torch.int64)
-    converter = TorchConverter(compute_precision=policy)
     # lazy.tracing(): a streamed model's weights are lazy, traced without recording
     with traceable_attention(model), torch.no_grad(), lazy.tracing():
-        features = export_decomposed(ImageFeatures(model).eval(), (pixels,))
-        embed = export_decomposed(
-            TokenEmbeddings(model).eval(),
-            (torch.zeros(1, 2, dtype=torch.int64),),
-            dynamic_shapes=({1: tokens},),
-        )
-        decoders = {}
-        embeds = (torch.zeros(1, 2, hidden, dtype=model.dtype), start)
-        for name, all_logits in (("prefill", False), ("forward", True)):
-            if all_logits and not all_logits_entry_point:
-                continue
-            wrapper = _embeds_lm(model, max_context, all_logits)
-            decoders[name] = trace_cached(wrapper, embeds, ({1: tokens}, None))
-        decode = CachedCausalLM(model, max_context).eval()
-        decoders["decode"] = trace_cached(decode, token_args(1), None)
-    converter.add_exported_program(
-        features,
-        input_names=["pixel_values"],
-        output_names=["image_features"],
-        entrypoint_name="image_features",
-    )
-    converter.add_exported_program(
-        embed, input_names=["input_ids"], output_names=["inputs_embeds"], entrypoint_name="embed"
-    )
-    for name, ep in decoders.items():
-        first = "input_ids" if name == "decode" else "inputs_embeds"
+        traced = {
+            "vision": (
+                export_decomposed(ImageFeatures(model).eval(), (pixels,)),
+                "pixel_values",
+                "image_features",
+            ),
+            "embedding": (
+                export_decomposed(
+                    TokenEmbeddings(model).eval(),
+                    (torch.zeros(1, 2, dtype=torch.int32),),
+                    dynamic_shapes=({1: tokens},),
+                ),
+                "input_ids",
+                "embeddings",
+            ),
+        }
+    for role, (ep, input_name, output_name) in traced.items():
+        converter = TorchConverter(compute_precision=policy)
         converter.add_exported_program(
             ep,
-            input_names=[first, "start_position"],
-            output_names=["logits"],
-            state_names=cache_state_names(ep),
-            entrypoint_name=name,
+            input_names=[input_name],
+            output_names=[output_name],
+            entrypoint_name=COMPONENT_FUNCTION,
         )
-    program = converter.to_coreai()
-    if compression is not None:
-        program.compress(compression)
-    output = next(n for n in features.graph.nodes if n.op == "output")
+        program = converter.to_coreai()
+        if compression is not None:
+            program.compress(compression)
+        programs[role] = program.optimize()
+    output = next(n for n in traced["vision"][0].graph.nodes if n.op == "output")
     image_tokens = int(output.args[0][0].meta["val"].shape[1])
-    return program.optimize(), image_tokens
+    return programs, image_tokens
+
+
+def vision_block(
+    config: Any, image_tokens: int, processor: Mapping[str, Any] | None = None
+) -> VisionConfig:
+    """The manifest's ``vision`` block of a LLaVA-style model (``docs/bundles.md`` says how
+    each key is derived): the sizes and the image token from ``config``, the preprocessing
+    from ``processor`` (the image processor's ``preprocessor_config.json``; None: the keys are
+    left out and the app uses its defaults).  Raises :class:`BundleError` for a processor
+    whose images the vision tower does not take."""
+    vision = config.vision_config
+    size = int(vision.image_size)
+    options: dict[str, Any] = {}
+    if processor is not None:
+        options = _preprocessing(processor, size)
+    return VisionConfig(
+        image_size=size,
+        patch_size=int(vision.patch_size),
+        image_token_count=image_tokens,
+        image_token_id=int(config.image_token_id),
+        **options,
+    )
+
+
+def _preprocessing(processor: Mapping[str, Any], size: int) -> dict[str, Any]:
+    """``image_mean``/``image_std``, ``rescale_factor`` and ``image_strategy`` of a Hugging
+    Face image processor's settings."""
+    resize = processor.get("size") or {}
+    crop = processor.get("crop_size") or {}
+    if processor.get("do_pad"):
+        strategy, made = "pad", resize.get("height", resize.get("shortest_edge"))
+    elif processor.get("do_center_crop") and "shortest_edge" in resize:
+        strategy, made = "center_crop", crop.get("height", resize["shortest_edge"])
+    else:
+        strategy, made = "stretch", resize.get("height", resize.get("shortest_edge"))
+    if made is not None and int(made) != size:
+        raise BundleError(
+            f"the image processor makes {made}x{made} images but the vision tower takes "
+            f"{size}x{size} (vision_config.image_size); the app resizes to the latter, so the "
+            "two must agree"
+        )
+    normalize = processor.get("do_normalize", True)
+    mean = processor.get("image_mean") if normalize else [0.0, 0.0, 0.0]
+    std = processor.get("image_std") if normalize else [1.0, 1.0, 1.0]
+    # the app scales 8-bit pixels by rescale_factor / 255; Hugging Face by rescale_factor
+    rescale = (
+        float(processor.get("rescale_factor", 1 / 255))
+        if processor.get("do_rescale", True)
+        else 1.0
+    )
+    return {
+        "image_mean": None if mean is None else tuple(float(v) for v in mean),
+        "image_std": None if std is None else tuple(float(v) for v in std),
+        "rescale_factor": round(rescale * 255, 9),
+        "image_strategy": strategy,
+    }
+
+
+def _processor_settings(source: PreTrainedModel | Path, processor: Any) -> dict[str, Any] | None:
+    """The image processor's settings: ``processor`` (an image processor, a processor holding
+    one, or its settings), else the source directory's ``preprocessor_config.json``."""
+    if processor is None:
+        if isinstance(source, Path) and (source / "preprocessor_config.json").is_file():
+            return dict(json.loads((source / "preprocessor_config.json").read_text()))
+        return None
+    if isinstance(processor, Mapping):
+        return dict(processor)
+    images = getattr(processor, "image_processor", processor)
+    if not hasattr(images, "to_dict"):
+        raise TypeError(
+            "processor= takes a Hugging Face image processor (or a processor holding one) or "
+            f"its settings as a dict, got {type(processor).__name__}"
+        )
+    return dict(images.to_dict())
 
 
 class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
-    """A LLaVA-style vision-language model exported to one Core AI program and run on the Core
-    AI runtime::
+    """A LLaVA-style vision-language model exported to the three assets of a vision-language
+    bundle and run on the Core AI runtime::
 
         model = CoreAIModelForImageTextToText.from_pretrained("llava_dir", export=True)
+        model.save_pretrained("out/MyVLM")   # the bundle Apple's CoreAIVisionLanguageModel loads
+        model = CoreAIModelForImageTextToText.from_pretrained("out/MyVLM")
         inputs = processor(images=image, text="USER: <image>\\nWhat is this? ASSISTANT:",
                            return_tensors="pt")
         out = model.generate(**inputs, max_new_tokens=32)
@@ -167,6 +245,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
     """
 
     task = "image-text-to-text"
+    bundle_kind = "vlm"
 
     @classmethod
     def _export_model(
@@ -176,10 +255,12 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         max_context: int | None,
         precision: Any,
         compress: Any,
-        all_logits_entry_point: bool = True,
+        processor: Any = None,
         calibration: Any = None,
         target_bpw: float | None = None,
     ) -> Self:
+        """``processor``: the image processor whose preprocessing the bundle's ``vision``
+        block declares (default: the model directory's ``preprocessor_config.json``)."""
         from coreai_torch.llm.export import default_max_context
 
         if calibration is not None or target_bpw is not None:
@@ -190,6 +271,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         describe = describe_options(precision, compress)
         config = checked_config(source, IMAGE_TEXT_TO_TEXT_TYPES, cls.__name__)
         _check_decoder(config, str(source) if isinstance(source, Path) else type(source).__name__)
+        settings = _processor_settings(source, processor)
         if isinstance(source, Path):
             from transformers import AutoModelForImageTextToText
 
@@ -199,24 +281,54 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
         model = model.eval()
         if max_context is None:
             max_context = default_max_context(model.config)
-        program, image_tokens = export_vlm(
-            model, max_context, precision, compress, all_logits_entry_point=all_logits_entry_point
+        programs, image_tokens = export_vlm(
+            model, max_context, precision, compress, restore=not isinstance(source, Path)
         )
-        vision = model.config.vision_config
+        vision = vision_block(model.config, image_tokens, settings)
+        vision.check(f"{cls.__name__} (the vision block)")
         meta = {
             "max_context": max_context,
-            "image_size": vision.image_size,
-            "image_tokens": image_tokens,
-            "num_channels": vision.num_channels,
+            "vision": vision.to_json(),
+            "num_channels": model.config.vision_config.num_channels,
             **describe,
         }
-        return cls._from_programs(model, {"model": program}, meta, source)
+        return cls._from_programs(
+            model, {ASSETS[role]: program for role, program in programs.items()}, meta, source
+        )
+
+    # -- bundles ------------------------------------------------------------------------------
+
+    @classmethod
+    def _bundle_assets(cls, bundle: Bundle) -> dict[str, Path]:
+        return {name: bundle.asset_path(role) for role, name in ASSETS.items()}
+
+    @classmethod
+    def _bundle_meta(cls, bundle: Bundle) -> dict[str, Any]:
+        return {"vision": bundle.manifest.vision_config().to_json(), "num_channels": 3}
+
+    def _write_bundle(self, out: Path, files: dict[str, Path], **options: Any) -> None:
+        from coreai_torch.bundles.writer import write_vlm_bundle
+
+        source = self._source_dir
+        if source is not None:  # the processor's files, beside the tokenizer's
+            folder = source / "tokenizer" if (source / "metadata.json").is_file() else source
+            for name in PROCESSOR_FILES:
+                if (folder / name).is_file():
+                    files[f"tokenizer/{name}"] = folder / name
+        assets = {role: self.assets[name] for role, name in ASSETS.items()}
+        write_vlm_bundle(out, assets, self._vision, **options, files=files)
 
     # -- running ------------------------------------------------------------------------------
 
+    @functools.cached_property
+    def _vision(self) -> VisionConfig:
+        """The ``vision`` block (image size, image tokens, the image token's id)."""
+        return VisionConfig.from_json(self.coreai_config["vision"], "coreai_config.json")
+
     def image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """The projected features of each image, ``[images, image_tokens, hidden]``."""
-        size, channels = self.coreai_config["image_size"], self.coreai_config["num_channels"]
+        size = self._vision.image_size
+        channels = self.coreai_config.get("num_channels", 3)
         if (
             not isinstance(pixel_values, torch.Tensor)
             or pixel_values.dim() != 4
@@ -227,11 +339,43 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
                 f"pixel_values must be [images, {channels}, {size}, {size}] (as the model's "
                 f"image processor makes them), got {shape}"
             )
-        return self._run_each_row("image_features", "pixel_values", pixel_values, "image_features")
+        function = self._components["vision"]
+        rows = [
+            self._run(
+                "vision",
+                function.name,
+                {function.inputs[0].name: np.ascontiguousarray(row[None].float().numpy())},
+            )[function.outputs[0].name]
+            for row in pixel_values
+        ]
+        return torch.from_numpy(np.concatenate(rows).astype(np.float32))
 
-    def _embed(self, ids: torch.Tensor) -> np.ndarray:
-        feed = np.ascontiguousarray(ids.numpy(), np.int64).reshape(1, -1)
-        return self._run("model", "embed", {"input_ids": feed})["inputs_embeds"][0]
+    @functools.cached_property
+    def _components(self) -> dict[str, Any]:
+        """The function the app runs of the ``embedding`` asset (``embed_tokens``, else
+        ``main``) and of the ``vision`` asset (a fused ``main``)."""
+        from coreai_torch.bundles import function_signatures
+
+        embedding = function_signatures(self.assets["embedding"])
+        vision = function_signatures(self.assets["vision"])
+        if "encode_image" in vision:
+            raise ValueError(
+                "the vision asset has separate encode_image / project functions; "
+                f"{type(self).__name__} runs a fused '{COMPONENT_FUNCTION}' (run the bundle "
+                "with coreai_torch.bundles.VisionLanguageEngine)"
+            )
+        return {
+            "embedding": embedding.get("embed_tokens") or embedding[COMPONENT_FUNCTION],
+            "vision": vision[COMPONENT_FUNCTION],
+        }
+
+    def _embed(self, ids: Any) -> np.ndarray:
+        """The embeddings ``[T, hidden]`` (float16) of token ids ``[T]``."""
+        function = self._components["embedding"]
+        feed = np.ascontiguousarray(np.asarray(ids), np.int32).reshape(1, -1)
+        out = self._run("embedding", function.name, {function.inputs[0].name: feed})
+        embeddings: np.ndarray = out[function.outputs[0].name][0]
+        return embeddings
 
     def forward(  # type: ignore[override]
         self,
@@ -267,7 +411,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
                 "past_key_values must be the RuntimeCache returned for the same batch size"
             )
         rows = split_rows(input_ids, attention_mask, cache.seen, cache.lengths)
-        image_token = self.config.image_token_id
+        image_token = self._vision.image_token_id
         counts = [int((ids == image_token).sum()) for _, ids in rows]
         features = np.empty((0, 0), np.float32)  # the images' features, if the prompt has any
         if sum(counts):
@@ -277,7 +421,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
                 )
             if any(cache.lengths[r] > 0 for r, n in enumerate(counts) if n):
                 raise ValueError("image tokens must be in the prompt (the first call)")
-            per_image = self._image_tokens()
+            per_image = self._vision.image_token_count
             if sum(counts) != per_image * len(pixel_values):
                 raise ValueError(
                     f"input_ids hold {sum(counts)} image tokens; {len(pixel_values)} image(s) "
@@ -291,7 +435,8 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
                         f"model's max_context={self.max_context} (export with a larger "
                         "max_context, or shorten the prompt)"
                     )
-            features = self.image_features(pixel_values).reshape(-1, self._hidden()).numpy()
+            features = self.image_features(pixel_values).numpy()
+            features = features.reshape(-1, features.shape[-1])
         elif pixel_values is not None and all(n == 0 for n in cache.lengths):
             raise ValueError(
                 "pixel_values were given but input_ids hold no image token "
@@ -302,7 +447,7 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
             if cache.lengths[r] > 0 and len(ids) == 1:
                 feeds.append((ids.numpy(), 1))
                 continue
-            embeds = self._embed(ids).astype(np.float32)
+            embeds = self._embed(ids)
             if counts[r]:
                 embeds[(ids == image_token).numpy()] = features[used : used + counts[r]]
                 used += counts[r]
@@ -327,33 +472,12 @@ class CoreAIModelForImageTextToText(CoreAIModelForCausalLM):
     def _step(
         self, values: Any, n: int, start: int, states: dict[str, Any], all_logits: bool
     ) -> np.ndarray:
+        """One call of ``main`` with the embeddings ``[n, hidden]`` (token ids ``[n]`` are
+        embedded first)."""
         values = np.asarray(values)
-        if values.ndim == 1:  # one token id: a decode step
-            return super()._step(values, n, start, states, all_logits)
-        entry = "forward" if all_logits else "prefill"
-        dtype = self._input_dtype(entry, "inputs_embeds")
-        out = self._run(
-            "model",
-            entry,
-            {
-                "inputs_embeds": np.ascontiguousarray(values[None], dtype),
-                "start_position": np.asarray([start], np.int64),
-            },
-            state=states,
-        )
-        return out["logits"][0]
-
-    def _input_dtype(self, entry: str, name: str) -> np.dtype:
-        from coreai_torch.runtime import numpy_dtype
-
-        desc = self.sessions["model"].descriptor(entry).input_descriptor(name)
-        return numpy_dtype(desc.dtype)
-
-    def _image_tokens(self) -> int:
-        return int(self.coreai_config["image_tokens"])
-
-    def _hidden(self) -> int:
-        return int(self.config.get_text_config().hidden_size)
+        if values.ndim == 1:
+            values = self._embed(values)
+        return self._call_main(values.astype(np.float16).reshape(1, n, -1), start, states)
 
 
 def _check_decoder(config: Any, what: str) -> None:

@@ -64,3 +64,7 @@ def register_pipeline_names() -> None:
         names = getattr(modeling_auto, table, None)
         if isinstance(names, dict):
             names.setdefault(f"coreai-{name}", name)
+
+
+#: the task whose class loads a bundle of each kind (``metadata.json``'s ``kind``)
+BUNDLE_TASKS = {"llm": "text-generation", "vlm": "image-text-to-text"}

@@ -20,9 +20,11 @@ from coreai_torch.compression import (
     Calibration,
     CalibrationError,
     CompressionConfig,
-    Pruning,
+    LinearQuantization,
+    Palettization,
     calibrate,
 )
+from coreai_torch.compression.calibration import measure
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -101,6 +103,10 @@ def calibrated(
     return calibrate(model, {"input_ids": tokens, "use_cache": False}, config, scale_dtype=dtype)
 
 
+#: a data-free compression of a model with more parameters than this is not measured (its
+#: measurement reads and rounds every weight once more: on 2 cores about 30 s for 1 B
+#: parameters); the report says so
+MEASURE_MAX_PARAMETERS = 4_000_000_000
 #: the example sequences a compression without calibration data is measured on: at most
 #: ``EXAMPLE_SEQUENCES`` of ``EXAMPLE_TOKENS`` tokens of :data:`EXAMPLE_TEXT` (read with the
 #: model's tokenizer) or, without a tokenizer, of token ids drawn with a fixed seed
@@ -159,17 +165,25 @@ def measured(
     """The whole model's output error under the data-free codes of ``config`` (what
     ``compress()`` fits without data), measured on :func:`example_tokens` so that a
     compression that destroys the model says so; no codes are kept (``compress()`` fits its
-    own).  None for the forms calibration does not fit (pruning)."""
-    if isinstance(config, Pruning):
+    own).  None for the forms without data-free codes to measure (pruning)."""
+    if not isinstance(config, (LinearQuantization, Palettization)):
         return None
+    parameters = sum(p.numel() for p in model.parameters())
+    if parameters > MEASURE_MAX_PARAMETERS:
+        return Calibration(
+            config.describe(),
+            not_measured=(
+                f"{parameters / 1e9:.1f} B parameters, more than the "
+                f"{MEASURE_MAX_PARAMETERS / 1e9:g} B a data-free export measures (the "
+                "measurement costs about what compressing costs); pass calibration= (a text "
+                "file or token ids), or measure the exported model with coreai-torch eval "
+                "perplexity"
+            ),
+        )
     tokens, source = example_tokens(vocab_size(model), max_context, tokenizer_dir)
     try:
-        fitted = calibrate(
-            model,
-            {"input_ids": tokens, "use_cache": False},
-            config,
-            scale_dtype=dtype,
-            method="rtn",
+        fitted = measure(
+            model, {"input_ids": tokens, "use_cache": False}, config, scale_dtype=dtype
         )
     except Exception as error:  # the measurement is advisory: the export goes on without it
         warnings.warn(
@@ -181,7 +195,6 @@ def measured(
         )
         return None
     fitted.measured_on = f"{tokens.shape[0]} example inputs of {source} (no calibration)"
-    fitted.weights = {}
     return fitted
 
 

@@ -15,6 +15,12 @@ they do not zero.  Writing a position again (the engines re-feed the last token 
 they have already processed) overwrites it.  The logits of every new token are returned, cast
 to float16 in the graph (soft-capping, where the model has it, happens before).
 
+With ``embeddings_input`` (the decoder of a vision-language bundle, ``CoreAISequentialVLMEngine``)
+the first input is the token embeddings instead of the ids, float16 whatever the compute
+precision (the app merges the image features into them as float16)::
+
+    main(inputs_embeds: float16 [1, T, hidden], position_ids: int32 [1, P]) -> logits
+
 The model runs through its own ``forward`` (Hugging Face's attention, masks, rotary
 embeddings): the cache object it is given (a ``StateCache``) hands each layer its rows of
 the states and records the new ones.
@@ -32,6 +38,10 @@ from coreai_torch.bundles.convention import INITIAL_KV_CAPACITY
 
 #: names of the inputs, the output and the states of ``main`` (those of Apple's macOS exports)
 INPUT_NAMES = ("input_ids", "position_ids")
+#: the inputs of ``main`` with ``embeddings_input`` (Apple's VLM decoders)
+EMBEDDINGS_INPUT_NAMES = ("inputs_embeds", "position_ids")
+#: the dtype of the embeddings the VLM engine passes (it merges image features as float16)
+EMBEDDINGS_DTYPE = torch.float16
 OUTPUT_NAME = "logits"
 STATE_NAMES = ("keyCache", "valueCache")
 FUNCTION_NAME = "main"
@@ -118,11 +128,13 @@ def state_cache(layers: int) -> Any:
 
 class Decoder(nn.Module):
     """``main`` (see the module documentation): ``forward(input_ids, position_ids, key_cache,
-    value_cache) -> logits``, the caches updated in place."""
+    value_cache) -> logits``, the caches updated in place; with ``embeddings_input`` the first
+    input is the float16 token embeddings ``[1, T, hidden]``."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, *, embeddings_input: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.embeddings_input = embeddings_input
         self.cache = state_cache(model.config.get_text_config().num_hidden_layers)
 
     def forward(
@@ -133,6 +145,10 @@ class Decoder(nn.Module):
         value_cache: torch.Tensor,
     ) -> torch.Tensor:
         new, total = input_ids.shape[1], position_ids.shape[1]
+        if self.embeddings_input:  # the new tokens' embeddings, in the model's dtype
+            fed = {"inputs_embeds": input_ids.to(self.model.dtype)}
+        else:
+            fed = {"input_ids": input_ids}
         torch._check(new <= total)
         torch._check(total <= key_cache.shape[SEQUENCE_DIM])
         torch._check(total <= value_cache.shape[SEQUENCE_DIM])
@@ -144,7 +160,7 @@ class Decoder(nn.Module):
         cache.bind(key_cache, value_cache, offset, total)
         try:
             out = self.model(
-                input_ids=input_ids,
+                **fed,
                 position_ids=positions,
                 cache_position=positions[0],
                 past_key_values=cache,
@@ -161,13 +177,24 @@ class Decoder(nn.Module):
 
 
 def example_inputs(
-    config: Any, dtype: torch.dtype, tokens: int = 3, positions: int = 5, capacity: int = 8
+    config: Any,
+    dtype: torch.dtype,
+    tokens: int = 3,
+    positions: int = 5,
+    capacity: int = 8,
+    *,
+    embeddings_input: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Inputs to trace :class:`Decoder` with (``tokens`` new of ``positions``, states of
-    ``capacity`` rows of ``dtype``)."""
+    ``capacity`` rows of ``dtype``; ``embeddings_input``: embeddings instead of ids)."""
     layers, (kv_heads, key_dim, value_dim) = config.num_hidden_layers, cache_dims(config)
+    first = (
+        torch.zeros(1, tokens, config.hidden_size, dtype=EMBEDDINGS_DTYPE)
+        if embeddings_input
+        else torch.zeros(1, tokens, dtype=torch.int32)
+    )
     return (
-        torch.zeros(1, tokens, dtype=torch.int32),
+        first,
         torch.arange(positions, dtype=torch.int32)[None],
         torch.zeros(layers, 1, kv_heads, capacity, key_dim, dtype=dtype),
         torch.zeros(layers, 1, kv_heads, capacity, value_dim, dtype=dtype),

@@ -208,11 +208,13 @@ def convert_causal_lm(
     calibration: torch.Tensor | None = None,
     contexts: Sequence[int] | None = None,
     query_lengths: Sequence[int] | None = None,
+    embeddings_input: bool = False,
 ) -> AIProgram:
     """The optimized program of a loaded causal LM (a model instance, or one whose weights
     :func:`load_causal_lm` left in its checkpoint) for the app engine ``engine`` (see
     :func:`export`).  ``restore`` puts the model's own mixture-of-experts blocks back after
-    tracing (:func:`export` does it for a model it was given)."""
+    tracing (:func:`export` does it for a model it was given).  ``embeddings_input``: ``main``
+    takes the token embeddings instead of the ids (a vision-language bundle's decoder)."""
     listener = progress_events.resolve(None)
     # the checks of half precision and compression read every weight's statistics: a streamed
     # checkpoint is read on the other core while the model is traced
@@ -237,14 +239,15 @@ def convert_causal_lm(
                 converter, model, max_context, states, contexts, query_lengths
             )
         else:
-            _stage_main(converter, model, max_context, states)
+            _stage_main(converter, model, max_context, states, embeddings_input)
             shapes = {}
         traced(1, 1)
     program = converter.to_coreai()
     fitted = None
     if compression is not None and calibration is not None:
         fitted = calibrated(model, calibration, compression, policy.compute)
-    elif compression is not None and not has_experts:  # data-free: measured on examples
+    elif compression is not None and not has_experts and not embeddings_input:
+        # data-free: measured on examples (of token ids: not for a decoder fed embeddings)
         fitted = measured(model, compression, policy.compute, max_context, _source_dir(model))
     if compression is not None:  # before optimize(): no transposed float copies of weights
         program.compress(compression, calibration=fitted)
@@ -260,19 +263,24 @@ def _source_dir(model: nn.Module) -> Path | None:
 
 
 def _stage_main(
-    converter: TorchConverter, model: PreTrainedModel, max_context: int, states: torch.dtype
+    converter: TorchConverter,
+    model: PreTrainedModel,
+    max_context: int,
+    states: torch.dtype,
+    embeddings_input: bool = False,
 ) -> None:
     """Trace :class:`~coreai_torch.llm.decoder.Decoder` (``T``, ``P`` and the states' rows of
     run-time size, the states of ``states``) and stage it as ``main``."""
-    wrapper = main_function.Decoder(model).eval()
+    wrapper = main_function.Decoder(model, embeddings_input=embeddings_input).eval()
     config = model.config.get_text_config()
-    args = main_function.example_inputs(config, states)
+    args = main_function.example_inputs(config, states, embeddings_input=embeddings_input)
     ep = export_decomposed(
         wrapper, args, dynamic_shapes=main_function.dynamic_shapes(max_context), strict=False
     )
+    names = main_function.EMBEDDINGS_INPUT_NAMES if embeddings_input else main_function.INPUT_NAMES
     converter.add_exported_program(
         ep,
-        input_names=list(main_function.INPUT_NAMES),
+        input_names=list(names),
         output_names=[main_function.OUTPUT_NAME],
         state_names=list(main_function.STATE_NAMES),
         entrypoint_name=main_function.FUNCTION_NAME,

@@ -102,6 +102,12 @@ class Generator:
         from coreai_torch.bundles import LanguageConfig, check_dynamic_decoder, function_signatures
 
         if bundle is not None:
+            if bundle.kind == "vlm":
+                raise ValueError(
+                    f"{bundle.path} is a vision-language bundle (its decoder takes embeddings); "
+                    "run it with coreai_torch.hf.CoreAIModelForImageTextToText or "
+                    "coreai_torch.bundles.VisionLanguageEngine"
+                )
             if bundle.structure == "chunked_static":
                 raise ValueError(
                     f"{bundle.path} holds the static-shape functions of the iOS engine "

@@ -250,9 +250,11 @@ def llava_processor(directory: Any) -> Any:
         image_token="<image>",
         num_additional_image_tokens=1,
         chat_template=(
-            "{% for m in messages %}{{ m['role'] }}: {% for c in m['content'] %}"
+            "{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}"
+            "{{ m['content'] }}{% else %}{% for c in m['content'] %}"
             "{% if c['type'] == 'image' %}<image>{% else %}{{ c['text'] }}{% endif %}"
-            "{% endfor %}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+            "{% endfor %}{% endif %}</s>\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant:{% endif %}"
         ),
     )
     processor.save_pretrained(directory)

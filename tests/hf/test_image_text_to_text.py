@@ -1,7 +1,9 @@
 """``CoreAIModelForImageTextToText`` (LLaVA with a CLIP vision tower and a Llama decoder):
 ``generate`` equals the Hugging Face model's token for token (one image, a left-padded batch
-of two prompts with an image each), each step's logits within 1e-4, ``model(**inputs)``, the
-save / load round trip, the ``image-text-to-text`` pipeline and bad input.
+of two prompts with an image each), each step's logits within 1e-4 plus the rounding of the
+float16 embeddings and logits the vision-language bundle's assets exchange,
+``model(**inputs)``, the save / load round trip through the bundle, the
+``image-text-to-text`` pipeline and bad input (the bundle itself: ``tests/bundles/test_vlm.py``).
 
 One export shared by the tests (module fixture, about 25 s): all slow.
 """
@@ -17,16 +19,28 @@ import torch
 
 from coreai_torch.errors import UnsupportedModelError
 from coreai_torch.hf import CoreAIModelForImageTextToText
+from tests.bundles.support import assert_doctor_clean
 from tests.hf.support import (
     TOLERANCE,
     assert_streamed,
-    check_generate,
     llava,
     llava_processor,
     recording_binds,
 )
+from tests.hf.support import check_generate as check_generate_logits
+from tests.llm.support import HALF_LOGITS
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("hf_llava")]
+
+#: the float16 logits' rounding and that of the float16 embeddings the decoder is fed
+HALF_EMBEDDINGS_AND_LOGITS = 2 * HALF_LOGITS
+
+
+def check_generate(ours: Any, reference: Any, inputs: dict[str, Any], **kwargs: Any) -> Any:
+    """``tests.hf.support.check_generate`` with the float16 rounding allowed."""
+    return check_generate_logits(
+        ours, reference, inputs, logits_rounding=HALF_EMBEDDINGS_AND_LOGITS, **kwargs
+    )
 
 
 def image(height: int, width: int, seed: int) -> Any:
@@ -88,7 +102,7 @@ def test_padded_batch_and_forward_match_transformers(exported: dict[str, Any]) -
         expected = exported["model"](**inputs).logits
     out = exported["coreai"](**inputs).logits
     real = inputs["attention_mask"].bool()
-    tol = TOLERANCE * max(1.0, float(expected.abs().max()))
+    tol = (TOLERANCE + HALF_EMBEDDINGS_AND_LOGITS) * max(1.0, float(expected.abs().max()))
     assert float((out - expected)[real].abs().max()) <= tol
 
 
@@ -97,9 +111,12 @@ def test_pipeline_and_saved_directory(exported: dict[str, Any]) -> None:
 
     out = exported["root"] / "coreai"
     names = {p.name for p in out.iterdir()}
-    assert {"model.aimodel", "config.json", "tokenizer.json", "preprocessor_config.json"} <= names
-    assert not [n for n in names if n.endswith((".safetensors", ".bin"))]
-    processor = AutoProcessor.from_pretrained(out, local_files_only=True)
+    assert {"metadata.json", "coreai.aimodel", "embedding.aimodel", "vision.aimodel"} <= names
+    assert {"config.json", "tokenizer"} <= names
+    assert not [p for p in out.rglob("*") if p.name.endswith((".safetensors", ".bin"))]
+    assert_doctor_clean(out)
+    # the processor's files are saved beside the tokenizer's
+    processor = AutoProcessor.from_pretrained(out / "tokenizer", local_files_only=True)
     messages = [
         {
             "role": "user",
@@ -156,7 +173,7 @@ def test_fp16_int4(exported: dict[str, Any], tmp_path: Path) -> None:
         exported["processor"](images=image(32, 32, 6), text="<image> a", return_tensors="pt")
     )
     tokens = coreai.generate(**inputs, max_new_tokens=12, do_sample=False)
-    coreai.save_pretrained(tmp_path)
+    coreai.save_pretrained(tmp_path, tokenizer=exported["root"] / "hf")
     again = CoreAIModelForImageTextToText.from_pretrained(tmp_path)
     assert again.generate(**inputs, max_new_tokens=12, do_sample=False).tolist() == tokens.tolist()
 
