@@ -445,8 +445,8 @@ def test_mixtral_model_with_every_token_gathering_its_experts() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in MODELS if n != "deepseek_v2"])
 def test_moe_model_dynamic_sequence_length(name: str) -> None:
-    """One program for every prompt length (the experts the T tokens selected, gathered).  DeepSeek-V2
-    needs its documented rotary patch: tests/models/test_frontier.py."""
+    """One program for every prompt length (the experts the T tokens selected, gathered).
+    DeepSeek-V2 needs its documented rotary patch: tests/models/test_frontier.py."""
     check_dynamic_sequence_length(_rewritten_lm(name))
 
 
