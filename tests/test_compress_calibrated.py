@@ -124,6 +124,41 @@ def test_forms_fitted_on_one_hessian_share_its_factorisation(
     assert len(factorisations) == 2 + len(forms)
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_a_tall_weight_is_fitted_a_piece_of_rows_at_a_time(
+    symmetric: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPTQ's rows are independent: a 128k-row output head is fitted :data:`ROUNDED_ROWS`
+    rows at a time (whole-weight float32 temporaries of its codes and grids were the 1B
+    calibration's excess memory), with the codes of fitting it whole."""
+    from coreai_torch.compression import calibration
+
+    w = torch.randn(80, 128, generator=torch.Generator().manual_seed(5)) * 0.05
+    h = _hessian(_inputs(512, 128))
+    form = compression.LinearQuantization(bits=4, block_size=32, symmetric=symmetric)
+    module = nn.Linear(128, 80, bias=False)
+    whole = calibration.fit_weight(module, w, h, form, torch.float32)
+    pieces: list[int] = []
+    gptq_linear = fits.gptq_linear
+    monkeypatch.setattr(
+        fits,
+        "gptq_linear",
+        lambda part, *a, **k: pieces.append(len(part)) or gptq_linear(part, *a, **k),
+    )
+    monkeypatch.setattr(calibration, "ROUNDED_ROWS", 32)
+    chunked = calibration.fit_weight(module, w, h, form, torch.float32)
+    assert pieces == [32, 32, 16]
+    assert not isinstance(whole, str) and not isinstance(chunked, str)
+    (codes, fitted), (chunked_codes, chunked_fitted) = whole, chunked
+    assert np.array_equal(codes.codes, chunked_codes.codes)
+    assert codes.codes.dtype == (np.int8 if symmetric else np.uint8)
+    np.testing.assert_array_equal(codes.scale, chunked_codes.scale)
+    torch.testing.assert_close(fitted, chunked_fitted, rtol=0, atol=1e-6)
+    error = fits.output_error(w, fitted, h)
+    monkeypatch.setattr(fits, "GPTQ_ROWS", 16)
+    assert fits.output_error(w, fitted, h) == pytest.approx(error, rel=1e-9)
+
+
 def test_activation_aware_scales_never_lose_to_round_to_nearest() -> None:
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
     h = _hessian(_inputs(512, 256, seed=3))

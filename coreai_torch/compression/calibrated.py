@@ -117,8 +117,11 @@ class Hessian:
 
 def output_error(w: torch.Tensor, q: torch.Tensor, h: Hessian) -> float:
     """``‖(W - Q) Xᵀ‖² / ‖W Xᵀ‖²``: the output error relative to the output's energy."""
-    signal = float(h.row_energies(w).sum())
-    noise = float(h.row_energies(w.to(torch.float32) - q.to(torch.float32)).sum())
+    signal = noise = 0.0
+    for first in range(0, w.shape[0], GPTQ_ROWS):  # the temporaries of a piece of rows
+        part = w[first : first + GPTQ_ROWS].to(torch.float32)
+        signal += float(h.row_energies(part).sum())
+        noise += float(h.row_energies(part - q[first : first + GPTQ_ROWS].to(torch.float32)).sum())
     return noise / signal if signal > 0 else (0.0 if noise == 0 else math.inf)
 
 

@@ -411,21 +411,24 @@ def _reduced_block(module: nn.Module, form: LinearQuantization) -> int | None:
     return form.block_size * (k // weight.shape[1])
 
 
-#: rows a weight is rounded at a time without GPTQ (the memory of a 128k-row output head)
+#: rows of a weight fitted at a time (the temporaries of a 128k-row output head stay small)
 ROUNDED_ROWS = 4096
 
 
-def _rounded_by_rows(
+def _linear_by_rows(
     w: torch.Tensor,
     form: LinearQuantization,
     block: int,
     scale_dtype: torch.dtype,
-    importance: torch.Tensor | None,
+    h: fits.Hessian | None,
+    method: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(codes, fitted, scales, zero points)`` of ``w [N, K]`` rounded to the grid of
+    """``(codes, fitted, scales, zero points)`` of ``w [N, K]`` on the grid of
     :func:`~coreai_torch.compression.calibrated.linear_scales`, :data:`ROUNDED_ROWS` rows at a
-    time (codes in one byte each, the temporaries of one piece)."""
+    time (rows are independent, in GPTQ too): codes in one byte each, the temporaries of one
+    piece, so a tall weight costs its codes and its fitted copy."""
     n, k = w.shape
+    importance = None if h is None or method == "rtn" else h.diagonal
     codes = torch.empty(n, k, dtype=torch.int8 if form.symmetric else torch.uint8)
     fitted = torch.empty(n, k)
     scales: list[torch.Tensor] = []
@@ -433,20 +436,28 @@ def _rounded_by_rows(
     for first in range(0, n, ROUNDED_ROWS):
         rows = slice(first, min(first + ROUNDED_ROWS, n))
         part = w[rows]
-        s, zp = fits.linear_scales(
-            part,
-            form.bits,
-            block,
-            symmetric=form.symmetric,
-            scale_dtype=scale_dtype,
-            importance=importance,
-        )
-        c, q = fits.quantize_values(
-            part.reshape(-1, k // block, block),
-            s[..., None],
-            None if zp is None else zp[..., None],
-            form.bits,
-        )
+        if method == "gptq":
+            assert h is not None
+            c, s, zp = fits.gptq_linear(
+                part, h, form.bits, block, symmetric=form.symmetric, scale_dtype=scale_dtype
+            )
+            offset = 0 if zp is None else zp.repeat_interleave(block, 1)
+            q = (c - offset) * s.repeat_interleave(block, 1)
+        else:
+            s, zp = fits.linear_scales(
+                part,
+                form.bits,
+                block,
+                symmetric=form.symmetric,
+                scale_dtype=scale_dtype,
+                importance=importance,
+            )
+            c, q = fits.quantize_values(
+                part.reshape(-1, k // block, block),
+                s[..., None],
+                None if zp is None else zp[..., None],
+                form.bits,
+            )
         codes[rows] = c.reshape(-1, k).to(codes.dtype)
         fitted[rows] = q.reshape(-1, k)
         scales.append(s)
@@ -482,21 +493,12 @@ def fit_weight(
         if k % block:
             return f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
         dtype = form.scale_dtype or scale_dtype
-        if gptq:
-            assert h is not None
-            codes, s, zp = fits.gptq_linear(
-                w, h, form.bits, block, symmetric=form.symmetric, scale_dtype=dtype
-            )
-            scale = s.repeat_interleave(block, 1)
-            offset = 0 if zp is None else zp.repeat_interleave(block, 1)
-            fitted = (codes - offset) * scale
-        else:
-            codes, fitted, s, zp = _rounded_by_rows(w, form, block, dtype, importance)
+        codes, fitted, s, zp = _linear_by_rows(w, form, block, dtype, h, method)
         groups = [n, k // block] + [1] * (len(shape) - 2)
         if len(shape) > 2:  # a convolution: blocks of input channels
             groups[1] = shape[1] // (block // (k // shape[1]))
         result = LinearCodes(
-            codes.reshape(shape).numpy().astype(np.int8 if form.symmetric else np.uint8),
+            codes.reshape(shape).numpy(),  # int8 / uint8 already: not copied
             form.bits,
             s.reshape(groups).numpy(),
             None if zp is None else zp.reshape(groups).numpy().astype(np.int32),
