@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -61,8 +61,6 @@ MEASURED_SAMPLES = 4
 #: layers with more inputs per output channel than this (a Hessian of 2 GB in float64) are
 #: compressed without calibration (a convolution of 1024 channels and 64 taps has 65,536)
 MAX_HESSIAN_INPUTS = 16384
-#: rows of the output head evaluated at once when the output error is measured
-HEAD_ROWS = 1024
 #: how :func:`calibrate` fits: GPTQ (with activation-aware scales or weighted palettes),
 #: activation-aware scales / weighted palettes alone, or round-to-nearest (the data-free
 #: codes, with their output error measured)
@@ -917,37 +915,25 @@ def _measure(
 ) -> float:
     """``‖y_fitted - y_float‖² / ‖y_float‖²`` of the model's outputs for the measured calls
     (whose last block outputs are given); an output head is applied a piece of
-    :data:`HEAD_ROWS` output channels at a time."""
-    head = next(((n, m) for n, m in after.items() if layers[id(m)].head), None)
-
-    def run(values: dict[str, torch.Tensor], outputs: list[torch.Tensor]) -> list[Any]:
-        results = []
-        inputs = _Inputs({head[0]: head[1]} if head else {}, layers)
-        inputs.stop_at_head = True
-        with _recording({head[0]: head[1]} if head else {}, inputs), _replayed(blocks, outputs):
-            for args, kwargs in calls:
-                try:
-                    results.append(_first_tensor(_call(model, values, args, kwargs)))
-                except _Stop:
-                    results.append(inputs.head_inputs[-1])
-        return results
-
-    fitted, floats = run(params, fitted_outputs), run(reference, float_outputs)
-    if head is None:
+    :func:`_row_step` output channels at a time (:func:`_head_error`)."""
+    found = next(((n, m) for n, m in after.items() if layers[id(m)].head), None)
+    head = None if found is None else layers[id(found[1])]
+    fitted = _outputs(model, blocks, params, calls, fitted_outputs, head)
+    floats = _outputs(model, blocks, reference, calls, float_outputs, head)
+    if found is None or head is None:
         return _relative(floats, fitted)
-    key = (
-        next(k for k in params if k == f"{head[0]}.weight")
-        if f"{head[0]}.weight" in params
-        else _canonical(model, f"{head[0]}.weight")
+    key = head.name  # the first name of a tied weight, as in ``params``
+    bias = None if head.module.bias is None else _canonical(model, f"{found[0]}.bias")
+    step = _row_step(head.module, None)
+    pieces = (
+        (
+            reference[key][first : first + step],
+            params[key][first : first + step],
+            None if bias is None else reference[bias][first : first + step],
+        )
+        for first in range(0, reference[key].shape[0], step)
     )
-    signal = noise = 0.0
-    for xc, xf in zip(fitted, floats, strict=True):
-        for start in range(0, reference[key].shape[0], HEAD_ROWS):
-            yf = xf @ reference[key][start : start + HEAD_ROWS].T
-            yc = xc @ params[key][start : start + HEAD_ROWS].T
-            signal += float((yf.double() ** 2).sum())
-            noise += float(((yc - yf).double() ** 2).sum())
-    return noise / signal if signal > 0 else 0.0
+    return _head_error(floats, fitted, pieces)
 
 
 def _canonical(model: nn.Module, name: str) -> str:
@@ -1047,7 +1033,7 @@ def measure(
                 advance(index + 1, len(blocks))
         head = next((layer for layer in layers.values() if layer.head), None)
         outputs = [
-            _outputs(model, blocks, {**params, name: table}, calls, stream, head)
+            _outputs(model, blocks, {**params, name: table}, calls, [a[0] for a, _ in stream], head)
             for table, stream in zip(tables, streams, strict=True)
         ]
     finally:
@@ -1055,7 +1041,8 @@ def measure(
     if head is None or _inside(blocks, head.module):
         result.output_error = _relative(outputs[0], outputs[1])
     else:
-        result.output_error = _head_error(head.module, outputs[0], outputs[1], forms, rounded)
+        pieces = _read_pieces(head.module, forms.get(id(head.module)), rounded)
+        result.output_error = _head_error(outputs[0], outputs[1], pieces)
     result.seconds = time.perf_counter() - start
     return result
 
@@ -1163,11 +1150,11 @@ def _outputs(
     blocks: nn.ModuleList,
     values: dict[str, torch.Tensor],
     calls: list[Any],
-    stream: list[Any],
+    last_outputs: list[torch.Tensor],
     head: _Layer | None,
 ) -> list[torch.Tensor]:
-    """The model's outputs for ``calls`` with the blocks' outputs ``stream`` (the output
-    head's inputs when it has one outside the blocks)."""
+    """The model's outputs for ``calls`` whose last block returned ``last_outputs`` (the
+    output head's inputs when it has one outside the blocks)."""
     results: list[torch.Tensor] = []
 
     def stop(module: nn.Module, args: Any) -> None:
@@ -1176,7 +1163,7 @@ def _outputs(
 
     handle = head.module.register_forward_pre_hook(stop) if head is not None else None
     try:
-        with _replayed(blocks, [a[0] for a, _ in stream]):
+        with _replayed(blocks, last_outputs):
             for args, kwargs in calls:
                 with contextlib.suppress(_Stop):
                     results.append(_first_tensor(_call(model, values, args, kwargs)).float())
@@ -1187,22 +1174,15 @@ def _outputs(
 
 
 def _head_error(
-    head: nn.Module,
     floats: list[torch.Tensor],
     fitted: list[torch.Tensor],
-    forms: dict[int, LinearQuantization | Palettization],
-    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+    pieces: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]],
 ) -> float:
-    """``‖y_fitted - y_float‖² / ‖y_float‖²`` of the output head's outputs, the head read
-    and rounded :func:`_row_step` rows at a time."""
-    weight = _weight(head)
-    bias = getattr(head, "bias", None)
-    step = _row_step(head, forms.get(id(head)))
+    """``‖y_fitted - y_float‖² / ‖y_float‖²`` of an output head's outputs for its inputs
+    ``floats`` (the float model's) and ``fitted``, its weight given as ``pieces`` of output
+    channels ``(float rows, fitted rows, bias or None)``: never the whole vocabulary at once."""
     signal = noise = 0.0
-    for first in range(0, weight.shape[0], step):
-        rows = _read_rows(weight, first, step)
-        approx = rounded(head, rows)
-        b = None if bias is None else _read_rows(bias, first, step)
+    for rows, approx, b in pieces:
         for xf, xc in zip(floats, fitted, strict=True):
             yf = xf @ rows.T
             yc = xc @ approx.T
@@ -1211,6 +1191,21 @@ def _head_error(
             signal += float((yf.double() ** 2).sum())
             noise += float(((yc - yf).double() ** 2).sum())
     return noise / signal if signal > 0 else 0.0
+
+
+def _read_pieces(
+    head: nn.Module,
+    form: LinearQuantization | Palettization | None,
+    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """The output head's weight read and rounded :func:`_row_step` rows at a time (the
+    pieces of :func:`_head_error`)."""
+    weight = _weight(head)
+    bias = getattr(head, "bias", None)
+    step = _row_step(head, form)
+    for first in range(0, weight.shape[0], step):
+        rows = _read_rows(weight, first, step)
+        yield rows, rounded(head, rows), None if bias is None else _read_rows(bias, first, step)
 
 
 # ---------------------------------------------------------------------------- mixed bits ---
