@@ -96,6 +96,120 @@ def test_gptq_has_less_output_error_than_round_to_nearest(
     assert torch.equal(codes, codes.round())
 
 
+def _textbook_gptq_linear(
+    w: torch.Tensor, h: fits.Hessian, grid: fits.LinearGrid
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ as the paper writes it (rows as rows, one form, a fresh temporary per column):
+    ``(codes, rounded weight)`` on the scales :func:`fits.linear_scales` chooses."""
+    s, zp = fits.linear_scales(
+        w,
+        grid.bits,
+        grid.block,
+        symmetric=grid.symmetric,
+        scale_dtype=grid.scale_dtype,
+        importance=h.diagonal,
+    )
+    order, u, dead = h.factor(fits.DAMPING)
+    scale = s.repeat_interleave(grid.block, 1)[:, order]
+    zero = None if zp is None else zp.repeat_interleave(grid.block, 1)[:, order]
+    part = w[:, order].clone()
+    part[:, dead] = 0.0
+    k = w.shape[1]
+    q = torch.zeros_like(part)
+    for start in range(0, k, fits.GPTQ_BLOCK):
+        stop = min(start + fits.GPTQ_BLOCK, k)
+        w1 = part[:, start:stop].clone()
+        err1 = torch.zeros_like(w1)
+        u1 = u[start:stop, start:stop]
+        for i in range(stop - start):
+            j = start + i
+            column = w1[:, i]
+            z = None if zero is None else zero[:, j]
+            q[:, j] = fits.quantize_values(column, scale[:, j], z, grid.bits)[1]
+            e = (column - q[:, j]) / u1[i, i]
+            w1[:, i:] -= e[:, None] * u1[i, i:][None, :]
+            err1[:, i] = e
+        part[:, stop:] -= err1 @ u[start:stop, stop:]
+    rounded = torch.empty_like(w)
+    rounded[:, order] = q
+    codes = torch.round(rounded / s.repeat_interleave(grid.block, 1))
+    if zp is not None:
+        codes += zp.repeat_interleave(grid.block, 1)
+    return codes, rounded
+
+
+def test_forms_fitted_in_one_gptq_run_have_the_codes_of_each_fitted_alone() -> None:
+    """Mixed's sensitivity pass fits every candidate form of a weight in one GPTQ run (the
+    rows of every form stacked, each on its own grid; symmetric codes as asymmetric ones
+    around ``2^(b-1)``): the codes are bit for bit those of each form alone and of the
+    textbook loop (every product and difference is the same float32 operation; the block
+    update's matrix product sums the same 128 terms per element in the same order)."""
+    w = torch.randn(72, 256, generator=torch.Generator().manual_seed(7)) * 0.05
+    w[3, :40] *= 6.0  # a row whose int8 codes reach the ends of their range
+    x = _inputs(640, 256, seed=8)
+    x[:, 17] = 0.0  # an input that never sees a value (its weights are zeroed)
+    h = _hessian(x)
+    grids = [
+        fits.LinearGrid(8, 256, True, torch.float16),
+        fits.LinearGrid(4, 32, False, torch.float16),
+        fits.LinearGrid(4, 64, False, torch.float32),
+        fits.LinearGrid(4, 128, True, torch.float16),
+        fits.LinearGrid(3, 32, True, torch.float32),
+    ]
+    together = fits.gptq_linear_grids(w, h, grids)
+    for grid, (codes, s, zp) in zip(grids, together, strict=True):
+        alone = fits.gptq_linear(
+            w, h, grid.bits, grid.block, symmetric=grid.symmetric, scale_dtype=grid.scale_dtype
+        )
+        textbook, _ = _textbook_gptq_linear(w, h, grid)
+        assert torch.equal(codes, alone[0]) and torch.equal(codes, textbook), grid
+        assert torch.equal(s, alone[1])
+        assert (zp is None) == grid.symmetric and (zp is None or torch.equal(zp, alone[2]))
+        if grid.symmetric:
+            assert int(codes.min()) >= -(1 << (grid.bits - 1))
+            assert int(codes.max()) <= (1 << (grid.bits - 1)) - 1
+        else:
+            assert int(codes.min()) >= 0 and int(codes.max()) <= (1 << grid.bits) - 1
+
+
+@pytest.mark.parametrize("stacked", [1 << 26, 96 * 128 * 2])
+def test_fit_forms_gives_each_forms_fit_weight(
+    stacked: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sensitivity pass fits all candidate forms of a weight at once (its linear forms in
+    one GPTQ run, up to STACKED_ELEMENTS fitted elements, in pieces of ROUNDED_ROWS stacked
+    rows): every result is fit_weight's for that form alone, a form that does not apply
+    says why, palettes are fitted as alone."""
+    from coreai_torch.compression import calibration
+
+    monkeypatch.setattr(calibration, "STACKED_ELEMENTS", stacked)
+    monkeypatch.setattr(calibration, "ROUNDED_ROWS", 128)
+    w = torch.randn(96, 128, generator=torch.Generator().manual_seed(9)) * 0.05
+    h = _hessian(_inputs(512, 128, seed=10))
+    module = nn.Linear(128, 96, bias=False)
+    forms = [
+        *compression.MIXED_FORMS,
+        compression.Palettization(bits=3, group_size=16),
+        compression.LinearQuantization(bits=4, block_size=48),  # 128 inputs: does not apply
+        compression.LinearQuantization(bits=4, block_size=32, scale_dtype=torch.float32),
+    ]
+    together = calibration.fit_forms(module, w, h, forms, torch.float16)
+    assert len(together) == len(forms)
+    for form, out in zip(forms, together, strict=True):
+        alone = calibration.fit_weight(module, w, h, form, torch.float16)
+        if isinstance(alone, str):
+            assert out == alone and "block_size=48" in out
+            continue
+        assert not isinstance(out, str)
+        (codes, fitted), (alone_codes, alone_fitted) = out, alone
+        assert type(codes) is type(alone_codes)
+        for field in ("codes", "scale", "zero_point", "lut", "indices"):
+            if hasattr(codes, field):
+                a, b = getattr(codes, field), getattr(alone_codes, field)
+                assert (a is None and b is None) or np.array_equal(a, b), (form, field)
+        assert torch.equal(fitted, alone_fitted), form
+
+
 def test_forms_fitted_on_one_hessian_share_its_factorisation(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -139,11 +253,11 @@ def test_a_tall_weight_is_fitted_a_piece_of_rows_at_a_time(
     module = nn.Linear(128, 80, bias=False)
     whole = calibration.fit_weight(module, w, h, form, torch.float32)
     pieces: list[int] = []
-    gptq_linear = fits.gptq_linear
+    gptq_linear_grids = fits.gptq_linear_grids
     monkeypatch.setattr(
         fits,
-        "gptq_linear",
-        lambda part, *a, **k: pieces.append(len(part)) or gptq_linear(part, *a, **k),
+        "gptq_linear_grids",
+        lambda part, *a, **k: pieces.append(len(part)) or gptq_linear_grids(part, *a, **k),
     )
     monkeypatch.setattr(calibration, "ROUNDED_ROWS", 32)
     chunked = calibration.fit_weight(module, w, h, form, torch.float32)

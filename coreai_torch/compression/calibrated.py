@@ -21,7 +21,8 @@ Everything here is torch on the CPU, in float32 (float64 for the Cholesky factor
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -228,16 +229,16 @@ def gptq(
 ) -> torch.Tensor:
     """GPTQ's error-compensating rounding of ``w [N, K]`` (float32, not modified): the inputs
     are rounded in the order of decreasing ``H_kk``; ``quantize(column, k, rows)`` rounds the
-    column of input ``k`` of the rows ``rows`` to its grid.  Rows are independent: they are
-    rounded :data:`GPTQ_ROWS` at a time (the memory of a 128k-row output head stays small).
-    Returns the rounded weight."""
+    column of input ``k`` of the rows ``rows`` to its grid (``column`` contiguous; it may be
+    overwritten).  Rows are independent: they are rounded :data:`GPTQ_ROWS` at a time (the
+    memory of a 128k-row output head stays small).  Returns the rounded weight."""
     order, u, dead = h.factor(damping)
     out = torch.empty_like(w)
     for first in range(0, w.shape[0], GPTQ_ROWS):
         rows = slice(first, min(first + GPTQ_ROWS, w.shape[0]))
-        part = w[rows][:, order].clone()
-        part[:, dead] = 0.0
-        out[rows, order] = _gptq_rows(part, u, order, rows, quantize)
+        part = w[rows].T[order].contiguous()  # [K, rows]: an input's column is contiguous
+        part[dead] = 0.0
+        out[rows, order] = _gptq_rows(part, u, order, rows, quantize).T
     return out
 
 
@@ -248,24 +249,84 @@ def _gptq_rows(
     rows: slice,
     quantize: Callable[[torch.Tensor, int, slice], torch.Tensor],
 ) -> torch.Tensor:
-    """GPTQ on ``w`` (rows of the weight, inputs in ``order``; modified), ``u`` the upper
-    Cholesky factor of the inverse Hessian in that order; returns the rounded rows."""
-    k = w.shape[1]
-    q = torch.zeros_like(w)
+    """GPTQ on ``w [K, R]`` (the rows of the weight transposed, inputs in ``order``;
+    modified), ``u`` the upper Cholesky factor of the inverse Hessian in that order; returns
+    the rounded rows, transposed.  Every product and difference is the textbook loop's
+    (``w1[:, i:] -= e[:, None] * u1[i, i:]`` on the rows), in buffers reused from column to
+    column."""
+    k, r = w.shape
+    q = torch.empty_like(w)
+    err = torch.empty(GPTQ_BLOCK, r)
+    product = torch.empty(GPTQ_BLOCK, r)
     for start in range(0, k, GPTQ_BLOCK):
         stop = min(start + GPTQ_BLOCK, k)
-        w1 = w[:, start:stop].clone()
-        err1 = torch.zeros_like(w1)
+        w1 = w[start:stop]  # this block's columns (not read again once rounded)
         u1 = u[start:stop, start:stop]
         for i in range(stop - start):
-            column = w1[:, i]
-            rounded = quantize(column, int(order[start + i]), rows)
-            q[:, start + i] = rounded
-            e = (column - rounded) / u1[i, i]
-            w1[:, i:] -= e[:, None] * u1[i, i:][None, :]
-            err1[:, i] = e
-        w[:, stop:] -= err1 @ u[start:stop, stop:]
+            rounded = quantize(w1[i].clone(), int(order[start + i]), rows)
+            q[start + i] = rounded
+            e = torch.sub(w1[i], rounded, out=err[i]).div_(u1[i, i])
+            later = torch.mul(u1[i, i + 1 :, None], e, out=product[: stop - start - i - 1])
+            w1[i + 1 :] -= later
+        w[stop:] -= u[start:stop, stop:].T @ err[: stop - start]
     return q
+
+
+@dataclass(frozen=True)
+class LinearGrid:
+    """A linear form's grid: ``bits``-bit codes with a scale (and, unless ``symmetric``, a
+    zero point) per ``block`` inputs of a row, scales rounded to ``scale_dtype``."""
+
+    bits: int
+    block: int
+    symmetric: bool
+    scale_dtype: torch.dtype
+
+
+def gptq_linear_grids(
+    w: torch.Tensor, h: Hessian, grids: Sequence[LinearGrid], *, damping: float = DAMPING
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """:func:`gptq_linear` of ``w [N, K]`` on each of ``grids``, in one GPTQ run: the grids
+    share the Hessian and its factor and GPTQ's rows are independent, so the rows of every
+    grid are stacked (``[len(grids)·N, K]``) and each rounded on its own grid (symmetric
+    ``b``-bit codes as asymmetric ones with the zero point ``2^(b-1)`` on ``[0, 2^b - 1]``:
+    the same values).  The codes are those of fitting each grid alone (the column loop's
+    Python steps are shared: a small weight's forms cost little more than one)."""
+    n, k = w.shape
+    fitted = [
+        linear_scales(
+            w,
+            g.bits,
+            g.block,
+            symmetric=g.symmetric,
+            scale_dtype=g.scale_dtype,
+            importance=h.diagonal,
+        )
+        for g in grids
+    ]
+    # per input (a row here) and stacked row: its scale and zero point; per row: its top code
+    scale = torch.empty(k, len(grids) * n)
+    zero = torch.empty(k, len(grids) * n)
+    top = torch.empty(len(grids) * n)
+    for i, (g, (s, zp)) in enumerate(zip(grids, fitted, strict=True)):
+        stacked = slice(i * n, (i + 1) * n)
+        scale[:, stacked] = s.T.repeat_interleave(g.block, 0)
+        zero[:, stacked] = (1 << (g.bits - 1)) if zp is None else zp.T.repeat_interleave(g.block, 0)
+        top[stacked] = (1 << g.bits) - 1
+
+    def quantize(column: torch.Tensor, index: int, rows: slice) -> torch.Tensor:
+        s, z = scale[index, rows], zero[index, rows]
+        codes = column.div_(s).round_().add_(z).clamp_(min=0)
+        return torch.minimum(codes, top[rows], out=codes).sub_(z).mul_(s)
+
+    rounded = gptq(w.repeat(len(grids), 1), h, quantize, damping=damping)
+    out = []
+    for i, (g, (s, zp)) in enumerate(zip(grids, fitted, strict=True)):
+        codes = torch.round(rounded[i * n : (i + 1) * n] / s.repeat_interleave(g.block, 1))
+        if zp is not None:
+            codes += zp.repeat_interleave(g.block, 1)
+        out.append((codes, s, zp))
+    return out
 
 
 def gptq_linear(
@@ -280,23 +341,8 @@ def gptq_linear(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(codes [N, K], scales [N, K // block], zero points or None)`` of ``w [N, K]``: the
     scales chosen by :func:`linear_scales` (activation-weighted), then GPTQ rounding."""
-    k = w.shape[1]
-    s, zp = linear_scales(
-        w, bits, block, symmetric=symmetric, scale_dtype=scale_dtype, importance=h.diagonal
-    )
-    column_block = torch.arange(k) // block
-
-    def quantize(column: torch.Tensor, index: int, rows: slice) -> torch.Tensor:
-        b = int(column_block[index])
-        return quantize_values(column, s[rows, b], None if zp is None else zp[rows, b], bits)[1]
-
-    rounded = gptq(w, h, quantize, damping=damping)
-    scale = s.repeat_interleave(block, 1)
-    if zp is None:
-        codes = torch.round(rounded / scale)
-    else:
-        codes = torch.round(rounded / scale) + zp.repeat_interleave(block, 1)
-    return codes, s, zp
+    grid = LinearGrid(bits, block, symmetric, scale_dtype)
+    return gptq_linear_grids(w, h, [grid], damping=damping)[0]
 
 
 # ------------------------------------------------------------------------------ palettes ---

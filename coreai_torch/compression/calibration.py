@@ -409,59 +409,93 @@ def _reduced_block(module: nn.Module, form: LinearQuantization) -> int | None:
     return form.block_size * (k // weight.shape[1])
 
 
-#: rows of a weight fitted at a time (the temporaries of a 128k-row output head stay small)
+#: rows of a weight fitted at a time (the temporaries of a 128k-row output head stay small;
+#: forms fitted together share them, each form taking an equal part)
 ROUNDED_ROWS = 4096
+#: a weight's linear forms are fitted in one GPTQ run while their fitted copies (forms times
+#: the weight's elements) are at most this many; a larger weight's one at a time
+STACKED_ELEMENTS = 1 << 26
+
+Fitted = tuple[LinearCodes | PaletteCodes, torch.Tensor] | str
 
 
 def _linear_by_rows(
     w: torch.Tensor,
-    form: LinearQuantization,
-    block: int,
-    scale_dtype: torch.dtype,
+    grids: Sequence[fits.LinearGrid],
     h: fits.Hessian | None,
     method: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """``(codes, fitted, scales, zero points)`` of ``w [N, K]`` on the grid of
-    :func:`~coreai_torch.compression.calibrated.linear_scales`, :data:`ROUNDED_ROWS` rows at a
-    time (rows are independent, in GPTQ too): codes in one byte each, the temporaries of one
-    piece, so a tall weight costs its codes and its fitted copy."""
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """Per grid, ``(codes, fitted, scales, zero points)`` of ``w [N, K]`` on it (scales by
+    :func:`~coreai_torch.compression.calibrated.linear_scales`), ``ROUNDED_ROWS //
+    len(grids)`` rows at a time (rows are independent, in GPTQ too; GPTQ fits the grids of a
+    piece in one run): codes in one byte each, the temporaries of one piece, so a tall weight
+    costs its codes and its fitted copy."""
     n, k = w.shape
     importance = None if h is None or method == "rtn" else h.diagonal
-    codes = torch.empty(n, k, dtype=torch.int8 if form.symmetric else torch.uint8)
-    fitted = torch.empty(n, k)
-    scales: list[torch.Tensor] = []
-    zero_points: list[torch.Tensor] = []
-    for first in range(0, n, ROUNDED_ROWS):
-        rows = slice(first, min(first + ROUNDED_ROWS, n))
+    out = [
+        (
+            torch.empty(n, k, dtype=torch.int8 if grid.symmetric else torch.uint8),
+            torch.empty(n, k),
+            list[torch.Tensor](),
+            list[torch.Tensor](),
+        )
+        for grid in grids
+    ]
+    step = max(1, ROUNDED_ROWS // len(grids))
+    for first in range(0, n, step):
+        rows = slice(first, min(first + step, n))
         part = w[rows]
         if method == "gptq":
             assert h is not None
-            c, s, zp = fits.gptq_linear(
-                part, h, form.bits, block, symmetric=form.symmetric, scale_dtype=scale_dtype
-            )
-            offset = 0 if zp is None else zp.repeat_interleave(block, 1)
-            q = (c - offset) * s.repeat_interleave(block, 1)
+            fitted = [
+                (c, _dequantized(c, s, zp, grid.block), s, zp)
+                for grid, (c, s, zp) in zip(
+                    grids, fits.gptq_linear_grids(part, h, grids), strict=True
+                )
+            ]
         else:
-            s, zp = fits.linear_scales(
-                part,
-                form.bits,
-                block,
-                symmetric=form.symmetric,
-                scale_dtype=scale_dtype,
-                importance=importance,
-            )
-            c, q = fits.quantize_values(
-                part.reshape(-1, k // block, block),
-                s[..., None],
-                None if zp is None else zp[..., None],
-                form.bits,
-            )
-        codes[rows] = c.reshape(-1, k).to(codes.dtype)
-        fitted[rows] = q.reshape(-1, k)
-        scales.append(s)
-        if zp is not None:
-            zero_points.append(zp)
-    return codes, fitted, torch.cat(scales), torch.cat(zero_points) if zero_points else None
+            fitted = [_nearest(part, grid, importance) for grid in grids]
+        for (c, q, s, zp), (codes, values, scales, zero_points) in zip(fitted, out, strict=True):
+            codes[rows] = c.reshape(-1, k).to(codes.dtype)
+            values[rows] = q.reshape(-1, k)
+            scales.append(s)
+            if zp is not None:
+                zero_points.append(zp)
+    return [
+        (codes, values, torch.cat(scales), torch.cat(zero_points) if zero_points else None)
+        for codes, values, scales, zero_points in out
+    ]
+
+
+def _dequantized(
+    codes: torch.Tensor, s: torch.Tensor, zp: torch.Tensor | None, block: int
+) -> torch.Tensor:
+    """The values of ``codes [N, K]`` with scales (and zero points) ``[N, K // block]``."""
+    offset = 0 if zp is None else zp.repeat_interleave(block, 1)
+    return (codes - offset) * s.repeat_interleave(block, 1)
+
+
+def _nearest(
+    w: torch.Tensor, grid: fits.LinearGrid, importance: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(codes, values, scales, zero points)`` of ``w [N, K]`` rounded to the nearest on
+    the grid :func:`~coreai_torch.compression.calibrated.linear_scales` chooses."""
+    s, zp = fits.linear_scales(
+        w,
+        grid.bits,
+        grid.block,
+        symmetric=grid.symmetric,
+        scale_dtype=grid.scale_dtype,
+        importance=importance,
+    )
+    n, k = w.shape
+    c, q = fits.quantize_values(
+        w.reshape(n, k // grid.block, grid.block),
+        s[..., None],
+        None if zp is None else zp[..., None],
+        grid.bits,
+    )
+    return c, q, s, zp
 
 
 def fit_weight(
@@ -472,44 +506,83 @@ def fit_weight(
     scale_dtype: torch.dtype,
     *,
     method: str = "gptq",
-) -> tuple[LinearCodes | PaletteCodes, torch.Tensor] | str:
+) -> Fitted:
     """The codes of ``weight`` (the module's, float32, ``[out, in, ...]``) in ``form`` and
     the fitted weight (float32, the module's shape), or why ``form`` does not apply.
     ``method`` (:data:`METHODS`): ``"gptq"``, ``"awq"`` (activation-aware scales or
     weighted palettes, each weight rounded to the nearest) or ``"rtn"`` (what ``compress()``
     stores without calibration; ``h`` may then be None)."""
-    gptq = method == "gptq"
+    return fit_forms(module, weight, h, [form], scale_dtype, method=method)[0]
+
+
+def fit_forms(
+    module: nn.Module,
+    weight: torch.Tensor,
+    h: fits.Hessian | None,
+    forms: Sequence[LinearQuantization | Palettization],
+    scale_dtype: torch.dtype,
+    *,
+    method: str = "gptq",
+) -> list[Fitted]:
+    """:func:`fit_weight` of ``weight`` in each of ``forms``, the same results: the linear
+    forms of a weight up to :data:`STACKED_ELEMENTS` fitted elements in one GPTQ run."""
     if h is None and method != "rtn":
         raise ValueError(f"method={method!r} fits against the inputs' Hessian: none given")
-    importance = None if h is None or method == "rtn" else h.diagonal
     shape = weight.shape
     w = weight.reshape(shape[0], -1)
     n, k = w.shape
-    if isinstance(form, LinearQuantization):
+    results: list[Fitted | None] = [None] * len(forms)
+    linear: list[tuple[int, LinearQuantization, fits.LinearGrid]] = []
+    for i, form in enumerate(forms):
+        if isinstance(form, Palettization):
+            results[i] = _palettes(w, shape, h, form, scale_dtype, method)
+            continue
         block = _reduced_block(module, form)
         assert block is not None
         if k % block:
-            return f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
-        dtype = form.scale_dtype or scale_dtype
-        codes, fitted, s, zp = _linear_by_rows(w, form, block, dtype, h, method)
-        groups = [n, k // block] + [1] * (len(shape) - 2)
-        if len(shape) > 2:  # a convolution: blocks of input channels
-            groups[1] = shape[1] // (block // (k // shape[1]))
-        result = LinearCodes(
-            codes.reshape(shape).numpy(),  # int8 / uint8 already: not copied
-            form.bits,
-            s.reshape(groups).numpy(),
-            None if zp is None else zp.reshape(groups).numpy().astype(np.int32),
-            signed=form.symmetric,
-        )
-        return result, fitted.reshape(shape)
+            results[i] = (
+                f"its input size {shape[1]} is not a multiple of block_size={form.block_size}"
+            )
+            continue
+        grid = fits.LinearGrid(form.bits, block, form.symmetric, form.scale_dtype or scale_dtype)
+        linear.append((i, form, grid))
+    together = max(1, STACKED_ELEMENTS // max(1, w.numel()))
+    for first in range(0, len(linear), together):
+        stack = linear[first : first + together]
+        fitted = _linear_by_rows(w, [grid for _, _, grid in stack], h, method)
+        for (i, form, grid), (codes, values, s, zp) in zip(stack, fitted, strict=True):
+            groups = [n, k // grid.block] + [1] * (len(shape) - 2)
+            if len(shape) > 2:  # a convolution: blocks of input channels
+                groups[1] = shape[1] // (grid.block // (k // shape[1]))
+            result = LinearCodes(
+                codes.reshape(shape).numpy(),  # int8 / uint8 already: not copied
+                form.bits,
+                s.reshape(groups).numpy(),
+                None if zp is None else zp.reshape(groups).numpy().astype(np.int32),
+                signed=form.symmetric,
+            )
+            results[i] = (result, values.reshape(shape))
+    return [r for r in results if r is not None]
+
+
+def _palettes(
+    w: torch.Tensor,
+    shape: torch.Size,
+    h: fits.Hessian | None,
+    form: Palettization,
+    scale_dtype: torch.dtype,
+    method: str,
+) -> Fitted:
+    """:func:`fit_weight` of ``w`` (the weight as ``[N, K]``, ``shape`` its own) in palettes."""
+    n, k = w.shape
     group = form.group_size if form.group_size is not None and form.group_size < n else n
     if n % group:
         return f"its {n} output channels are not a multiple of group_size={group}"
-    if gptq:
+    if method == "gptq":
         assert h is not None
         indices, palettes = fits.gptq_palettes(w, h, form.bits, group, iterations=form.iterations)
     else:
+        importance = None if h is None or method == "rtn" else h.diagonal
         weights = torch.ones(k) if importance is None else importance
         palettes = fits.weighted_palettes(w, form.bits, group, weights, form.iterations)
         indices = fits.nearest_entries(w.reshape(n // group, group * k), palettes).reshape(n, k)
@@ -1455,8 +1528,10 @@ def _sensitivity(
         n = weight.shape[0]
         found = errors.setdefault(layer.name, {})
         w = weight.reshape(n, -1)
-        for i, form in enumerate(config.forms):
-            out = fit_weight(layer.module, weight, h, form, dtype, method=SENSITIVITY_METHOD)
+        fitted_forms = fit_forms(
+            layer.module, weight, h, config.forms, dtype, method=SENSITIVITY_METHOD
+        )
+        for i, out in enumerate(fitted_forms):
             if isinstance(out, str):
                 continue
             fitted = out[1].reshape(n, -1)
