@@ -273,6 +273,54 @@ def test_a_tall_weight_is_fitted_a_piece_of_rows_at_a_time(
     assert fits.output_error(w, fitted, h) == pytest.approx(error, rel=1e-9)
 
 
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("pieces", [1 << 18, 200])
+def test_the_ratio_search_in_pieces_gives_the_textbook_scales(
+    symmetric: bool, pieces: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """linear_scales searches the clipping ratios SCALE_SEARCH_ELEMENTS weights at a time in
+    one reused buffer: the scales and zero points are those of trying every ratio on the
+    whole weight with fresh temporaries."""
+    monkeypatch.setattr(fits, "SCALE_SEARCH_ELEMENTS", pieces)
+    w = torch.randn(40, 192, generator=torch.Generator().manual_seed(11)) * 0.05
+    w[5] = 0.0  # a zero block: scale 1
+    importance = _hessian(_inputs(300, 192, seed=12)).diagonal
+    for bits, block in [(4, 32), (8, 192), (3, 64)]:
+        blocks = w.reshape(40, 192 // block, block)
+        weight = importance.reshape(1, 192 // block, block)
+        best = best_s = best_zp = None
+        for ratio in fits.CLIP_RATIOS:
+            if symmetric:
+                top = (1 << (bits - 1)) - 1
+                magnitude = torch.maximum(blocks.amax(-1), -blocks.amin(-1))[..., None]
+                s = (magnitude * ratio / top).to(torch.float16).float()
+                s[s == 0] = 1.0
+                zp = None
+            else:
+                top = (1 << bits) - 1
+                lo = blocks.amin(-1, keepdim=True).clamp(max=0) * ratio
+                hi = blocks.amax(-1, keepdim=True).clamp(min=0) * ratio
+                s = ((hi - lo) / top).to(torch.float16).float()
+                s[s == 0] = 1.0
+                zp = torch.round(-lo / s).clamp(0, top)
+            q = fits.quantize_values(blocks, s, zp, bits)[1]
+            err = ((blocks - q) ** 2 * weight).sum(-1, keepdim=True)
+            if best is None:
+                best, best_s, best_zp = err, s, zp
+                continue
+            better = err < best
+            best = torch.where(better, err, best)
+            best_s = torch.where(better, s, best_s)
+            best_zp = None if zp is None else torch.where(better, zp, best_zp)
+        s, zp = fits.linear_scales(
+            w, bits, block, symmetric=symmetric, scale_dtype=torch.float16, importance=importance
+        )
+        assert torch.equal(s, best_s.squeeze(-1)), (bits, block)
+        assert (zp is None) == symmetric
+        assert zp is None or torch.equal(zp, best_zp.squeeze(-1))
+        assert float(s[5].min()) == 1.0
+
+
 def test_activation_aware_scales_never_lose_to_round_to_nearest() -> None:
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
     h = _hessian(_inputs(512, 256, seed=3))

@@ -129,21 +129,32 @@ def output_error(w: torch.Tensor, q: torch.Tensor, h: Hessian) -> float:
 # ------------------------------------------------------------------------- linear grids ---
 
 
+def _extremes(blocks: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The range of each block ``[..., B]`` (the last axis) the grids scale: ``(-m, m)``
+    with ``m`` the largest magnitude (symmetric), else ``(min(low, 0), max(high, 0))``."""
+    if symmetric:
+        magnitude = torch.maximum(blocks.amax(-1, keepdim=True), -blocks.amin(-1, keepdim=True))
+        return -magnitude, magnitude
+    return blocks.amin(-1, keepdim=True).clamp(max=0), blocks.amax(-1, keepdim=True).clamp(min=0)
+
+
 def _grid(
-    blocks: torch.Tensor, bits: int, symmetric: bool, ratio: float, scale_dtype: torch.dtype
+    extremes: tuple[torch.Tensor, torch.Tensor],
+    bits: int,
+    symmetric: bool,
+    ratio: float,
+    scale_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Scale (and zero point) of each block ``[..., B]`` (the last axis) with its range
-    scaled by ``ratio``, the formulas of round-to-nearest (``fitting.quantize_linear``)."""
+    """Scale (and zero point) of each block with its range (:func:`_extremes`) scaled by
+    ``ratio``, the formulas of round-to-nearest (``fitting.quantize_linear``)."""
     if symmetric:
         high = (1 << (bits - 1)) - 1
-        magnitude = torch.maximum(blocks.amax(-1, keepdim=True), -blocks.amin(-1, keepdim=True))
-        s = magnitude * ratio / high
+        s = extremes[1] * ratio / high
         zp = None
     else:
         high = (1 << bits) - 1
-        lo = blocks.amin(-1, keepdim=True).clamp(max=0) * ratio
-        hi = blocks.amax(-1, keepdim=True).clamp(min=0) * ratio
-        s = (hi - lo) / high
+        lo = extremes[0] * ratio
+        s = (extremes[1] * ratio - lo) / high
     s = s.to(scale_dtype).float()
     s[s == 0] = 1.0
     if not symmetric:
@@ -164,6 +175,12 @@ def quantize_values(
     return codes, (codes - zp) * s
 
 
+#: elements of the weight :func:`linear_scales` searches the ratios of at a time, in one
+#: buffer reused from ratio to ratio (measured: 1 MiB pieces search 6x faster than whole
+#: weights with fresh temporaries, and faster than smaller pieces, whose steps cost more)
+SCALE_SEARCH_ELEMENTS = 1 << 18
+
+
 def linear_scales(
     w: torch.Tensor,
     bits: int,
@@ -178,24 +195,56 @@ def linear_scales(
     ``importance``: round-to-nearest's full range)."""
     n, k = w.shape
     blocks = w.reshape(n, k // block, block)
-    ratios = CLIP_RATIOS if importance is not None else (1.0,)
-    best_s, best_zp = _grid(blocks, bits, symmetric, 1.0, scale_dtype)
     if importance is None:
-        return best_s.squeeze(-1), None if best_zp is None else best_zp.squeeze(-1)
+        s, zp = _grid(_extremes(blocks, symmetric), bits, symmetric, 1.0, scale_dtype)
+        return s.squeeze(-1), None if zp is None else zp.squeeze(-1)
     weight = importance.reshape(1, k // block, block)
-    _, q = quantize_values(blocks, best_s, best_zp, bits)
-    best = ((blocks - q) ** 2 * weight).sum(-1, keepdim=True)
-    for ratio in ratios[1:]:
-        s, zp = _grid(blocks, bits, symmetric, ratio, scale_dtype)
-        _, q = quantize_values(blocks, s, zp, bits)
-        err = ((blocks - q) ** 2 * weight).sum(-1, keepdim=True)
-        better = err < best
-        best = torch.where(better, err, best)
-        best_s = torch.where(better, s, best_s)
-        if zp is not None:
-            assert best_zp is not None
-            best_zp = torch.where(better, zp, best_zp)
+    best_s = torch.empty(n, k // block, 1)
+    best_zp = None if symmetric else torch.empty(n, k // block, 1)
+    step = max(1, SCALE_SEARCH_ELEMENTS // k)
+    scratch = torch.empty(min(step, n), k // block, block)
+    for first in range(0, n, step):
+        rows = slice(first, min(first + step, n))
+        part = blocks[rows]
+        extremes = _extremes(part, symmetric)
+        buffer = scratch[: part.shape[0]]
+        best = None
+        for ratio in CLIP_RATIOS:
+            s, zp = _grid(extremes, bits, symmetric, ratio, scale_dtype)
+            err = _weighted_error(part, s, zp, bits, weight, buffer)
+            if best is None:
+                best = err
+                best_s[rows] = s
+                if best_zp is not None:
+                    best_zp[rows] = zp
+                continue
+            better = err < best
+            torch.where(better, err, best, out=best)
+            torch.where(better, s, best_s[rows], out=best_s[rows])
+            if best_zp is not None:
+                assert zp is not None
+                torch.where(better, zp, best_zp[rows], out=best_zp[rows])
     return best_s.squeeze(-1), None if best_zp is None else best_zp.squeeze(-1)
+
+
+def _weighted_error(
+    blocks: torch.Tensor,
+    s: torch.Tensor,
+    zp: torch.Tensor | None,
+    bits: int,
+    weight: torch.Tensor,
+    buffer: torch.Tensor,
+) -> torch.Tensor:
+    """``Σ weight (w - q)²`` per block of ``blocks`` rounded to the grid ``s`` / ``zp``
+    (:func:`quantize_values`, the same operations) in ``buffer`` (its shape)."""
+    q = torch.div(blocks, s, out=buffer).round_()
+    if zp is None:
+        high = (1 << (bits - 1)) - 1
+        q.clamp_(-high - 1, high).mul_(s)
+    else:
+        q.add_(zp).clamp_(0, (1 << bits) - 1).sub_(zp).mul_(s)
+    d = torch.sub(blocks, q, out=buffer)
+    return d.mul_(d).mul_(weight).sum(-1, keepdim=True)
 
 
 # ----------------------------------------------------------------------------------- GPTQ ---
