@@ -215,14 +215,13 @@ def linear_scales(
             if best is None:
                 best = err
                 best_s[rows] = s
-                if best_zp is not None:
+                if best_zp is not None and zp is not None:
                     best_zp[rows] = zp
                 continue
             better = err < best
             torch.where(better, err, best, out=best)
             torch.where(better, s, best_s[rows], out=best_s[rows])
-            if best_zp is not None:
-                assert zp is not None
+            if best_zp is not None and zp is not None:
                 torch.where(better, zp, best_zp[rows], out=best_zp[rows])
     return best_s.squeeze(-1), None if best_zp is None else best_zp.squeeze(-1)
 
@@ -278,16 +277,17 @@ def gptq(
 ) -> torch.Tensor:
     """GPTQ's error-compensating rounding of ``w [N, K]`` (float32, not modified): the inputs
     are rounded in the order of decreasing ``H_kk``; ``quantize(column, k, rows)`` rounds the
-    column of input ``k`` of the rows ``rows`` to its grid (``column`` contiguous; it may be
-    overwritten).  Rows are independent: they are rounded :data:`GPTQ_ROWS` at a time (the
+    column of input ``k`` of the rows ``rows`` to its grid (``column`` contiguous, a copy it
+    may round in place).  Rows are independent: they are rounded :data:`GPTQ_ROWS` at a time (the
     memory of a 128k-row output head stays small).  Returns the rounded weight."""
     order, u, dead = h.factor(damping)
+    unordered = torch.argsort(order)
     out = torch.empty_like(w)
     for first in range(0, w.shape[0], GPTQ_ROWS):
         rows = slice(first, min(first + GPTQ_ROWS, w.shape[0]))
-        part = w[rows].T[order].contiguous()  # [K, rows]: an input's column is contiguous
+        part = w[rows].T.contiguous()[order]  # [K, rows]: an input's column is contiguous
         part[dead] = 0.0
-        out[rows, order] = _gptq_rows(part, u, order, rows, quantize).T
+        out[rows] = _gptq_rows(part, u, order, rows, quantize).index_select(0, unordered).T
     return out
 
 
@@ -307,13 +307,16 @@ def _gptq_rows(
     q = torch.empty_like(w)
     err = torch.empty(GPTQ_BLOCK, r)
     product = torch.empty(GPTQ_BLOCK, r)
+    inputs = order.tolist()
     for start in range(0, k, GPTQ_BLOCK):
         stop = min(start + GPTQ_BLOCK, k)
         w1 = w[start:stop]  # this block's columns (not read again once rounded)
         u1 = u[start:stop, start:stop]
         for i in range(stop - start):
-            rounded = quantize(w1[i].clone(), int(order[start + i]), rows)
-            q[start + i] = rounded
+            rounded = q[start + i]
+            found = quantize(rounded.copy_(w1[i]), inputs[start + i], rows)
+            if found is not rounded:
+                rounded.copy_(found)
             e = torch.sub(w1[i], rounded, out=err[i]).div_(u1[i, i])
             later = torch.mul(u1[i, i + 1 :, None], e, out=product[: stop - start - i - 1])
             w1[i + 1 :] -= later
