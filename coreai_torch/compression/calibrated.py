@@ -12,6 +12,8 @@ minimise it:
   rounded one after another (most active first) and the error of each is spread over the
   inputs not rounded yet through the inverse Hessian, with the scales fixed beforehand by
   :func:`linear_scales`, or with fixed palettes (:func:`weighted_palettes`);
+  :func:`gptq_linear_grids` rounds a weight on several linear grids in one run (the
+  candidate forms of ``Mixed``);
 * :func:`weighted_palettes`: sensitivity-weighted k-means: every weight counts with the
   energy of the input it multiplies (``H_kk``).
 
