@@ -318,6 +318,34 @@ def _fake_quantized(model: nn.Module, calibration: compression.Calibration) -> n
     return twin
 
 
+def test_an_llm_is_calibrated_a_few_sequences_per_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The calibration sequences of an LLM export run :data:`CALL_TOKENS` tokens at a time
+    (one call of 32 × 256 tokens held 3.5 GB of a 1B block's activations), with the codes of
+    one call holding them all."""
+    from coreai_torch.llm import calibration as llm_calibration
+
+    model = causal_lm("smollm")
+    ids = torch.randint(
+        0, model.config.vocab_size, (6, 32), generator=torch.Generator().manual_seed(0)
+    )
+    config = compression.LinearQuantization(bits=4, block_size=32, min_elements=0)
+    whole = compression.calibrate(model, {"input_ids": ids, "use_cache": False}, config)
+    batches: list[int] = []
+    handle = find_blocks(model)[0].register_forward_pre_hook(
+        lambda module, args: batches.append(int(args[0].shape[0]))
+    )
+    monkeypatch.setattr(llm_calibration, "CALL_TOKENS", 64)
+    try:
+        pieces = llm_calibration.calibrated(model, ids, config, torch.float32)
+    finally:
+        handle.remove()
+    assert batches and max(batches) == 2
+    assert pieces.samples == whole.samples == 6 and pieces.weights.keys() == whole.weights.keys()
+    for name, fitted in whole.weights.items():
+        a, b = fitted.codes.codes.astype(int), pieces.weights[name].codes.codes.astype(int)
+        assert np.mean(a != b) < 1e-3, name  # the same Hessians, summed in another order
+
+
 @pytest.mark.parametrize("spec", ["int4-asym", "palette3"])
 def test_calibrated_llm_export_runs_the_fitted_weights(spec: str) -> None:
     """The program stores exactly the calibrated codes: its logits are those of the PyTorch
