@@ -87,9 +87,8 @@ class Hessian:
         saw a nonzero value (:func:`_inverse_cholesky`); computed once per damping."""
         if damping not in self._factors:
             order = torch.argsort(self.matrix.diagonal(), descending=True)
-            permuted = Hessian(self.inputs)
-            permuted.matrix = self.matrix[order][:, order]
-            u, dead = _inverse_cholesky(permuted, damping)
+            # the permuted copy is handed over, not kept: the factorisation works in its place
+            u, dead = _inverse_cholesky(self.matrix[order[:, None], order], damping)
             self._factors[damping] = (order, u, dead)
         return self._factors[damping]
 
@@ -200,22 +199,28 @@ def linear_scales(
 # ----------------------------------------------------------------------------------- GPTQ ---
 
 
-def _inverse_cholesky(h: Hessian, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _inverse_cholesky(matrix: torch.Tensor, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The upper Cholesky factor of ``(H + λI)⁻¹`` (float32), ``λ = damping · mean(diag H)``,
     and the inputs that never saw a nonzero value (``H_kk = 1`` for them: their weights do
-    not matter, and are zeroed)."""
-    hm = h.matrix.clone()
-    dead = hm.diagonal() == 0
-    hm[dead, dead] = 1.0
-    mean = float(hm.diagonal().mean())
+    not matter, and are zeroed).  ``matrix`` (``H``, float64) is damped in place: three
+    ``K × K`` float64 matrices are alive at once (0.5 GB each for the 8192 inputs of a 1B
+    model's MLP down projection)."""
+    diagonal = matrix.diagonal()
+    dead = diagonal == 0
+    diagonal[dead] = 1.0
+    mean = float(diagonal.mean())
+    undamped = diagonal.clone()
     for attempt in range(6):
-        damped = hm + torch.eye(hm.shape[0], dtype=hm.dtype) * (damping * 10**attempt * mean)
-        factor, info = torch.linalg.cholesky_ex(damped)
+        diagonal.copy_(undamped + damping * 10**attempt * mean)
+        factor, info = torch.linalg.cholesky_ex(matrix)
+        if int(info) != 0:
+            continue
+        inverse = torch.cholesky_inverse(factor)
+        del factor
+        upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
+        del inverse
         if int(info) == 0:
-            inverse = torch.cholesky_inverse(factor)
-            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
-            if int(info) == 0:
-                return upper.to(torch.float32), dead
+            return upper.to(torch.float32), dead
     raise ValueError("the calibration inputs' Hessian is not positive definite")
 
 
