@@ -182,7 +182,7 @@ def test_gptq_factorises_a_large_hessian_with_few_copies_of_it() -> None:
     """The peak memory of factorising a ``K × K`` Hessian, in copies of it (float64): the
     8192-input Hessian of a 1B model's MLP is 0.5 GB a copy; the earlier factorisation made
     its permuted copy, a clone, an identity and the damped sum before factorising (4.4
-    copies above the Hessian's own peak; now under 1)."""
+    copies above the Hessian's own peak; now none: one permuted copy, factorised in place)."""
     out = subprocess.run(
         [sys.executable, "-c", _FACTOR_MEMORY], capture_output=True, text=True, check=True
     )
