@@ -521,6 +521,23 @@ def test_the_data_free_measurement_reads_the_tables_a_piece_at_a_time(
         assert sum(count for is_table, count in read if not is_table) == vocab
 
 
+def test_the_data_free_measurement_of_a_model_whose_table_outweighs_its_blocks() -> None:
+    """A model whose embedding table holds more than its decoder layers (no list of blocks
+    with half the parameters) is measured in one stage, on the same samples as the
+    calibration (it failed with a ``TypeError`` in ``embedding()``)."""
+    from coreai_torch.compression import calibration
+
+    model = causal_lm("llama", num_hidden_layers=2, vocab_size=4096)
+    assert find_blocks(model) is None
+    tokens = torch.randint(0, 4096, (2, 16), generator=torch.Generator().manual_seed(0))
+    samples = {"input_ids": tokens, "use_cache": False}
+    config = compression.from_spec("int4")
+    expected = compression.calibrate(model, samples, config, method="rtn").output_error
+    measured = calibration.measure(model, samples, config)
+    assert expected is not None and measured.output_error == pytest.approx(expected, rel=1e-9)
+    assert measured.output_error > 0 and not measured.weights
+
+
 def test_a_layer_too_small_for_its_block_size_stays_uncompressed_and_is_named() -> None:
     model = nn.Sequential(nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 64))
     x = torch.randn(64, 48)
