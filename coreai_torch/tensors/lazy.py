@@ -479,6 +479,19 @@ def tracing() -> Iterator[None]:
         yield
 
 
+def converted(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` (detached) in ``dtype``; of a lazy tensor a lazy one, cast when its data is
+    read (also inside :func:`tracing`)."""
+    recording = MODE._recording
+    before = MODE.recording
+    recording.on = True
+    try:
+        with torch.no_grad():
+            return tensor.detach().to(dtype)
+    finally:
+        recording.on = before
+
+
 def key(tensor: torch.Tensor) -> tuple[Any, ...]:
     """A key that is equal for two tensors holding the same data (storage and layout; for
     lazy tensors: the expression they read, seen through copies and aliases, as a weight
