@@ -181,6 +181,20 @@ def test_tied_parameters_stay_tied_and_are_found_under_either_name() -> None:
     assert model.head.weight is model.embed.weight and lazy.is_lazy(model.head.weight)
 
 
+def test_a_weight_converted_while_tracing_stays_lazy() -> None:
+    """``lazy.converted`` records the cast even inside ``lazy.tracing()`` (where a module's ops
+    are the program's): the copy is made from the data when it is read."""
+    data = torch.randn(8, 4)
+    weight = lazy.lazy_tensor(lazy.Held(data))
+    with lazy.tracing():
+        untracked = weight.to(torch.float16)
+        half = lazy.converted(weight, torch.float16)
+    assert not lazy.is_lazy(untracked)
+    assert lazy.is_lazy(half) and half.dtype == torch.float16
+    assert torch.equal(lazy.materialize(half), data.to(torch.float16))
+    assert lazy.converted(data, torch.float16).dtype == torch.float16  # a tensor in memory
+
+
 def test_an_unbound_fake_tensor_is_a_clear_error() -> None:
     with lazy.MODE:
         unknown = torch.empty(4)

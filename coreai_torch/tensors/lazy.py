@@ -269,11 +269,12 @@ class LazyMode(FakeTensorMode):
         return getattr(self._recording, "on", True)
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self, paused: bool = True) -> Iterator[None]:
         """No recording inside the block (``torch.export`` tracing: its ops are the
-        program's, not the weights')."""
+        program's, not the weights'); ``paused=False``: recording, also inside a paused
+        block."""
         before = self.recording
-        self._recording.on = False
+        self._recording.on = not paused
         try:
             yield
         finally:
@@ -482,14 +483,8 @@ def tracing() -> Iterator[None]:
 def converted(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``tensor`` (detached) in ``dtype``; of a lazy tensor a lazy one, cast when its data is
     read (also inside :func:`tracing`)."""
-    recording = MODE._recording
-    before = MODE.recording
-    recording.on = True
-    try:
-        with torch.no_grad():
-            return tensor.detach().to(dtype)
-    finally:
-        recording.on = before
+    with MODE.paused(False), torch.no_grad():
+        return tensor.detach().to(dtype)
 
 
 def key(tensor: torch.Tensor) -> tuple[Any, ...]:
