@@ -195,6 +195,19 @@ def test_a_weight_converted_while_tracing_stays_lazy() -> None:
     assert lazy.converted(data, torch.float16).dtype == torch.float16  # a tensor in memory
 
 
+def test_rows_past_the_last_are_not_read(tmp_path: Path) -> None:
+    """``lazy.read_rows`` reads like a slice: a last block of rows asked whole stops at the
+    tensor's end (past it lie another tensor's bytes, or the end of the file)."""
+    table = torch.randn(10, 4)
+    save_file({"bias": torch.ones(10), "weight": table}, tmp_path / "w.safetensors")
+    with coreai_torch.empty_parameters():
+        model = nn.Linear(4, 10)
+    coreai_torch.WeightSource(tmp_path / "w.safetensors").bind(model)
+    for first in (0, 8, 10):
+        rows = lazy.read_rows(model.weight, first, 4)
+        assert rows is not None and torch.equal(rows, table[first : first + 4])
+
+
 def test_an_unbound_fake_tensor_is_a_clear_error() -> None:
     with lazy.MODE:
         unknown = torch.empty(4)

@@ -363,8 +363,11 @@ def materialize(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def read_rows(tensor: torch.Tensor, first: int, count: int) -> torch.Tensor | None:
-    """Rows ``first .. first + count`` of a lazy tensor read alone, or None if its expression
-    needs the whole tensor."""
+    """Rows ``first .. first + count`` of a lazy tensor read alone (as ``tensor[first : first
+    + count]``: those past its last row are not read), or None if its expression needs the
+    whole tensor."""
+    if tensor.dim():
+        count = max(0, min(count, tensor.shape[0] - first))
     return source_of(tensor).rows(first, count)
 
 
