@@ -181,6 +181,33 @@ def test_tied_parameters_stay_tied_and_are_found_under_either_name() -> None:
     assert model.head.weight is model.embed.weight and lazy.is_lazy(model.head.weight)
 
 
+def test_a_weight_converted_while_tracing_stays_lazy() -> None:
+    """``lazy.converted`` records the cast even inside ``lazy.tracing()`` (where a module's ops
+    are the program's): the copy is made from the data when it is read."""
+    data = torch.randn(8, 4)
+    weight = lazy.lazy_tensor(lazy.Held(data))
+    with lazy.tracing():
+        untracked = weight.to(torch.float16)
+        half = lazy.converted(weight, torch.float16)
+    assert not lazy.is_lazy(untracked)
+    assert lazy.is_lazy(half) and half.dtype == torch.float16
+    assert torch.equal(lazy.materialize(half), data.to(torch.float16))
+    assert lazy.converted(data, torch.float16).dtype == torch.float16  # a tensor in memory
+
+
+def test_rows_past_the_last_are_not_read(tmp_path: Path) -> None:
+    """``lazy.read_rows`` reads like a slice: a last block of rows asked whole stops at the
+    tensor's end (past it lie another tensor's bytes, or the end of the file)."""
+    table = torch.randn(10, 4)
+    save_file({"bias": torch.ones(10), "weight": table}, tmp_path / "w.safetensors")
+    with coreai_torch.empty_parameters():
+        model = nn.Linear(4, 10)
+    coreai_torch.WeightSource(tmp_path / "w.safetensors").bind(model)
+    for first in (0, 8, 10):
+        rows = lazy.read_rows(model.weight, first, 4)
+        assert rows is not None and torch.equal(rows, table[first : first + 4])
+
+
 def test_an_unbound_fake_tensor_is_a_clear_error() -> None:
     with lazy.MODE:
         unknown = torch.empty(4)

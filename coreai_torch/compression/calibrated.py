@@ -90,9 +90,7 @@ class Hessian:
         saw a nonzero value (:func:`_inverse_cholesky`); computed once per damping."""
         if damping not in self._factors:
             order = torch.argsort(self.matrix.diagonal(), descending=True)
-            permuted = Hessian(self.inputs)
-            permuted.matrix = self.matrix[order][:, order]
-            u, dead = _inverse_cholesky(permuted, damping)
+            u, dead = _inverse_cholesky(self.matrix, order, damping)
             self._factors[damping] = (order, u, dead)
         return self._factors[damping]
 
@@ -251,22 +249,28 @@ def _weighted_error(
 # ----------------------------------------------------------------------------------- GPTQ ---
 
 
-def _inverse_cholesky(h: Hessian, damping: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The upper Cholesky factor of ``(H + λI)⁻¹`` (float32), ``λ = damping · mean(diag H)``,
-    and the inputs that never saw a nonzero value (``H_kk = 1`` for them: their weights do
-    not matter, and are zeroed)."""
-    hm = h.matrix.clone()
-    dead = hm.diagonal() == 0
-    hm[dead, dead] = 1.0
-    mean = float(hm.diagonal().mean())
+def _inverse_cholesky(
+    matrix: torch.Tensor, order: torch.Tensor, damping: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The upper Cholesky factor of ``(H + λI)⁻¹`` (float32) with the inputs of ``H``
+    (``matrix``, float64) permuted to ``order``, ``λ = damping · mean(diag H)``, and the
+    inputs that never saw a nonzero value (``H_kk = 1`` for them: their weights do not
+    matter, and are zeroed).  The factorisations run in place on one permuted copy of ``H``
+    (0.5 GB for the 8192 inputs of a 1B model's MLP down projection)."""
+    info = torch.empty((), dtype=torch.int32)
     for attempt in range(6):
-        damped = hm + torch.eye(hm.shape[0], dtype=hm.dtype) * (damping * 10**attempt * mean)
-        factor, info = torch.linalg.cholesky_ex(damped)
+        work = matrix[order[:, None], order]
+        diagonal = work.diagonal()
+        dead = diagonal == 0
+        diagonal[dead] = 1.0
+        diagonal += damping * 10**attempt * float(diagonal.mean())
+        torch.linalg.cholesky_ex(work, out=(work, info))
+        if int(info) != 0:
+            continue
+        torch.cholesky_inverse(work, out=work)
+        torch.linalg.cholesky_ex(work, upper=True, out=(work, info))
         if int(info) == 0:
-            inverse = torch.cholesky_inverse(factor)
-            upper, info = torch.linalg.cholesky_ex(inverse, upper=True)
-            if int(info) == 0:
-                return upper.to(torch.float32), dead
+            return work.to(torch.float32), dead
     raise ValueError("the calibration inputs' Hessian is not positive definite")
 
 

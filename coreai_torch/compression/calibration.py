@@ -906,8 +906,8 @@ def _walk(
         if not measure:
             return None
         measured = calls[:MEASURED_SAMPLES]
-        f = [_first_tensor(_call(model, reference, a, k)) for a, k in measured]
-        c = [_first_tensor(_call(model, params, a, k)) for a, k in measured]
+        f = [_output_tensor(_call(model, reference, a, k)) for a, k in measured]
+        c = [_output_tensor(_call(model, params, a, k)) for a, k in measured]
         return _relative(f, c)
 
     # the layers before the blocks, fitted on the float inputs
@@ -1063,7 +1063,9 @@ def measure(
     blocks = find_blocks(model)
     embedding = _outer_embedding(model, blocks, layers)
     if blocks is None or embedding is None:  # not a token model made of blocks
-        fallback = calibrate(model, calls, config, scale_dtype=dtype, method="rtn")
+        # the calls as samples again (each call has either arguments or keyword arguments)
+        measured = [kwargs if kwargs or not args else args for args, kwargs in calls]
+        fallback = calibrate(model, measured, config, scale_dtype=dtype, method="rtn")
         fallback.weights = {}
         return fallback
 

@@ -36,6 +36,7 @@ import torch.nn as nn
 
 from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.llm.decoder import StateLayer, cache_dims, state_cache
+from coreai_torch.tensors import lazy
 
 LOAD_EMBEDDINGS = "load_embeddings"
 GATHER = "gather_embeddings"
@@ -102,27 +103,31 @@ def check_shapes(
 
 
 class LoadEmbeddings(nn.Module):
-    """``load_embeddings``: the token-embedding table."""
+    """``load_embeddings``: the token-embedding table ``table`` (returned as it is: no op
+    the pre-compilation rewrite would fold, so a table still in its checkpoint stays there
+    until the asset is written)."""
 
-    def __init__(self, embeddings: nn.Module) -> None:
+    def __init__(self, table: torch.Tensor) -> None:
         super().__init__()
-        self.embeddings = embeddings
+        self.register_buffer(TABLE, table)  # as it is (a parameter would be a new tensor)
 
     def forward(self) -> torch.Tensor:
-        return cast(torch.Tensor, self.embeddings.weight) * 1.0
+        return cast(torch.Tensor, getattr(self, TABLE))
 
 
 class GatherEmbeddings(nn.Module):
     """``gather_embeddings_<Q>``: the rows of the table for the batch's tokens, scaled as the
-    model's embedding module scales them (Gemma 3)."""
+    model's embedding module scales them (Gemma 3), in ``dtype`` (the decoder's input's)."""
 
-    def __init__(self, scale: Any) -> None:
+    def __init__(self, scale: Any, dtype: torch.dtype) -> None:
         super().__init__()
         self.scale = scale
+        self.dtype = dtype
 
     def forward(self, in_new_token_ids: torch.Tensor, embedding_table: torch.Tensor) -> Any:
         rows = nn.functional.embedding(in_new_token_ids.to(torch.int64), embedding_table)
-        return rows if self.scale is None else rows * self.scale.to(rows.dtype)
+        rows = rows if self.scale is None else rows * self.scale.to(rows.dtype)
+        return rows.to(self.dtype)
 
 
 class _BatchLayer(StateLayer):
@@ -210,12 +215,13 @@ def stage(
     batch = torch.export.Dim("batch", min=1, max=max(queries))
     length = torch.export.Dim("context", min=2, max=max(contexts))
 
-    load = export_decomposed(LoadEmbeddings(embeddings).eval(), ())
+    # a table still in its checkpoint stays there: cast as it is read, when the asset is written
+    load = export_decomposed(LoadEmbeddings(lazy.converted(table, states)).eval(), ())
     converter.add_exported_program(load, output_names=[TABLE], entrypoint_name=LOAD_EMBEDDINGS)
     ids = torch.zeros(1, 2, dtype=torch.int32)
     gather = export_decomposed(
-        GatherEmbeddings(getattr(embeddings, "embed_scale", None)).eval(),
-        (ids, torch.zeros(table.shape, dtype=table.dtype)),
+        GatherEmbeddings(getattr(embeddings, "embed_scale", None), model.dtype).eval(),
+        (ids, torch.zeros(table.shape, dtype=states)),
         dynamic_shapes=({1: batch}, None),
     )
     converter.add_exported_program(

@@ -99,6 +99,7 @@ def make_folded_weights(module: ir.Module, store: WeightStore) -> int:
                 user = operation(use.owner)
                 if (
                     user.name not in _DECOMPRESSIONS
+                    and user.results  # not the graph's output: a weight returned as it is
                     and _constant_operands(user) is not None
                     and keeps_weight_casts(user)
                 ):

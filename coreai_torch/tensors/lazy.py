@@ -269,11 +269,12 @@ class LazyMode(FakeTensorMode):
         return getattr(self._recording, "on", True)
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
+    def paused(self, paused: bool = True) -> Iterator[None]:
         """No recording inside the block (``torch.export`` tracing: its ops are the
-        program's, not the weights')."""
+        program's, not the weights'); ``paused=False``: recording, also inside a paused
+        block."""
         before = self.recording
-        self._recording.on = False
+        self._recording.on = not paused
         try:
             yield
         finally:
@@ -362,8 +363,11 @@ def materialize(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def read_rows(tensor: torch.Tensor, first: int, count: int) -> torch.Tensor | None:
-    """Rows ``first .. first + count`` of a lazy tensor read alone, or None if its expression
-    needs the whole tensor."""
+    """Rows ``first .. first + count`` of a lazy tensor read alone (as ``tensor[first : first
+    + count]``: those past its last row are not read), or None if its expression needs the
+    whole tensor."""
+    if tensor.dim():
+        count = max(0, min(count, tensor.shape[0] - first))
     return source_of(tensor).rows(first, count)
 
 
@@ -477,6 +481,13 @@ def tracing() -> Iterator[None]:
     """Trace (``torch.export``) a module holding lazy tensors: their ops are not recorded."""
     with MODE.paused():
         yield
+
+
+def converted(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``tensor`` (detached) in ``dtype``; of a lazy tensor a lazy one, cast when its data is
+    read (also inside :func:`tracing`)."""
+    with MODE.paused(False), torch.no_grad():
+        return tensor.detach().to(dtype)
 
 
 def key(tensor: torch.Tensor) -> tuple[Any, ...]:
