@@ -52,7 +52,7 @@ from coreai_torch.compression.config import (
     Pruning,
     bits_per_weight,
 )
-from coreai_torch.compression.fitting import Workers
+from coreai_torch.compression.fitting import Workers, return_freed_memory
 from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
 from coreai_torch.tensors import lazy
 
@@ -938,6 +938,7 @@ def _walk(
                 for args, kwargs in floats
             ]
             del weights, original, inputs
+            return_freed_memory()  # the block's temporaries, between the codes that stay
             advance(index + 1, total)
         # the layers after the blocks (a norm, the output head), on the fitted stream
         after = {n: m for n, m in outer_modules.items() if n not in before}

@@ -103,7 +103,7 @@ def _norm(values: np.ndarray | torch.Tensor) -> float:
     return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """Give the heap memory freed by a fit back to the system (glibc's ``malloc_trim``):
     the chunk-sized temporaries of one weight after another, between the compressed results
     that stay, otherwise fragment the heap and the process keeps a fifth of the weights'
@@ -178,7 +178,7 @@ def quantize_linear(
     largest = max(_elements(shape, index) for index, _ in steps)
     for signal, error in workers.map(fit, steps, largest):
         noise.add_norms(signal, error)
-    _return_freed_memory()
+    return_freed_memory()
     return (
         LinearCodes(fit.codes, bits, fit.scale, fit.zero_point, signed=symmetric),
         noise.snr_db,
@@ -482,7 +482,7 @@ def palettize(
     # [*batches, groups, k] -> [*lut groups (the weight's rank), k, 1]
     lut = palettes.reshape(*batches, groups, *[1] * (len(shape) - len(lead)), k, 1)
     lut = np.moveaxis(lut, list(range(len(lead))), lead)
-    _return_freed_memory()
+    return_freed_memory()
     return PaletteCodes(np.ascontiguousarray(codes), bits, np.ascontiguousarray(lut)), (
         noise.snr_db
     )
