@@ -909,3 +909,47 @@ def test_sensitivity_pass_keeps_few_activations_and_equals_one_whole_backward(
     assert len(reached) == len(found)  # the tied head under the embedding's name
     for name in reached:
         torch.testing.assert_close(fisher.outputs[name], expected[name], rtol=1e-4, atol=1e-9)
+
+
+def test_the_snr_of_fitted_codes_reads_a_table_a_piece_of_rows_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The report's SNR of calibrated codes compares the weight with its codes a piece of
+    rows at a time (the whole 128k-row table in float32, its dequantized copy and its error
+    in float64 made the compress phase of the calibrated 1B export its peak), with the
+    value of comparing them whole."""
+    from coreai_torch.compression import apply
+    from coreai_torch.ir.compressed import LinearCodes
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((1000, 64)).astype(np.float32)
+    reads: list[int] = []
+    for zero_point in (None, rng.integers(0, 16, (1000, 2)).astype(np.int32)):
+        signed = zero_point is None
+        codes = LinearCodes(
+            rng.integers(-8, 8, (1000, 64)).astype(np.int8)
+            if signed
+            else rng.integers(0, 16, (1000, 64)).astype(np.uint8),
+            4,
+            rng.random((1000, 2)).astype(np.float32) * 0.3 + 0.01,
+            zero_point,
+            signed=signed,
+        )
+        whole = apply._snr_db(w, codes)
+        reads.clear()
+
+        class Rows:
+            """A weight that gives rows only (as a streamed one does)."""
+
+            shape = w.shape
+
+            def __getitem__(self, index: tuple[slice, ...]) -> np.ndarray:
+                reads.append(index[0].stop - index[0].start)
+                return w[index]
+
+            def __array__(self, *args: object, **kwargs: object) -> np.ndarray:
+                raise AssertionError("the whole weight was read")
+
+        monkeypatch.setattr(apply, "SNR_ELEMENTS", 96 * 64)
+        assert apply._snr_db(Rows(), codes) == pytest.approx(whole, rel=1e-12)
+        assert sum(reads) == 1000 and max(reads) == 96

@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -654,13 +655,62 @@ def _calibrated_codes(fitted: FittedWeight, plan: Plan, transposed: bool) -> Any
     )
 
 
+#: elements of a weight compared with its codes at once (:func:`_snr_db`)
+SNR_ELEMENTS = 1 << 22
+
+
 def _snr_db(weight: Any, codes: Any) -> float:
-    w = np.asarray(weight, dtype=np.float32)
-    error = float(np.square(w - codes.dequantized(), dtype=np.float64).sum())
-    signal = float(np.square(w, dtype=np.float64).sum())
+    """The signal-to-noise ratio of ``codes`` against ``weight`` (its stored layout), a piece
+    of rows at a time where the codes can be cut so (a 128k-row table is never whole in
+    float32, nor its error in float64)."""
+    signal = error = 0.0
+    for rows, part in _row_pieces(codes, weight.shape):
+        w = np.asarray(weight if rows is None else weight[rows], dtype=np.float32)
+        difference = part.dequantized()
+        np.subtract(w, difference, out=difference)
+        error += float(np.square(difference, dtype=np.float64).sum())
+        signal += float(np.square(w, dtype=np.float64).sum())
     if error == 0:
         return math.inf
     return 10 * math.log10(signal / error) if signal > 0 else -math.inf
+
+
+def _row_pieces(codes: Any, shape: tuple[int, ...]) -> Iterator[tuple[Any, Any]]:
+    """``(index, codes of those rows)`` covering the weight about :data:`SNR_ELEMENTS` at a
+    time along its first axis (``index`` None: the whole weight, for codes that are not
+    cut by rows)."""
+    n = shape[0] if shape else 1
+    per_row = max(1, math.prod(shape[1:]))
+    if not isinstance(codes, LinearCodes) or not shape:
+        yield None, codes  # palettes and sparse codes: whole
+        return
+    params = [p for p in (codes.scale, codes.zero_point, codes.offset) if p is not None]
+    unit = math.lcm(*[n // p.shape[0] for p in params])
+    step = max(unit, SNR_ELEMENTS // per_row // unit * unit)
+    if step >= n:
+        yield None, codes
+        return
+
+    def cut(p: np.ndarray | None, rows: slice) -> np.ndarray | None:
+        """The rows of a per-block parameter that ``rows`` of the codes use."""
+        if p is None:
+            return None
+        r = n // p.shape[0]  # ``step`` is a multiple of it
+        return p[rows.start // r : -(-rows.stop // r)]
+
+    for first in range(0, n, step):
+        rows = slice(first, min(first + step, n))
+        scale = cut(codes.scale, rows)
+        assert scale is not None
+        part = LinearCodes(
+            codes.codes[rows],
+            codes.bits,
+            scale,
+            cut(codes.zero_point, rows),
+            signed=codes.signed,
+            offset=cut(codes.offset, rows),
+        )
+        yield (rows, *[slice(None)] * (len(shape) - 1)), part
 
 
 def _compress_one(

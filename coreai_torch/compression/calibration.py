@@ -738,6 +738,7 @@ def calibrate(
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
     with Workers():
         result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
+    return_freed_memory()  # the walk's temporaries, before the program is compressed
     result.planned_bpw = planned_bpw(model, result, dtype, config)
     result.seconds = time.perf_counter() - start
     return result
