@@ -991,14 +991,15 @@ def _measure(
     """``‖y_fitted - y_float‖² / ‖y_float‖²`` of the model's outputs for the measured calls
     (whose last block outputs are given); an output head is applied a piece of
     :func:`_row_step` output channels at a time (:func:`_head_error`)."""
-    found = next(((n, m) for n, m in after.items() if layers[id(m)].head), None)
-    head = None if found is None else layers[id(found[1])]
+    local, head = next(
+        ((n, layers[id(m)]) for n, m in after.items() if layers[id(m)].head), ("", None)
+    )
     fitted = _outputs(model, blocks, params, calls, fitted_outputs, head)
     floats = _outputs(model, blocks, reference, calls, float_outputs, head)
-    if found is None or head is None:
+    if head is None:
         return _relative(floats, fitted)
     key = head.name  # the first name of a tied weight, as in ``params``
-    bias = None if head.module.bias is None else _canonical(model, f"{found[0]}.bias")
+    bias = None if head.module.bias is None else _canonical(model, f"{local}.bias")
     step = _row_step(head.module, None)
     pieces = (
         (
