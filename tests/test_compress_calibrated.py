@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ from coreai_torch import compression, llm
 from coreai_torch.bundles import function_signatures
 from coreai_torch.compression import calibrated as fits
 from coreai_torch.compression.calibration import CalibrationError, allocate, find_blocks
+from coreai_torch.ir.compressed import LinearCodes
 from coreai_torch.runtime import run_program
 from tests.llm.support import causal_lm
 
@@ -506,7 +509,7 @@ def _fake_quantized(model: nn.Module, calibration: compression.Calibration) -> n
     params = dict(twin.named_parameters(remove_duplicate=False))
     for w in calibration.weights.values():
         params[w.name].data.copy_(
-            torch.from_numpy(w.codes.dequantized()).reshape(params[w.name].shape)
+            torch.from_numpy(w.read_codes().dequantized()).reshape(params[w.name].shape)
         )
     return twin
 
@@ -552,8 +555,70 @@ def test_calibrated_llm_export_runs_the_fitted_weights(spec: str) -> None:
     calibration = compression.calibrate(model, {"input_ids": ids, "use_cache": False}, config)
     assert calibration.weights and calibration.output_error is not None
     program = llm.export(model, max_context=16, compress=config, calibration=ids.tolist())
-    twin = _fake_quantized(model, calibration)
-    prompt = ids[:1, :8]
+    _runs_the_fitted_weights(program, _fake_quantized(model, calibration), ids[:1, :8])
+
+
+def test_the_codes_of_a_streamed_model_wait_on_disk_and_are_the_ones_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``calibrate()`` on a model streamed from its checkpoint keeps the codes it fits in a
+    temporary file, not in memory (a 1B model's are 1.2 GB at a byte per weight), and reads
+    the tied embedding table / output head a piece of rows at a time (the looked-up rows,
+    then the head's pieces as they are fitted and measured: a 128k-row table whole in
+    float32, and its fitted copy, were half a 1B calibration's peak); the codes are the
+    in-memory model's, and the program compressed with them runs them."""
+    import coreai_torch
+    from coreai_torch.compression import apply, calibration
+    from coreai_torch.tensors import lazy
+    from coreai_torch.compression.spilling import SpilledCodes
+    from tests.llm.support import save_model_dir
+
+    model, _, model_dir = save_model_dir(tmp_path, tie_word_embeddings=True)  # tied: the
+    # table stores the head's fitted codes, which the twin below has
+    with coreai_torch.empty_parameters():
+        streamed = type(model)(model.config).eval()
+    coreai_torch.WeightSource(model_dir / "model.safetensors").bind(streamed)
+    ids = torch.randint(
+        0, model.config.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0)
+    )
+    config = compression.LinearQuantization(bits=4, block_size=32, min_elements=0)
+    samples = {"input_ids": ids, "use_cache": False}
+    in_memory = compression.calibrate(model, samples, config)
+    table = streamed.get_input_embeddings().weight  # the output head's too
+    read_whole: list[torch.Tensor] = []
+    materialize = lazy.materialize
+
+    def spied(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor is table:
+            read_whole.append(tensor)
+        return materialize(tensor)
+
+    with monkeypatch.context() as patch:  # the table is read 16 rows at a time, never whole
+        patch.setattr(lazy, "materialize", spied)
+        patch.setattr(calibration, "MEASURE_ELEMENTS", 16 * model.config.hidden_size)
+        on_disk = compression.calibrate(streamed, samples, config)
+    assert not read_whole
+    assert on_disk.weights.keys() == in_memory.weights.keys() and on_disk.weights
+    for name, fitted in on_disk.weights.items():
+        assert isinstance(fitted.codes, SpilledCodes), name
+        codes, expected = fitted.read_codes(), in_memory.weights[name].codes
+        assert isinstance(codes, LinearCodes) and isinstance(expected, LinearCodes)
+        np.testing.assert_array_equal(codes.codes, expected.codes)
+        np.testing.assert_array_equal(codes.scale, expected.scale)
+    assert on_disk.output_error == pytest.approx(in_memory.output_error, rel=1e-6)
+    twin = _fake_quantized(model, in_memory)
+    program = llm.export(streamed, max_context=16, compress=config, calibration=ids.tolist())
+    _runs_the_fitted_weights(program, twin, ids[:1, :8])
+    # without room for compress()'s own spill file, the codes are read again from the
+    # calibration's while the asset is written
+    monkeypatch.setattr(apply.Spilling, "file_for", lambda self, nbytes: None)
+    program = llm.export(streamed, max_context=16)
+    program.compress(config, calibration=on_disk)
+    _runs_the_fitted_weights(program, twin, ids[:1, :8])
+
+
+def _runs_the_fitted_weights(program: Any, twin: nn.Module, prompt: torch.Tensor) -> None:
+    """The program's logits for ``prompt`` are ``twin``'s (the model with fitted weights)."""
     main = function_signatures(program)["main"]
     states = {
         s.name: np.zeros([16 if d is None else d for d in s.shape], np.float32) for s in main.states

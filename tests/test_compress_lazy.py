@@ -20,7 +20,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 
 from coreai_torch import TorchConverter, compression
-from coreai_torch.compression import apply
+from coreai_torch.compression import apply, spilling
 from coreai_torch.frontend.export import export_decomposed
 from coreai_torch.ir.weights import PendingDerived, SpillFile
 from coreai_torch.tensors import lazy
@@ -136,7 +136,7 @@ def test_without_room_for_the_spill_file_the_codes_are_fitted_again(
 ) -> None:
     streamed, expected = _streamed_and_expected(tmp_path, fits)
 
-    monkeypatch.setattr(apply, "free_space", lambda path: 0)
+    monkeypatch.setattr(spilling, "free_space", lambda path: 0)
     streamed.compress(CONFIG)
     assert all(e.offset is None for e in _derived(streamed))
     assert _bytecode(streamed.optimize(), tmp_path / "s.aimodel", streaming=True) == expected
@@ -170,7 +170,7 @@ def test_codes_are_not_spilled_to_a_temporary_directory_held_in_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(tempfile, "tempdir", "/dev/shm")
-    if not apply._memory_backed("/dev/shm"):
+    if not spilling.memory_backed("/dev/shm"):
         pytest.skip("/dev/shm is not a tmpfs here")
     streamed, _ = _programs(tmp_path)
     streamed.compress(CONFIG)

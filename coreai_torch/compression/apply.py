@@ -12,7 +12,7 @@ keeps the weight as it is, and the report says why.
 
 Weights still in their checkpoint (:mod:`coreai_torch.tensors.lazy`) are read and fitted once, one
 at a time, and their codes wait in a temporary file until the asset is written
-(:class:`_Spilling`): neither the weights nor their codes are held in memory.
+(:mod:`coreai_torch.compression.spilling`): neither the weights nor their codes are held in memory.
 
 Weights already compressed (by an earlier ``compress()`` or because the model was
 quantized with torchao) are listed as such and left alone: compressing twice would compound
@@ -25,15 +25,12 @@ the same passes (for models quantized with torchao).
 from __future__ import annotations
 
 import math
-import os
 import re
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,11 +49,11 @@ from coreai_torch.compression.config import (
     Pruning,
 )
 from coreai_torch.compression.fitting import Workers, palettize, prune, quantize_linear
+from coreai_torch.compression.spilling import Spilling, array_bytes
 from coreai_torch.ir import compressed
 from coreai_torch.ir.checks import verify_module
 from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
-from coreai_torch.ir.saving import SPACE_MARGIN, free_space
-from coreai_torch.ir.weights import SpillFile, WeightStore, derived_arrays, resource_name
+from coreai_torch.ir.weights import WeightStore, derived_arrays, resource_name
 from coreai_torch.passes import pipeline
 from coreai_torch.passes.pretranspose import weight_constants
 from coreai_torch.passes.weight_reads import (
@@ -350,65 +347,6 @@ def _stored(tensor: torch.Tensor, perm: tuple[int, ...]) -> np.ndarray | _Conver
     return _Converted(tensor, perm)
 
 
-# ------------------------------------------------------------------------------ spilling ---
-
-
-class _Spilling:
-    """Where ``compress()`` keeps the codes of lazy weights until the asset is written
-    (they are fitted once, for the report, and not held in memory): one anonymous
-    temporary file (:class:`~coreai_torch.ir.weights.SpillFile`) in the temporary
-    directory, while its file system has room for them and, beside them, for the asset
-    that holds them again.  Without room (or in a temporary directory held in memory) the
-    codes are fitted again while the asset is written."""
-
-    def __init__(self) -> None:
-        self.directory: str | None = None  # known once a weight is to be spilled
-        self.usable = True
-        self.file: SpillFile | None = None
-
-    def file_for(self, nbytes: int) -> SpillFile | None:
-        """The spill file when it has room for ``nbytes`` more (else None)."""
-        if self.directory is None:
-            self.directory = tempfile.gettempdir()
-            self.usable = not _memory_backed(self.directory)
-        if not self.usable:
-            return None
-        spilled = self.file.size if self.file is not None else 0
-        try:
-            if free_space(Path(self.directory)) < 2 * nbytes + spilled + SPACE_MARGIN:
-                return None
-            if self.file is None:
-                self.file = SpillFile(self.directory)
-        except OSError:  # a temporary directory that cannot be written
-            self.usable = False
-            return None
-        return self.file
-
-
-def _memory_backed(directory: str) -> bool:
-    """Whether ``directory`` is on a file system held in memory (Linux's tmpfs, ramfs)."""
-    try:
-        mounts = Path("/proc/self/mounts").read_text().splitlines()
-    except OSError:
-        return False
-    path = os.path.realpath(directory)
-    best, kind = "", ""
-    for line in mounts:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        point = fields[1].replace("\\040", " ")
-        inside = path == point or path.startswith(point.rstrip("/") + "/")
-        if inside and len(point) > len(best):
-            best, kind = point, fields[2]
-    return kind in ("tmpfs", "ramfs")
-
-
-def _array_bytes(codes: Any) -> int:
-    """Bytes of the arrays of fitted codes: at least what their constants store."""
-    return sum(v.nbytes for v in vars(codes).values() if isinstance(v, np.ndarray))
-
-
 # ------------------------------------------------------------------------------- rewrite ---
 
 
@@ -567,7 +505,7 @@ def compress(
         total = sum(
             store.by_name[r].numel() * store.by_name[r].element_size() for _, r, _, _ in candidates
         )
-        spilling = _Spilling()
+        spilling = Spilling()
         with (
             Workers() as workers,
             progress_events.phase(listener, "compress", total, "bytes") as advance,
@@ -636,7 +574,7 @@ def _calibrated_codes(fitted: FittedWeight, plan: Plan, transposed: bool) -> Any
     axes = [layout[a] for a in plan.perm]
     if axes.index(0) != plan.channel_axis or plan.batch_axes:
         return None
-    codes = fitted.codes
+    codes = fitted.read_codes()
     if isinstance(codes, LinearCodes):
         return LinearCodes(
             np.ascontiguousarray(codes.codes.transpose(axes)),
@@ -690,26 +628,9 @@ def _row_pieces(codes: Any, shape: tuple[int, ...]) -> Iterator[tuple[Any, Any]]
     if step >= n:
         yield None, codes
         return
-
-    def cut(p: np.ndarray | None, rows: slice) -> np.ndarray | None:
-        """The rows of a per-block parameter that ``rows`` of the codes use."""
-        if p is None:
-            return None
-        r = n // p.shape[0]  # ``step`` is a multiple of it
-        return p[rows.start // r : -(-rows.stop // r)]
-
     for first in range(0, n, step):
         rows = slice(first, min(first + step, n))
-        scale = cut(codes.scale, rows)
-        assert scale is not None
-        part = LinearCodes(
-            codes.codes[rows],
-            codes.bits,
-            scale,
-            cut(codes.zero_point, rows),
-            signed=codes.signed,
-            offset=cut(codes.offset, rows),
-        )
+        part = compressed.rows_of(codes, first, step)
         yield (rows, *[slice(None)] * (len(shape) - 1)), part
 
 
@@ -720,7 +641,7 @@ def _compress_one(
     tensor: torch.Tensor,
     constants: list[ir.Operation],
     dtype: torch.dtype,
-    spilling: _Spilling,
+    spilling: Spilling,
     workers: Workers,
     *,
     fitted: FittedWeight | None = None,
@@ -753,16 +674,20 @@ def _compress_one(
         return compressed.decompression(target, name, codes, dtype)  # palettes, sparse
 
     if lazy.is_lazy(tensor):
+        from_calibration = calibrated is not None
+
         # keep none of the codes in memory: they wait in the spill file or, without room
         # there, the data is fitted again (the same) while the asset is written
         def refit() -> list[np.ndarray]:
-            if calibrated is not None:
-                return derived_arrays(lambda target: decompress(target, calibrated), store)
+            if from_calibration:  # read again: the closure does not hold the codes
+                assert fitted is not None
+                again_codes = _calibrated_codes(fitted, plan, transposed)
+                return derived_arrays(lambda target: decompress(target, again_codes), store)
             again = _fit(form, _stored(tensor, plan.perm), plan, dtype)
             assert not isinstance(again, str)
             return derived_arrays(lambda target: decompress(target, again[0]), store)
 
-        with store.deferring(refit, spilling.file_for(_array_bytes(codes))):
+        with store.deferring(refit, spilling.file_for(array_bytes(codes))):
             decompression = decompress(store, codes)
         del codes
     else:

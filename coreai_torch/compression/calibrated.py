@@ -118,11 +118,22 @@ class Hessian:
 
 def output_error(w: torch.Tensor, q: torch.Tensor, h: Hessian) -> float:
     """``‖(W - Q) Xᵀ‖² / ‖W Xᵀ‖²``: the output error relative to the output's energy."""
+    return relative(*error_energies(w, q, h))
+
+
+def error_energies(w: torch.Tensor, q: torch.Tensor, h: Hessian) -> tuple[float, float]:
+    """``(‖(W - Q) Xᵀ‖², ‖W Xᵀ‖²)``: the energies of the output error and of the output
+    (summed over pieces of rows, they give :func:`output_error` of the whole)."""
     signal = noise = 0.0
     for first in range(0, w.shape[0], GPTQ_ROWS):  # the temporaries of a piece of rows
         part = w[first : first + GPTQ_ROWS].to(torch.float32)
         signal += float(h.row_energies(part).sum())
         noise += float(h.row_energies(part - q[first : first + GPTQ_ROWS].to(torch.float32)).sum())
+    return noise, signal
+
+
+def relative(noise: float, signal: float) -> float:
+    """``noise / signal`` (0 for no noise, inf for noise without signal)."""
     return noise / signal if signal > 0 else (0.0 if noise == 0 else math.inf)
 
 

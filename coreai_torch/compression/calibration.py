@@ -12,11 +12,16 @@ them now and drops them afterwards), the inputs of its ``nn.Linear`` / ``nn.Conv
 are accumulated into each layer's Hessian ``XᵀX``, the layers are fitted
 (:mod:`coreai_torch.compression.calibrated`: GPTQ with activation-aware scales, or weighted
 palettes), and the block's output computed *with the fitted weights* is the next block's
-input, so every block corrects the error of those before it.  Memory: one block's weights,
-its Hessians and two streams of activations (the compressed model's for all samples, the
-float model's for a few, to measure the output error at the end).  The layers after the
-blocks (a final norm and the output head) are fitted last on the compressed stream; the
-output head is never evaluated over the whole vocabulary at once.
+input, so every block corrects the error of those before it.  The layers after the blocks
+(a final norm and the output head) are fitted last on the compressed stream.
+
+Memory: one block's weights, its Hessians and two streams of activations (the compressed
+model's for all samples, the float model's for a few, to measure the output error at the
+end).  Of the token embedding table only the rows the samples look up are read; the output
+head is read, fitted and measured a piece of rows at a time (:func:`fit_in_pieces`), never
+whole in float32 nor evaluated over the whole vocabulary at once; the codes of a model
+streamed from its checkpoint wait in a temporary file until ``compress()`` stores them
+(:mod:`coreai_torch.compression.spilling`).
 
 :class:`~coreai_torch.compression.config.Mixed` (``target_bpw=``) first measures what each
 candidate form of every weight does to the model's output (:func:`_fisher`: one forward and
@@ -31,6 +36,7 @@ weights again (:mod:`coreai_torch.compression.apply`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -53,7 +59,8 @@ from coreai_torch.compression.config import (
     bits_per_weight,
 )
 from coreai_torch.compression.fitting import Workers, return_freed_memory
-from coreai_torch.ir.compressed import LinearCodes, PaletteCodes
+from coreai_torch.compression.spilling import SpilledCodes, Spilling, spilled
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes, rows_of
 from coreai_torch.tensors import lazy
 
 #: the float-model samples carried along to measure the output error at the end
@@ -82,8 +89,9 @@ class FittedWeight:
     name: str
     #: the form chosen for it
     config: LinearQuantization | Palettization
-    #: the codes in the weight's own layout (``[out, in, ...]``)
-    codes: LinearCodes | PaletteCodes
+    #: the codes in the weight's own layout (``[out, in, ...]``); those of a weight streamed
+    #: from its checkpoint wait in a temporary file (:meth:`read_codes` reads them)
+    codes: LinearCodes | PaletteCodes | SpilledCodes
     #: ``‖(W - Ŵ) Xᵀ‖² / ‖W Xᵀ‖²`` on the calibration inputs
     output_error: float
     #: bits per weight of the form (codes, scales, zero points, palettes)
@@ -92,6 +100,10 @@ class FittedWeight:
     elements: int
     #: the names the model also knows this weight by (a head tied to the embeddings)
     aliases: tuple[str, ...] = ()
+
+    def read_codes(self) -> LinearCodes | PaletteCodes:
+        """The codes, in memory."""
+        return self.codes.load() if isinstance(self.codes, SpilledCodes) else self.codes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -595,6 +607,56 @@ def _palettes(
     return palette_codes, fitted.reshape(shape)
 
 
+def fit_in_pieces(
+    module: nn.Module,
+    weight: torch.Tensor,
+    h: fits.Hessian,
+    form: LinearQuantization | Palettization,
+    scale_dtype: torch.dtype,
+    *,
+    method: str = "gptq",
+) -> tuple[LinearCodes | PaletteCodes, float] | str:
+    """:func:`fit_weight` of a tall weight (an output head over the vocabulary) read, fitted
+    and measured :func:`_row_step` rows at a time from where the model holds it (its
+    checkpoint, for a streamed model): its codes and output error, or why ``form`` does not
+    apply.  Neither the weight nor its fitted copy is ever whole in float32 (rows are
+    independent, in GPTQ too: the codes are :func:`fit_weight`'s)."""
+    n = weight.shape[0]
+    group = form.group_size if isinstance(form, Palettization) else None
+    if group is not None and group < n and n % group:
+        return f"its {n} output channels are not a multiple of group_size={group}"
+    step = _row_step(module, form)
+    pieces: list[LinearCodes | PaletteCodes] = []
+    noise = signal = 0.0
+    for first in range(0, n, step):
+        rows = _read_rows(weight, first, step)
+        out = fit_weight(module, rows, h, form, scale_dtype, method=method)
+        if isinstance(out, str):
+            return out
+        codes, fitted = out
+        count = rows.shape[0]
+        more_noise, more_signal = fits.error_energies(
+            rows.reshape(count, -1), fitted.reshape(count, -1), h
+        )
+        noise, signal = noise + more_noise, signal + more_signal
+        pieces.append(codes)
+        del rows, fitted
+    return _joined(pieces), fits.relative(noise, signal)
+
+
+def _joined(pieces: list[LinearCodes | PaletteCodes]) -> LinearCodes | PaletteCodes:
+    """Codes of consecutive pieces of rows as the codes of the whole weight."""
+    if len(pieces) == 1:
+        return pieces[0]
+    values = {}
+    for f in dataclasses.fields(pieces[0]):
+        value = getattr(pieces[0], f.name)
+        if isinstance(value, np.ndarray) and value.ndim:
+            value = np.concatenate([getattr(p, f.name) for p in pieces])
+        values[f.name] = value
+    return type(pieces[0])(**values)
+
+
 def _candidates(config: CompressionConfig) -> list[LinearQuantization | Palettization]:
     if isinstance(config, Mixed):
         return list(config.forms)
@@ -702,6 +764,8 @@ def calibrate(
             if isinstance(form, (LinearQuantization, Palettization)):
                 forms[layer.name] = form
 
+    spilling = Spilling()  # the codes of weights streamed from their checkpoint wait there
+
     def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> torch.Tensor | None:
         form = forms.get(layer.name)
         if form is None:
@@ -717,22 +781,32 @@ def calibrate(
                 )
             )
             return None
-        out = fit_weight(layer.module, weight, h, form, dtype, method=method)
-        if isinstance(out, str):
-            result.unfitted.append((layer.name, out))
-            return None
-        codes, fitted = out
-        n = weight.shape[0]
-        result.weights[layer.name] = FittedWeight(
+        fitted: torch.Tensor | None = None
+        if layer.head:  # a tall weight, perhaps still in its checkpoint: never whole
+            out = fit_in_pieces(layer.module, weight, h, form, dtype, method=method)
+            if isinstance(out, str):
+                result.unfitted.append((layer.name, out))
+                return None
+            codes, error = out
+        else:
+            whole = fit_weight(layer.module, weight, h, form, dtype, method=method)
+            if isinstance(whole, str):
+                result.unfitted.append((layer.name, whole))
+                return None
+            codes, fitted = whole
+            n = weight.shape[0]
+            error = fits.output_error(weight.reshape(n, -1), fitted.reshape(n, -1), h)
+        done = FittedWeight(
             layer.name,
             form,
-            codes,
-            fits.output_error(weight.reshape(n, -1), fitted.reshape(n, -1), h),
+            spilled(codes, spilling) if lazy.is_lazy(_weight(layer.module)) else codes,
+            error,
             bits_per_weight(form, tuple(weight.shape), dtype),
             weight.numel(),
             layer.aliases,
         )
-        return fitted
+        result.weights[layer.name] = done
+        return done if fitted is None else fitted
 
     # torch's kernels on one thread: the small kernels of the fits, split over threads,
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
@@ -769,9 +843,12 @@ def _tokens(args: Any, kwargs: Any) -> int:
 
 # ------------------------------------------------------------------------ the block walk ---
 
-#: ``fit(layer, float32 weight, Hessian) -> fitted weight`` (None: keep the weight); the
-#: Hessian is None for a layer with more than :data:`MAX_HESSIAN_INPUTS` inputs
-Fit = Callable[[_Layer, torch.Tensor, "fits.Hessian | None"], "torch.Tensor | None"]
+#: ``fit(layer, weight, Hessian) -> fitted weight`` (None: keep the weight), the weight in
+#: float32, but an output head after the blocks as the model holds it (perhaps still in its
+#: checkpoint: :func:`fit_in_pieces`), which may be answered with its codes
+#: (:class:`FittedWeight`); the Hessian is None for a layer with more than
+#: :data:`MAX_HESSIAN_INPUTS` inputs
+Fit = Callable[[_Layer, torch.Tensor, "fits.Hessian | None"], "torch.Tensor | FittedWeight | None"]
 
 
 class _Replay(nn.Module):
@@ -825,7 +902,7 @@ class _Inputs:
         self.stop_at_head = False
 
     def __call__(self, name: str, module: nn.Module, x: torch.Tensor) -> None:
-        if _weight(module)[0].numel() > MAX_HESSIAN_INPUTS:
+        if math.prod(_weight(module).shape[1:]) > MAX_HESSIAN_INPUTS:
             self.too_large.add(name)
         else:
             rows = layer_inputs(module, x)
@@ -864,14 +941,25 @@ def _fit_stage(
     names: dict[str, str],
     layers: dict[int, _Layer],
     fit: Fit,
+    heads: dict[str, FittedWeight | None] | None = None,
 ) -> None:
-    """Fit the stage's layers in place of their weights in ``params``."""
+    """Fit the stage's layers in place of their weights in ``params``; with ``heads``, the
+    output head is fitted from its weight as the model holds it, and its codes (None: not
+    fitted) are put in ``heads``."""
     for local, module in modules.items():
         h = inputs.hessians.get(local)
         if h is None and local not in inputs.too_large:
             continue  # not run by the samples
+        layer = layers[id(module)]
+        if heads is not None and layer.head:
+            fitted = fit(layer, _weight(module), h)
+            heads[layer.name] = fitted if isinstance(fitted, FittedWeight) else None
+            continue
         key = names[f"{local}.weight" if local else "weight"]
-        fitted = fit(layers[id(module)], params[key], h)
+        fitted = fit(layer, params[key], h)
+        if isinstance(fitted, FittedWeight):
+            codes = fitted.read_codes()
+            fitted = torch.from_numpy(codes.dequantized()).reshape(params[key].shape)
         if fitted is not None:
             params[key] = fitted
 
@@ -890,27 +978,91 @@ def _walk(
     with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
     used from then on (the activations carried to the next block are the fitted model's).
     With ``measure``, the float model's outputs of the first samples are carried too and
-    the relative output error of the fitted model is returned."""
+    the relative output error of the fitted model is returned.
+
+    Of a token embedding table before the blocks only the rows the samples look up are
+    read; an output head after them is read a piece of rows at a time (by ``fit`` and the
+    measurement): neither is ever whole in float32."""
     blocks = find_blocks(model)
-    inside = {id(m) for m in blocks.modules()} if blocks is not None else set()
-    params, names = _parameters(model, blocks)
+    if blocks is None:
+        return _walk_one_stage(model, calls, layers, fit, measure=measure)
+    embedding = _outer_embedding(model, blocks, layers)
+    heads = {id(_weight(layer.module)) for layer in layers.values() if _outer_head(blocks, layer)}
+    if embedding is None:
+        return _walk_blocks(model, blocks, calls, layers, fit, listener, phase, measure, heads)
+    table = embedding.weight
+    ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
+    rows = _table_rows(embedding, ids, None, lambda module, rows: rows)[0]
+    remap = embedding.register_forward_pre_hook(
+        lambda module, args: (torch.searchsorted(ids, args[0]), *args[1:])
+    )
+    try:
+        return _walk_blocks(
+            model,
+            blocks,
+            calls,
+            layers,
+            fit,
+            listener,
+            phase,
+            measure,
+            {*heads, id(table)},
+            {_canonical_of(model, table): rows},
+        )
+    finally:
+        remap.remove()
+
+
+def _outer_head(blocks: nn.ModuleList, layer: _Layer) -> bool:
+    return layer.head and not _inside(blocks, layer.module)
+
+
+def _walk_one_stage(
+    model: nn.Module,
+    calls: list[tuple[Any, Any]],
+    layers: dict[int, _Layer],
+    fit: Fit,
+    *,
+    measure: bool,
+) -> float | None:
+    """:func:`_walk` of a model without blocks: every layer fitted on the float inputs."""
+    params, names = _parameters(model)
+    reference = dict(params)
+    outer_modules = {n: m for n, m in model.named_modules() if id(m) in layers}
+    inputs = _Inputs(outer_modules, layers)
+    with _recording(outer_modules, inputs):
+        for args, kwargs in calls:
+            _call(model, params, args, kwargs)
+    _fit_stage(outer_modules, inputs, params, names, layers, fit)
+    if not measure:
+        return None
+    measured = calls[:MEASURED_SAMPLES]
+    f = [_output_tensor(_call(model, reference, a, k)) for a, k in measured]
+    c = [_output_tensor(_call(model, params, a, k)) for a, k in measured]
+    return _relative(f, c)
+
+
+def _walk_blocks(
+    model: nn.Module,
+    blocks: nn.ModuleList,
+    calls: list[tuple[Any, Any]],
+    layers: dict[int, _Layer],
+    fit: Fit,
+    listener: Any,
+    phase: str,
+    measure: bool,
+    skip: set[int],
+    tables: dict[str, torch.Tensor] | None = None,
+) -> float | None:
+    """:func:`_walk` of a model made of blocks, the weights ``skip`` (by ``id``) not read
+    whole (``tables``: the rows of the embedding table the samples look up, by name)."""
+    inside = {id(m) for m in blocks.modules()}
+    params, names = _parameters(model, blocks, skip=skip)
+    params.update(tables or {})
     reference = dict(params)
     outer_modules = {
         n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside
     }
-    if blocks is None:  # one stage: every layer fitted on the float inputs
-        inputs = _Inputs(outer_modules, layers)
-        with _recording(outer_modules, inputs):
-            for args, kwargs in calls:
-                _call(model, params, args, kwargs)
-        _fit_stage(outer_modules, inputs, params, names, layers, fit)
-        if not measure:
-            return None
-        measured = calls[:MEASURED_SAMPLES]
-        f = [_output_tensor(_call(model, reference, a, k)) for a, k in measured]
-        c = [_output_tensor(_call(model, params, a, k)) for a, k in measured]
-        return _relative(f, c)
-
     # the layers before the blocks, fitted on the float inputs
     first_inputs = _Inputs(outer_modules, layers)
     with _recording(outer_modules, first_inputs):
@@ -949,7 +1101,8 @@ def _walk(
             for args, kwargs in calls:
                 with contextlib.suppress(_Stop):
                     _call(model, params, args, kwargs)
-        _fit_stage(after, last, params, names, layers, fit)
+        heads: dict[str, FittedWeight | None] = {}
+        _fit_stage(after, last, params, names, layers, fit, heads)
         advance(total, total)
     if not measure:
         return None
@@ -959,10 +1112,10 @@ def _walk(
         after,
         layers,
         calls[:MEASURED_SAMPLES],
-        params,
-        reference,
+        (params, reference),
         [a[0] for a, _ in stream[:MEASURED_SAMPLES]],
         [a[0] for a, _ in floats],
+        heads,
     )
 
 
@@ -983,38 +1136,36 @@ def _measure(
     after: dict[str, nn.Module],
     layers: dict[int, _Layer],
     calls: list[tuple[Any, Any]],
-    params: dict[str, torch.Tensor],
-    reference: dict[str, torch.Tensor],
+    values: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]],
     fitted_outputs: list[torch.Tensor],
     float_outputs: list[torch.Tensor],
+    heads: dict[str, FittedWeight | None],
 ) -> float:
     """``‖y_fitted - y_float‖² / ‖y_float‖²`` of the model's outputs for the measured calls
-    (whose last block outputs are given); an output head is applied a piece of
-    :func:`_row_step` output channels at a time (:func:`_head_error`)."""
-    local, head = next(
-        ((n, layers[id(m)]) for n, m in after.items() if layers[id(m)].head), ("", None)
-    )
+    (whose last block outputs are given; ``values`` the fitted and the float parameters);
+    an output head is read and applied a piece of :func:`_row_step` output channels at a
+    time (:func:`_head_error`), its fitted rows from its codes (``heads``)."""
+    params, reference = values
+    head = next((layers[id(m)] for m in after.values() if layers[id(m)].head), None)
     fitted = _outputs(model, blocks, params, calls, fitted_outputs, head)
     floats = _outputs(model, blocks, reference, calls, float_outputs, head)
     if head is None:
         return _relative(floats, fitted)
-    key = head.name  # the first name of a tied weight, as in ``params``
-    bias = None if head.module.bias is None else _canonical(model, f"{local}.bias")
-    step = _row_step(head.module, None)
-    pieces = (
-        (
-            reference[key][first : first + step],
-            params[key][first : first + step],
-            None if bias is None else reference[bias][first : first + step],
-        )
-        for first in range(0, reference[key].shape[0], step)
-    )
-    return _head_error(floats, fitted, pieces)
+    found = heads.get(head.name)
+    codes = found.read_codes() if found is not None else None
+
+    def approximated(first: int, rows: torch.Tensor) -> torch.Tensor:
+        if codes is None:
+            return rows
+        part = rows_of(codes, first, rows.shape[0]).dequantized()
+        return torch.from_numpy(part).reshape(rows.shape)
+
+    form = found.config if found is not None else None
+    return _head_error(floats, fitted, _read_pieces(head.module, form, approximated))
 
 
-def _canonical(model: nn.Module, name: str) -> str:
-    """The first name of the parameter ``name`` (tied parameters have several)."""
-    target = model.get_parameter(name)
+def _canonical_of(model: nn.Module, target: torch.Tensor) -> str:
+    """The first name of the parameter ``target`` (tied parameters have several)."""
     return next(n for n, p in model.named_parameters(remove_duplicate=False) if p is target)
 
 
@@ -1119,7 +1270,10 @@ def measure(
     if head is None or _inside(blocks, head.module):
         result.output_error = _relative(outputs[0], outputs[1])
     else:
-        pieces = _read_pieces(head.module, forms.get(id(head.module)), rounded)
+        module = head.module
+        pieces = _read_pieces(
+            module, forms.get(id(module)), lambda first, rows: rounded(module, rows)
+        )
         result.output_error = _head_error(outputs[0], outputs[1], pieces)
     result.seconds = time.perf_counter() - start
     return result
@@ -1274,16 +1428,17 @@ def _head_error(
 def _read_pieces(
     head: nn.Module,
     form: LinearQuantization | Palettization | None,
-    rounded: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+    approximated: Callable[[int, torch.Tensor], torch.Tensor],
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
-    """The output head's weight read and rounded :func:`_row_step` rows at a time (the
-    pieces of :func:`_head_error`)."""
+    """The output head's weight read :func:`_row_step` rows at a time, with the rows that
+    stand for them (``approximated(first row, rows)``): the pieces of :func:`_head_error`."""
     weight = _weight(head)
     bias = getattr(head, "bias", None)
     step = _row_step(head, form)
     for first in range(0, weight.shape[0], step):
         rows = _read_rows(weight, first, step)
-        yield rows, rounded(head, rows), None if bias is None else _read_rows(bias, first, step)
+        bias_rows = None if bias is None else _read_rows(bias, first, step)
+        yield rows, approximated(first, rows), bias_rows
 
 
 # ---------------------------------------------------------------------------- mixed bits ---
@@ -1530,6 +1685,7 @@ def _sensitivity(
     def measure(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> None:
         if h is None or not config.selects(layer.name) or weight.numel() < config.min_elements:
             return None
+        weight = _float(lazy.materialize(weight))  # an output head is given as it is held
         n = weight.shape[0]
         found = errors.setdefault(layer.name, {})
         w = weight.reshape(n, -1)

@@ -33,7 +33,7 @@ import math
 import re
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TypeAlias, overload
 
 import ml_dtypes
@@ -353,6 +353,23 @@ class PaletteCodes:
             _t(self.scale),
             _t(self.zero_point),
         )
+
+
+def rows_of(codes: LinearCodes | PaletteCodes, first: int, count: int) -> LinearCodes | PaletteCodes:
+    """The codes of rows ``first .. first + count`` of the weight (along its first axis):
+    ``first`` a multiple of the rows each scale / palette covers."""
+    rows = codes.codes.shape[0] if isinstance(codes, LinearCodes) else codes.indices.shape[0]
+    stop = min(first + count, rows)
+    values = {}
+    for f in fields(codes):
+        value = getattr(codes, f.name)
+        if isinstance(value, np.ndarray) and value.ndim:
+            per = rows // value.shape[0]  # rows of the weight one element covers
+            if first % per:
+                raise ValueError(f"row {first} is inside a block of {per} rows of {f.name}")
+            value = value[first // per : -(-stop // per)]
+        values[f.name] = value
+    return type(codes)(**values)
 
 
 @dataclass

@@ -268,9 +268,10 @@ class SpillFile:
         self.size += len(view)
         return offset
 
-    def read_into(self, offset: int, out: torch.Tensor) -> None:
-        """``out``'s bytes (a contiguous tensor) from ``offset``."""
-        view = out.view(torch.uint8).numpy().reshape(-1).data
+    def read_into(self, offset: int, out: torch.Tensor | np.ndarray) -> None:
+        """``out``'s bytes (a contiguous tensor or array) from ``offset``."""
+        array = out.view(torch.uint8).numpy() if isinstance(out, torch.Tensor) else out
+        view = array.reshape(-1).view(np.uint8).data
         done = 0
         while done < len(view):
             count = os.preadv(self._fd, [view[done:]], offset + done)
