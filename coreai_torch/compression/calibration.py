@@ -945,9 +945,9 @@ def _fit_stage(
 ) -> None:
     """Fit the stage's layers in place of their weights in ``params``; with ``heads``, the
     output head is fitted from its weight as the model holds it, and its codes (None: not
-    fitted) are put in ``heads``."""
+    fitted) are put in ``heads``.  Each Hessian is let go once its layer is fitted."""
     for local, module in modules.items():
-        h = inputs.hessians.get(local)
+        h = inputs.hessians.pop(local, None)
         if h is None and local not in inputs.too_large:
             continue  # not run by the samples
         layer = layers[id(module)]
@@ -993,10 +993,7 @@ def _walk(
     table = embedding.weight
     ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
     rows = _table_rows(embedding, ids, None, lambda module, rows: rows)[0]
-    remap = embedding.register_forward_pre_hook(
-        lambda module, args: (torch.searchsorted(ids, args[0]), *args[1:])
-    )
-    try:
+    with _looked_up_rows(embedding, ids, [rows]):
         return _walk_blocks(
             model,
             blocks,
@@ -1009,8 +1006,26 @@ def _walk(
             {*heads, id(table)},
             {_canonical_of(model, table): rows},
         )
+
+
+@contextlib.contextmanager
+def _looked_up_rows(
+    embedding: nn.Embedding, ids: torch.Tensor, tables: Sequence[torch.Tensor]
+) -> Iterator[None]:
+    """Inside: a lookup in one of ``tables`` (the rows ``ids`` of the embedding's table, in
+    place of the table) looks up the row of each id; lookups in the whole table (the
+    sensitivity pass's) are left alone."""
+
+    def remap(module: nn.Module, args: Any) -> Any:
+        if not any(module.weight is table for table in tables):
+            return None
+        return (torch.searchsorted(ids, args[0]), *args[1:])
+
+    handle = embedding.register_forward_pre_hook(remap)
+    try:
+        yield
     finally:
-        remap.remove()
+        handle.remove()
 
 
 def _outer_head(blocks: nn.ModuleList, layer: _Layer) -> bool:
@@ -1075,22 +1090,21 @@ def _walk_blocks(
     with progress_events.phase(listener, phase, total, "blocks") as advance:
         for index, block in enumerate(blocks):
             weights, local_names = _parameters(block)
-            original = dict(weights)
             modules = {n: m for n, m in block.named_modules() if id(m) in layers}
             inputs = _Inputs(modules, layers)
             with _recording(modules, inputs):
                 for args, kwargs in stream:
-                    _call(block, original, args, kwargs)
+                    _call(block, weights, args, kwargs)
+            floats = [  # before the fit: each float weight is let go as it is fitted
+                ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
+                for args, kwargs in floats
+            ]
             _fit_stage(modules, inputs, weights, local_names, layers, fit)
             stream = [
                 ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in stream
             ]
-            floats = [
-                ((_run_block(block, original, args, kwargs), *args[1:]), kwargs)
-                for args, kwargs in floats
-            ]
-            del weights, original, inputs
+            del weights, inputs
             return_freed_memory()  # the block's temporaries, between the codes that stay
             advance(index + 1, total)
         # the layers after the blocks (a norm, the output head), on the fitted stream
@@ -1235,11 +1249,8 @@ def measure(
     name = next(n for n, p in model.named_parameters() if p is embedding.weight)
     ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
     tables = _table_rows(embedding, ids, forms.get(id(embedding)), rounded)
-    remap = embedding.register_forward_pre_hook(
-        lambda module, args: (torch.searchsorted(ids, args[0]), *args[1:])
-    )
     listener = progress_events.resolve(progress)
-    try:
+    with _looked_up_rows(embedding, ids, tables):
         streams = [_block_inputs(model, blocks, {**params, name: table}, calls) for table in tables]
         with progress_events.phase(listener, "measure", len(blocks), "blocks") as advance:
             for index, block in enumerate(blocks):
@@ -1265,8 +1276,6 @@ def measure(
             _outputs(model, blocks, {**params, name: table}, calls, [a[0] for a, _ in stream], head)
             for table, stream in zip(tables, streams, strict=True)
         ]
-    finally:
-        remap.remove()
     if head is None or _inside(blocks, head.module):
         result.output_error = _relative(outputs[0], outputs[1])
     else:

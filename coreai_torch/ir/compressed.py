@@ -355,7 +355,9 @@ class PaletteCodes:
         )
 
 
-def rows_of(codes: LinearCodes | PaletteCodes, first: int, count: int) -> LinearCodes | PaletteCodes:
+def rows_of(
+    codes: LinearCodes | PaletteCodes, first: int, count: int
+) -> LinearCodes | PaletteCodes:
     """The codes of rows ``first .. first + count`` of the weight (along its first axis):
     ``first`` a multiple of the rows each scale / palette covers."""
     rows = codes.codes.shape[0] if isinstance(codes, LinearCodes) else codes.indices.shape[0]
