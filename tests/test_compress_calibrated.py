@@ -6,6 +6,7 @@ bits allocation of ``Mixed``, and their errors.  Small synthetic layers and a sm
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -1016,10 +1017,9 @@ def test_sensitivity_pass_keeps_few_activations_and_equals_one_whole_backward(
 def test_a_tied_heads_sensitivity_looks_up_the_whole_table_inside_the_walk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The walk reads only the looked-up rows of the embedding table (its lookups remapped
-    to them); the sensitivity of a tied head's forms, which moves the lookups in the whole
-    table, is scored inside the walk as outside it (the remapped ids once looked up the
-    wrong rows of the whole table, and SmolLM2's mixed export lost 2 % perplexity)."""
+    """The sensitivity of a tied head's forms counts the lookups in the table they move; the
+    walk reads only the looked-up rows of the table (its lookups remapped to them), and the
+    score, which looks up in the whole table, is the same inside the walk as outside it."""
     from coreai_torch.compression import calibration as cal
 
     model = causal_lm("smollm")
@@ -1047,6 +1047,10 @@ def test_a_tied_heads_sensitivity_looks_up_the_whole_table_inside_the_walk(
     assert len(recorded) == len(forms)
     for fisher, layer, d, h, value in recorded:
         assert value == pytest.approx(score(fisher, layer, d, h), rel=1e-9)
+        # the lookups' term is counted (it was not: the tied name was looked for among the
+        # aliases only)
+        untied = dataclasses.replace(layer, aliases=())
+        assert value > score(fisher, untied, d, h) * 1.01
 
 
 def test_the_snr_of_fitted_codes_reads_a_table_a_piece_of_rows_at_a_time(

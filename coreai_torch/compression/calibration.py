@@ -1552,7 +1552,11 @@ class _Fisher:
             return None
         per_row = h.row_energies(d)
         value = float((per_row * f.to(torch.float64)).sum()) / max(h.samples, 1)
-        tied = [n for n in layer.aliases if n in self.params]
+        # a weight tied to a table looked up before the blocks is in ``params`` under its
+        # first name (the layer's own); the lookups move with it
+        tied = (
+            [n for n in (layer.name, *layer.aliases) if n in self.params] if layer.aliases else []
+        )
         if tied and self.blocks is not None and self.first_inputs:
             values = dict(self.params)
             table = values[tied[0]]
