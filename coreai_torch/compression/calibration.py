@@ -811,7 +811,16 @@ def calibrate(
     # torch's kernels on one thread: the small kernels of the fits, split over threads,
     # wait at every call for a thread another process holds (1000x slower on a busy machine)
     with Workers():
-        result.output_error = _walk(model, calls, layers, fit, listener, "calibrate", measure=True)
+        result.output_error = _walk(
+            model,
+            calls,
+            layers,
+            fit,
+            listener,
+            "calibrate",
+            measure=True,
+            sequential=method != "rtn",  # round-to-nearest codes do not depend on the inputs
+        )
     return_freed_memory()  # the walk's temporaries, before the program is compressed
     result.planned_bpw = planned_bpw(model, result, dtype, config)
     result.seconds = time.perf_counter() - start
@@ -890,16 +899,19 @@ def _replayed(blocks: nn.ModuleList, outputs: list[Any]) -> Iterator[None]:
 
 
 class _Inputs:
-    """The inputs of the fittable layers of one stage, accumulated into Hessians (and, for
-    the output head, kept: its outputs are measured a piece at a time)."""
+    """The inputs of the fittable layers of one stage, accumulated into Hessians; the
+    forward pass is ended (:class:`_Stop`) once the layer ``stop_after`` has its inputs (the
+    rest of the pass is not needed: the output head's outputs, the layers of a block after
+    the group being fitted)."""
 
-    def __init__(self, modules: dict[str, nn.Module], layers: dict[int, _Layer]) -> None:
+    def __init__(
+        self, modules: dict[str, nn.Module], layers: dict[int, _Layer], stop_after: str | None
+    ) -> None:
         self.modules, self.layers = modules, layers
         self.hessians: dict[str, fits.Hessian] = {}
         #: layers with more inputs than :data:`MAX_HESSIAN_INPUTS` (no Hessian)
         self.too_large: set[str] = set()
-        self.head_inputs: list[torch.Tensor] = []
-        self.stop_at_head = False
+        self.stop_after = stop_after
 
     def __call__(self, name: str, module: nn.Module, x: torch.Tensor) -> None:
         if math.prod(_weight(module).shape[1:]) > MAX_HESSIAN_INPUTS:
@@ -907,9 +919,7 @@ class _Inputs:
         else:
             rows = layer_inputs(module, x)
             self.hessians.setdefault(name, fits.Hessian(rows.shape[1])).add(rows)
-        if self.layers[id(module)].head and self.stop_at_head:
-            rows = layer_inputs(module, x)
-            self.head_inputs.append(rows)
+        if name == self.stop_after:
             raise _Stop
 
 
@@ -973,12 +983,16 @@ def _walk(
     phase: str,
     *,
     measure: bool,
+    sequential: bool = True,
 ) -> float | None:
     """Run the model stage by stage on ``calls``, calling ``fit`` on every fittable layer
     with its float32 weight and the Hessian of its inputs; the weight ``fit`` returns is
     used from then on (the activations carried to the next block are the fitted model's).
     With ``measure``, the float model's outputs of the first samples are carried too and
-    the relative output error of the fitted model is returned.
+    the relative output error of the fitted model is returned.  With ``sequential``, the
+    layers of a block are fitted in the order they run, a group of layers sharing an input at
+    a time (attention's projections, then its output, ...), each group on the inputs the
+    block's layers fitted before it give (GPTQ's "true sequential" order).
 
     Of a token embedding table before the blocks only the rows the samples look up are
     read; an output head after them is read a piece of rows at a time (by ``fit`` and the
@@ -989,7 +1003,9 @@ def _walk(
     embedding = _outer_embedding(model, blocks, layers)
     heads = {id(_weight(layer.module)) for layer in layers.values() if _outer_head(blocks, layer)}
     if embedding is None:
-        return _walk_blocks(model, blocks, calls, layers, fit, listener, phase, measure, heads)
+        return _walk_blocks(
+            model, blocks, calls, layers, fit, listener, phase, measure, sequential, heads
+        )
     table = embedding.weight
     ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
     rows = _table_rows(embedding, ids, None, lambda module, rows: rows)[0]
@@ -1003,6 +1019,7 @@ def _walk(
             listener,
             phase,
             measure,
+            sequential,
             {*heads, id(table)},
             {_canonical_of(model, table): rows},
         )
@@ -1028,6 +1045,33 @@ def _looked_up_rows(
         handle.remove()
 
 
+def _input_groups(
+    block: nn.Module,
+    modules: dict[str, nn.Module],
+    weights: dict[str, torch.Tensor],
+    stream: list[tuple[Any, Any]],
+) -> list[tuple[dict[str, nn.Module], str | None]]:
+    """The block's fittable layers in the order they run on the stream's first call, grouped
+    by the input they share, each group with the layer after which a pass can stop (None:
+    a layer runs more than once per call, so every pass runs the whole block)."""
+    seen: list[tuple[str, torch.Tensor]] = []
+    with _recording(modules, lambda name, module, x: seen.append((name, x))):
+        _call(block, weights, *stream[0])
+    names = [name for name, _ in seen]
+    groups: list[dict[str, nn.Module]] = []
+    shared: torch.Tensor | None = None
+    for name, x in seen:
+        if any(name in group for group in groups):
+            continue
+        if groups and x is shared:
+            groups[-1][name] = modules[name]
+        else:
+            groups.append({name: modules[name]})
+        shared = x
+    once = len(names) == len(set(names))
+    return [(group, list(group)[-1] if once else None) for group in groups]
+
+
 def _outer_head(blocks: nn.ModuleList, layer: _Layer) -> bool:
     return layer.head and not _inside(blocks, layer.module)
 
@@ -1044,7 +1088,7 @@ def _walk_one_stage(
     params, names = _parameters(model)
     reference = dict(params)
     outer_modules = {n: m for n, m in model.named_modules() if id(m) in layers}
-    inputs = _Inputs(outer_modules, layers)
+    inputs = _Inputs(outer_modules, layers, None)
     with _recording(outer_modules, inputs):
         for args, kwargs in calls:
             _call(model, params, args, kwargs)
@@ -1066,6 +1110,7 @@ def _walk_blocks(
     listener: Any,
     phase: str,
     measure: bool,
+    sequential: bool,
     skip: set[int],
     tables: dict[str, torch.Tensor] | None = None,
 ) -> float | None:
@@ -1079,7 +1124,7 @@ def _walk_blocks(
         n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside
     }
     # the layers before the blocks, fitted on the float inputs
-    first_inputs = _Inputs(outer_modules, layers)
+    first_inputs = _Inputs(outer_modules, layers, None)
     with _recording(outer_modules, first_inputs):
         _block_inputs(model, blocks, params, calls)
     before = {n: m for n, m in outer_modules.items() if n in first_inputs.hessians}
@@ -1091,15 +1136,18 @@ def _walk_blocks(
         for index, block in enumerate(blocks):
             weights, local_names = _parameters(block)
             modules = {n: m for n, m in block.named_modules() if id(m) in layers}
-            inputs = _Inputs(modules, layers)
-            with _recording(modules, inputs):
-                for args, kwargs in stream:
-                    _call(block, weights, args, kwargs)
             floats = [  # before the fit: each float weight is let go as it is fitted
                 ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in floats
             ]
-            _fit_stage(modules, inputs, weights, local_names, layers, fit)
+            groups = _input_groups(block, modules, weights, stream) if sequential else None
+            for group, stop_after in groups or [(modules, None)]:
+                inputs = _Inputs(group, layers, stop_after)
+                with _recording(group, inputs):
+                    for args, kwargs in stream:
+                        with contextlib.suppress(_Stop):
+                            _call(block, weights, args, kwargs)
+                _fit_stage(group, inputs, weights, local_names, layers, fit)
             stream = [
                 ((_run_block(block, weights, args, kwargs), *args[1:]), kwargs)
                 for args, kwargs in stream
@@ -1109,8 +1157,8 @@ def _walk_blocks(
             advance(index + 1, total)
         # the layers after the blocks (a norm, the output head), on the fitted stream
         after = {n: m for n, m in outer_modules.items() if n not in before}
-        last = _Inputs(after, layers)
-        last.stop_at_head = True
+        head = next((n for n, m in after.items() if layers[id(m)].head), None)
+        last = _Inputs(after, layers, head)
         with _recording(after, last), _replayed(blocks, [a[0] for a, _ in stream]):
             for args, kwargs in calls:
                 with contextlib.suppress(_Stop):
@@ -1713,7 +1761,7 @@ def _sensitivity(
             found[i] = score if score is not None else fits.output_error(w, fitted, h)
         return None
 
-    _walk(model, calls, layers, measure, listener, "sensitivity", measure=False)
+    _walk(model, calls, layers, measure, listener, "sensitivity", measure=False, sequential=False)
     return errors
 
 
