@@ -1014,6 +1014,53 @@ def test_sensitivity_pass_keeps_few_activations_and_equals_one_whole_backward(
         torch.testing.assert_close(fisher.outputs[name], expected[name], rtol=1e-4, atol=1e-9)
 
 
+def test_a_blocks_layers_are_fitted_in_order_on_the_inputs_of_those_fitted_before() -> None:
+    """GPTQ's true-sequential order: a block's layers are fitted a group sharing an input at
+    a time (q/k/v, o, gate/up, down), and a group's Hessians are those of its inputs with
+    the layers before it fitted (here: attention's projections halved, which o_proj sees)."""
+    import copy
+
+    from coreai_torch import progress
+    from coreai_torch.compression import calibration as cal
+
+    model = causal_lm("smollm")
+    ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator())
+    calls = cal.as_batches({"input_ids": ids, "use_cache": False})
+    projections = ("q_proj.weight", "k_proj.weight", "v_proj.weight")
+    order: list[str] = []
+    hessians: dict[str, torch.Tensor] = {}
+
+    def fit(layer: Any, weight: torch.Tensor, h: Any) -> torch.Tensor | None:
+        order.append(layer.name)
+        hessians[layer.name] = h.matrix.clone()
+        return weight * 0.5 if layer.name.endswith(projections) else None
+
+    listener = progress.resolve(None)
+    cal._walk(model, calls, cal._layers(model), fit, listener, "test", measure=False)
+    first = "model.layers.0."
+    local = ["self_attn." + p for p in (*projections, "o_proj.weight")]
+    local += ["mlp." + p for p in ("gate_proj.weight", "up_proj.weight", "down_proj.weight")]
+    assert [n for n in order if n.startswith(first)] == [first + n for n in local]
+
+    twin = copy.deepcopy(model)
+    attention = twin.model.layers[0].self_attn
+    inputs: list[torch.Tensor] = []
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj"):
+            getattr(attention, name).weight.mul_(0.5)
+        attention.o_proj.register_forward_pre_hook(lambda m, a: inputs.append(a[0]))
+        twin(ids, use_cache=False)
+    x = torch.cat(inputs).reshape(-1, model.config.hidden_size)
+    found = hessians[first + "self_attn.o_proj.weight"]
+    torch.testing.assert_close(found, (x.T @ x).double(), rtol=1e-5, atol=1e-6)
+    # without the order, o_proj's inputs are the float attention's
+    hessians.clear()
+    cal._walk(
+        model, calls, cal._layers(model), fit, listener, "test", measure=False, sequential=False
+    )
+    assert not torch.allclose(hessians[first + "self_attn.o_proj.weight"], found, rtol=1e-3)
+
+
 def test_a_tied_heads_sensitivity_looks_up_the_whole_table_inside_the_walk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
