@@ -766,12 +766,14 @@ def calibrate(
 
     spilling = Spilling()  # the codes of weights streamed from their checkpoint wait there
 
-    def fit(layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None) -> torch.Tensor | None:
+    def fit(
+        layer: _Layer, weight: torch.Tensor, h: fits.Hessian | None
+    ) -> torch.Tensor | FittedWeight | None:
         form = forms.get(layer.name)
         if form is None:
             return None
         if h is None:
-            inputs = weight[0].numel()
+            inputs = math.prod(weight.shape[1:])
             result.unfitted.append(
                 (
                     layer.name,
