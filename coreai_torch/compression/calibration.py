@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -1002,29 +1003,27 @@ def _walk(
     blocks = find_blocks(model)
     if blocks is None:
         return _walk_one_stage(model, calls, layers, fit, measure=measure)
-    embedding = _outer_embedding(model, blocks, layers)
+    walk = functools.partial(
+        _walk_blocks,
+        model,
+        blocks,
+        calls,
+        layers,
+        fit,
+        listener,
+        phase,
+        measure=measure,
+        sequential=sequential,
+    )
     heads = {id(_weight(layer.module)) for layer in layers.values() if _outer_head(blocks, layer)}
+    embedding = _outer_embedding(model, blocks, layers)
     if embedding is None:
-        return _walk_blocks(
-            model, blocks, calls, layers, fit, listener, phase, measure, sequential, heads
-        )
+        return walk(skip=heads)
     table = embedding.weight
     ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
     rows = _table_rows(embedding, ids, None, lambda module, rows: rows)[0]
     with _looked_up_rows(embedding, ids, [rows]):
-        return _walk_blocks(
-            model,
-            blocks,
-            calls,
-            layers,
-            fit,
-            listener,
-            phase,
-            measure,
-            sequential,
-            {*heads, id(table)},
-            {_canonical_of(model, table): rows},
-        )
+        return walk(skip={*heads, id(table)}, tables={_canonical_of(model, table): rows})
 
 
 @contextlib.contextmanager
@@ -1111,6 +1110,7 @@ def _walk_blocks(
     fit: Fit,
     listener: Any,
     phase: str,
+    *,
     measure: bool,
     sequential: bool,
     skip: set[int],
