@@ -36,7 +36,6 @@ weights again (:mod:`coreai_torch.compression.apply`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import math
 import time
@@ -61,7 +60,7 @@ from coreai_torch.compression.config import (
 )
 from coreai_torch.compression.fitting import Workers, return_freed_memory
 from coreai_torch.compression.spilling import SpilledCodes, Spilling, spilled
-from coreai_torch.ir.compressed import LinearCodes, PaletteCodes, rows_of
+from coreai_torch.ir.compressed import LinearCodes, PaletteCodes, joined_rows, rows_of
 from coreai_torch.tensors import lazy
 
 #: the float-model samples carried along to measure the output error at the end
@@ -642,20 +641,7 @@ def fit_in_pieces(
         noise, signal = noise + more_noise, signal + more_signal
         pieces.append(codes)
         del rows, fitted
-    return _joined(pieces), fits.relative(noise, signal)
-
-
-def _joined(pieces: list[LinearCodes | PaletteCodes]) -> LinearCodes | PaletteCodes:
-    """Codes of consecutive pieces of rows as the codes of the whole weight."""
-    if len(pieces) == 1:
-        return pieces[0]
-    values = {}
-    for f in dataclasses.fields(pieces[0]):
-        value = getattr(pieces[0], f.name)
-        if isinstance(value, np.ndarray) and value.ndim:
-            value = np.concatenate([getattr(p, f.name) for p in pieces])
-        values[f.name] = value
-    return type(pieces[0])(**values)
+    return joined_rows(pieces), fits.relative(noise, signal)
 
 
 def _candidates(config: CompressionConfig) -> list[LinearQuantization | Palettization]:
@@ -907,10 +893,7 @@ class _Inputs:
     rest of the pass is not needed: the output head's outputs, the layers of a block after
     the group being fitted)."""
 
-    def __init__(
-        self, modules: dict[str, nn.Module], layers: dict[int, _Layer], stop_after: str | None
-    ) -> None:
-        self.modules, self.layers = modules, layers
+    def __init__(self, stop_after: str | None = None) -> None:
         self.hessians: dict[str, fits.Hessian] = {}
         #: layers with more inputs than :data:`MAX_HESSIAN_INPUTS` (no Hessian)
         self.too_large: set[str] = set()
@@ -1020,7 +1003,7 @@ def _walk(
     if embedding is None:
         return walk(skip=heads)
     table = embedding.weight
-    ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
+    ids = _looked_up(model, embedding, calls)
     rows = _table_rows(embedding, ids, None, lambda module, rows: rows)[0]
     with _looked_up_rows(embedding, ids, [rows]):
         return walk(skip={*heads, id(table)}, tables={_canonical_of(model, table): rows})
@@ -1089,7 +1072,7 @@ def _walk_one_stage(
     params, names = _parameters(model)
     reference = dict(params)
     outer_modules = {n: m for n, m in model.named_modules() if id(m) in layers}
-    inputs = _Inputs(outer_modules, layers, None)
+    inputs = _Inputs()
     with _recording(outer_modules, inputs):
         for args, kwargs in calls:
             _call(model, params, args, kwargs)
@@ -1126,7 +1109,7 @@ def _walk_blocks(
         n: m for n, m in model.named_modules() if id(m) in layers and id(m) not in inside
     }
     # the layers before the blocks, fitted on the float inputs
-    first_inputs = _Inputs(outer_modules, layers, None)
+    first_inputs = _Inputs()
     with _recording(outer_modules, first_inputs):
         _block_inputs(model, blocks, params, calls)
     before = {n: m for n, m in outer_modules.items() if n in first_inputs.hessians}
@@ -1144,7 +1127,7 @@ def _walk_blocks(
             ]
             groups = _input_groups(block, modules, weights, stream) if sequential else None
             for group, stop_after in groups or [(modules, None)]:
-                inputs = _Inputs(group, layers, stop_after)
+                inputs = _Inputs(stop_after)
                 with _recording(group, inputs):
                     for args, kwargs in stream:
                         with contextlib.suppress(_Stop):
@@ -1160,7 +1143,7 @@ def _walk_blocks(
         # the layers after the blocks (a norm, the output head), on the fitted stream
         after = {n: m for n, m in outer_modules.items() if n not in before}
         head = next((n for n, m in after.items() if layers[id(m)].head), None)
-        last = _Inputs(after, layers, head)
+        last = _Inputs(head)
         with _recording(after, last), _replayed(blocks, [a[0] for a, _ in stream]):
             for args, kwargs in calls:
                 with contextlib.suppress(_Stop):
@@ -1296,8 +1279,8 @@ def measure(
         return rows if isinstance(out, str) else out[1].reshape(shape)
 
     params, _ = _parameters(model, blocks, skip={id(embedding.weight), *_head_weights(layers)})
-    name = next(n for n, p in model.named_parameters() if p is embedding.weight)
-    ids = torch.unique(torch.cat([t.reshape(-1) for t in _looked_up(model, embedding, calls)]))
+    name = _canonical_of(model, embedding.weight)
+    ids = _looked_up(model, embedding, calls)
     tables = _table_rows(embedding, ids, forms.get(id(embedding)), rounded)
     listener = progress_events.resolve(progress)
     with _looked_up_rows(embedding, ids, tables):
@@ -1362,8 +1345,8 @@ def _head_weights(layers: dict[int, _Layer]) -> set[int]:
     return {id(_weight(layer.module)) for layer in layers.values() if layer.head}
 
 
-def _looked_up(model: nn.Module, embedding: nn.Embedding, calls: list[Any]) -> list[torch.Tensor]:
-    """The token ids each call looks up in the ``embedding`` table."""
+def _looked_up(model: nn.Module, embedding: nn.Embedding, calls: list[Any]) -> torch.Tensor:
+    """The token ids the calls look up in the ``embedding`` table, sorted, each once."""
     seen: list[torch.Tensor] = []
 
     def hook(module: nn.Module, args: Any) -> None:
@@ -1377,7 +1360,8 @@ def _looked_up(model: nn.Module, embedding: nn.Embedding, calls: list[Any]) -> l
                 _call(model, {}, args, kwargs)
     finally:
         handle.remove()
-    return seen
+    ids: torch.Tensor = torch.unique(torch.cat([t.reshape(-1) for t in seen]))
+    return ids
 
 
 def _read_rows(weight: torch.Tensor, first: int, count: int) -> torch.Tensor:

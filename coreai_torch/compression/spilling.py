@@ -90,8 +90,6 @@ class SpilledCodes:
     arrays: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]]
     #: the other fields (bits, signedness, absent arrays)
     others: dict[str, Any]
-    #: bytes of the arrays
-    nbytes: int
 
     def load(self) -> LinearCodes | PaletteCodes:
         """The codes, their arrays read from the file now."""
@@ -107,8 +105,7 @@ def spilled(
     codes: LinearCodes | PaletteCodes, spilling: Spilling
 ) -> LinearCodes | PaletteCodes | SpilledCodes:
     """``codes`` written to ``spilling``'s file (the codes themselves when it has no room)."""
-    nbytes = array_bytes(codes)
-    file = spilling.file_for(nbytes)
+    file = spilling.file_for(array_bytes(codes))
     if file is None:
         return codes
     arrays: dict[str, tuple[int, np.dtype[Any], tuple[int, ...]]] = {}
@@ -119,4 +116,4 @@ def spilled(
             arrays[f.name] = (file.write(value), value.dtype, value.shape)
         else:
             others[f.name] = value
-    return SpilledCodes(file, type(codes), arrays, others, nbytes)
+    return SpilledCodes(file, type(codes), arrays, others)

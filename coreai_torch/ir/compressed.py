@@ -362,15 +362,33 @@ def rows_of(
     ``first`` a multiple of the rows each scale / palette covers."""
     rows = codes.codes.shape[0] if isinstance(codes, LinearCodes) else codes.indices.shape[0]
     stop = min(first + count, rows)
-    values = {}
-    for f in fields(codes):
-        value = getattr(codes, f.name)
+
+    def cut(name: str, array: np.ndarray) -> np.ndarray:
+        per = rows // array.shape[0]  # rows of the weight one element covers
+        if first % per:
+            raise ValueError(f"row {first} is inside a block of {per} rows of {name}")
+        return array[first // per : -(-stop // per)]
+
+    return _arrays_changed(codes, cut)
+
+
+def joined_rows(pieces: Sequence[LinearCodes | PaletteCodes]) -> LinearCodes | PaletteCodes:
+    """The codes of consecutive pieces of rows (:func:`rows_of`) as those of the whole."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return _arrays_changed(
+        pieces[0], lambda name, _: np.concatenate([getattr(p, name) for p in pieces])
+    )
+
+
+def _arrays_changed(
+    codes: LinearCodes | PaletteCodes, change: Callable[[str, np.ndarray], np.ndarray]
+) -> LinearCodes | PaletteCodes:
+    """``codes`` with each array field (not a scalar one) replaced by ``change(name, array)``."""
+    values = {f.name: getattr(codes, f.name) for f in fields(codes)}
+    for name, value in values.items():
         if isinstance(value, np.ndarray) and value.ndim:
-            per = rows // value.shape[0]  # rows of the weight one element covers
-            if first % per:
-                raise ValueError(f"row {first} is inside a block of {per} rows of {f.name}")
-            value = value[first // per : -(-stop // per)]
-        values[f.name] = value
+            values[name] = change(name, value)
     return type(codes)(**values)
 
 
